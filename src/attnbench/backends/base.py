@@ -1,0 +1,234 @@
+"""The backend contract: declare capabilities, answer ``supports``, ``prepare`` a zero-argument closure.
+
+Everything that is not the kernel call (layout changes, packing, masks, compilation, planning) happens
+in ``prepare``; the closure it returns is what gets timed. ``supports`` answers from declared
+capabilities and cheap checks, without running anything, and gives a human reason when it says no.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from attnbench.inputs import AttnInputs
+from attnbench.spec import AttnSpec
+
+
+class BackendUnavailable(RuntimeError):
+    """Raised by ``prepare`` when a backend cannot run a case it could not rule out in ``supports``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend can run; ``check_capabilities`` turns a mismatch into a reason string."""
+
+    dtypes: tuple[str, ...] = ("fp16", "bf16", "fp32", "fp64")
+    """Element types accepted."""
+    head_dims: tuple[int, ...] | None = None
+    """Allowed head sizes; None = any up to ``max_head_dim``."""
+    max_head_dim: int = 512
+    """Largest head size."""
+    head_dim_multiple: int = 1
+    """Head size must be a multiple of this."""
+    gqa: bool = True
+    """Fewer kv-heads than q-heads."""
+    dense: bool = True
+    """Fixed-length (batch, seq) inputs."""
+    varlen: bool = False
+    """Packed sequences of different lengths (cu_seqlens)."""
+    causal: bool = True
+    """Causal masking (lower-right aligned)."""
+    window: bool = False
+    """Sliding-window (local) attention."""
+    backward: bool = True
+    """Gradients (bwd and fwd_bwd passes)."""
+    cross_lengths: bool = True
+    """Query and key lengths may differ."""
+    different_v_dim: bool = True
+    """Value head size may differ from the q/k head size."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """Device types (ROCm reports as cuda)."""
+    min_compute_capability: tuple[int, int] | None = None
+    """Lowest CUDA compute capability (major, minor); ignored on ROCm and CPU."""
+    exact: bool = True
+    """False for quantized or sparse kernels: judged by approximate thresholds, not exactness."""
+
+
+@dataclass(kw_only=True)
+class Outputs:
+    """What one call produced (tensors in the layout of the inputs)."""
+
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass(kw_only=True)
+class Prepared:
+    """A ready-to-time closure and what the backend says about it."""
+
+    fn: Callable[[], Outputs]
+    """Zero-argument call of the kernel (the timed region)."""
+    info: dict = field(default_factory=dict)
+    """What actually runs: kernel, package version, whether preprocessing is timed, etc."""
+
+
+def device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.device) -> str | None:
+    """The first capability the spec needs that the backend lacks, as a reason; None if all are there."""
+    dev = device_type(device)
+    checks = [
+        (dev not in caps.devices, f"runs on {'/'.join(caps.devices)}, not {dev}"),
+        (spec.dtype not in caps.dtypes, f"dtype {spec.dtype} not supported ({'/'.join(caps.dtypes)})"),
+        (spec.head_dim > caps.max_head_dim or spec.head_dim_v > caps.max_head_dim,
+         f"head size > {caps.max_head_dim}"),
+        (caps.head_dims is not None and spec.head_dim not in caps.head_dims,
+         f"head size {spec.head_dim} not in {caps.head_dims}"),
+        (spec.head_dim % caps.head_dim_multiple != 0, f"head size must be a multiple of {caps.head_dim_multiple}"),
+        (spec.gqa and not caps.gqa, "GQA/MQA (kv-heads < q-heads) not supported"),
+        (spec.is_varlen and not caps.varlen, "varlen (grouped sequences) not supported"),
+        (not spec.is_varlen and not caps.dense, "dense inputs not supported (varlen only)"),
+        (spec.causal and not caps.causal, "causal not supported"),
+        (spec.has_window and not caps.window, "sliding window not supported"),
+        (spec.pass_ != "fwd" and not caps.backward, "forward only (no backward)"),
+        (spec.seqlens_q != spec.seqlens_k and not caps.cross_lengths, "query and key lengths must match"),
+        (spec.head_dim_v != spec.head_dim and not caps.different_v_dim, "value head size must equal q/k head size"),
+    ]
+    for failed, reason in checks:
+        if failed:
+            return reason
+    if dev == "cuda" and caps.min_compute_capability and torch.cuda.is_available() and torch.version.hip is None:
+        cc = torch.cuda.get_device_capability(torch.device(device))
+        if cc < caps.min_compute_capability:
+            need = ".".join(map(str, caps.min_compute_capability))
+            return f"needs compute capability >= {need}, device has {cc[0]}.{cc[1]}"
+    return None
+
+
+class Backend:
+    """Base class of the adapters. Subclasses set the class attributes and implement ``prepare``."""
+
+    name: str = ""
+    """Registry name, e.g. ``sdpa-flash``."""
+    description: str = ""
+    """One line for ``attnbench backends``."""
+    capabilities: Capabilities = Capabilities()
+    package: str | None = None
+    """Python module the backend imports (None = only torch)."""
+    distribution: str | None = None
+    """pip distribution name used for the version (default: ``package``)."""
+
+    def unavailable_reason(self) -> str | None:
+        """Why the backend cannot run at all here (missing package, too old torch); None if it can."""
+        if self.package is None:
+            return None
+        return _import_reason(self.package)
+
+    def version(self) -> str | None:
+        """Version of the backend's package (torch's for torch-only backends)."""
+        if self.package is None:
+            return torch.__version__
+        return _dist_version(self.distribution or self.package)
+
+    def supports(self, spec: AttnSpec, device: str | torch.device) -> str | None:
+        """None if the case can run; otherwise the reason it cannot."""
+        return (self.unavailable_reason() or check_capabilities(self.capabilities, spec, device)
+                or self.extra_reason(spec, device))
+
+    def extra_reason(self, spec: AttnSpec, device: str | torch.device) -> str | None:
+        """Backend-specific limits that the capabilities cannot express."""
+        return None
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def base_info(self) -> dict:
+        return {"backend": self.name, "package": self.package or "torch", "version": self.version(),
+                "exact": self.capabilities.exact}
+
+
+@functools.cache
+def _import_reason(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a broken install raising anything on import
+        return f"{module} not importable: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    return None
+
+
+@functools.cache
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        module = importlib.import_module(dist.replace("-", "_")) if _import_reason(dist) is None else None
+        return getattr(module, "__version__", None)
+
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]
+PreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def autograd_closure(spec: AttnSpec, inputs: AttnInputs, forward: ForwardFn,
+                     pre: PreFn | None = None) -> Callable[[], Outputs]:
+    """Build the timed closure of ``spec.pass_`` from a differentiable ``forward(q, k, v)``.
+
+    ``forward`` returns ``out`` or ``(out, lse)``. ``pre`` (layout changes, GQA expansion, packing)
+    runs once here, outside the timed region; gradients are still taken with respect to the
+    original (bshd or packed) inputs. fwd runs under no_grad; bwd runs the forward once here
+    (untimed) and times only ``autograd.grad``; fwd_bwd times both.
+    """
+    pre = pre or (lambda q, k, v: (q, k, v))
+    if spec.pass_ == "fwd":
+        with torch.no_grad():
+            args = pre(inputs.q, inputs.k, inputs.v)
+
+        def run_fwd() -> Outputs:
+            with torch.no_grad():
+                return _as_outputs(forward(*args))
+        return run_fwd
+
+    leaves = inputs.leaves(requires_grad=True)
+    wrt, dout = (leaves.q, leaves.k, leaves.v), inputs.dout
+    args = pre(*wrt)
+    if spec.pass_ == "bwd":
+        first = _as_outputs(forward(*args))
+
+        def run_bwd() -> Outputs:
+            dq, dk, dv = torch.autograd.grad(first.out, wrt, dout, retain_graph=True)
+            return Outputs(out=first.out.detach(), lse=first.lse, dq=dq, dk=dk, dv=dv)
+        return run_bwd
+
+    def run_fwd_bwd() -> Outputs:
+        res = _as_outputs(forward(*args))
+        # retain_graph: the nodes built by ``pre`` are shared by every iteration.
+        dq, dk, dv = torch.autograd.grad(res.out, wrt, dout, retain_graph=True)
+        return Outputs(out=res.out.detach(), lse=res.lse, dq=dq, dk=dk, dv=dv)
+    return run_fwd_bwd
+
+
+def _as_outputs(result) -> Outputs:
+    if isinstance(result, Outputs):
+        return result
+    if isinstance(result, tuple):
+        out, lse = result[0], result[1]
+        return Outputs(out=out, lse=None if lse is None else lse.detach())
+    return Outputs(out=result)
+
+
+def expand_kv_heads(t: torch.Tensor, groups: int, head_dim: int = -2) -> torch.Tensor:
+    """Repeat each kv head ``groups`` times along ``head_dim`` (for kernels without native GQA)."""
+    return t if groups == 1 else t.repeat_interleave(groups, dim=head_dim)

@@ -1,0 +1,136 @@
+"""torch.nn.functional.scaled_dot_product_attention with one kernel forced via ``sdpa_kernel``.
+
+Four backends: sdpa-math, sdpa-flash, sdpa-efficient, sdpa-cudnn. Inputs are bshd and handed to SDPA
+as (B, H, S, D) views (no copy). Causal with Sq != Sk uses ``causal_lower_right``. GQA uses
+``enable_gqa`` where torch and the kernel accept it, otherwise K/V heads are expanded in ``prepare``
+(recorded as ``gqa: expanded``). A forced kernel that refuses the case is recorded as unsupported
+with torch's own explanation.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.backends.base import (
+    Backend,
+    BackendUnavailable,
+    Capabilities,
+    Prepared,
+    autograd_closure,
+    expand_kv_heads,
+)
+from attnbench.inputs import AttnInputs
+from attnbench.masks import keep_mask
+from attnbench.spec import AttnSpec
+
+
+def _sdpa_supports_gqa() -> bool:
+    """torch >= 2.5 has ``enable_gqa``."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+class SdpaBackend(Backend):
+    """One forced SDPA kernel."""
+
+    sdpa_backend_name: str = "MATH"
+
+    def _sdpa_backend(self):
+        from torch.nn.attention import SDPBackend
+        return getattr(SDPBackend, self.sdpa_backend_name)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        from torch.nn.attention import sdpa_kernel
+        backend = self._sdpa_backend()
+        sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+        mask, is_causal = None, False
+        if spec.has_window:
+            mask = keep_mask(sq, sk, spec.causal, spec.window, device=inputs.q.device)
+        elif spec.causal and sq == sk:
+            is_causal = True
+        elif spec.causal:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(sq, sk)
+        groups = spec.heads_q // spec.heads_kv
+
+        def attempt(native_gqa: bool) -> Prepared:
+            gqa_kw = {"enable_gqa": True} if (native_gqa and groups > 1) else {}
+
+            def pre(q, k, v):
+                q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+                if groups > 1 and not native_gqa:
+                    k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
+                return q, k, v
+
+            def forward(q, k, v):
+                with sdpa_kernel([backend]):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                         scale=spec.softmax_scale, **gqa_kw)
+                return out.transpose(1, 2)
+
+            _probe(forward, pre, inputs, self.name)
+            gqa = "none" if groups == 1 else ("native" if native_gqa else "expanded")
+            info = self.base_info() | {"kernel": f"sdpa:{self.sdpa_backend_name}", "gqa": gqa}
+            return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)
+
+        if groups > 1 and _sdpa_supports_gqa():
+            try:
+                return attempt(native_gqa=True)
+            except BackendUnavailable:
+                pass  # this kernel has no native GQA in this torch: expand K/V heads instead
+        return attempt(native_gqa=False)
+
+
+def _probe(forward, pre, inputs: AttnInputs, name: str) -> None:
+    """Call the forced kernel once (untimed); turn "no available kernel" into BackendUnavailable."""
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            forward(*pre(inputs.q[:1], inputs.k[:1], inputs.v[:1]))
+        except RuntimeError as exc:
+            why = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught if "kernel" in str(w.message)
+                                          or "requires" in str(w.message) or "support" in str(w.message)))
+            msg = str(exc).splitlines()[0]
+            raise BackendUnavailable(f"{name}: {why or msg}"[:400]) from None
+
+
+class SdpaMath(SdpaBackend):
+    name = "sdpa-math"
+    description = "SDPA math kernel (reference composite implementation)"
+    sdpa_backend_name = "MATH"
+    capabilities = Capabilities(window=True)
+
+
+class SdpaFlash(SdpaBackend):
+    name = "sdpa-flash"
+    description = "SDPA FlashAttention-2 kernel (CUDA; CPU flash kernel on CPU)"
+    sdpa_backend_name = "FLASH_ATTENTION"
+    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32", "fp64"), max_head_dim=256, different_v_dim=False)
+
+    def extra_reason(self, spec, device):
+        if torch.device(device).type == "cuda" and spec.dtype not in ("fp16", "bf16"):
+            return f"dtype {spec.dtype} not supported on CUDA (fp16/bf16)"
+        return None
+
+
+class SdpaEfficient(SdpaBackend):
+    name = "sdpa-efficient"
+    description = "SDPA memory-efficient (xformers-derived) kernel"
+    sdpa_backend_name = "EFFICIENT_ATTENTION"
+    capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), window=True)
+
+
+class SdpaCudnn(SdpaBackend):
+    name = "sdpa-cudnn"
+    description = "SDPA cuDNN fused attention kernel"
+    sdpa_backend_name = "CUDNN_ATTENTION"
+    capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256,
+                                min_compute_capability=(8, 0))
+
+    def extra_reason(self, spec, device):
+        if torch.version.hip is not None:
+            return "cuDNN is not available on ROCm"
+        return None

@@ -1,0 +1,57 @@
+"""attnbench command line: ``attnbench COMMAND``; each command lives in its own module.
+
+Errors in what the user typed or configured are one line on stderr and exit status 2; an unexpected
+failure is one line and exit status 1 (set ATTNBENCH_DEBUG=1 for the traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import typer
+
+from attnbench.cli import common, info
+from attnbench.cli import run as run_cmd
+
+# typer may vendor its own click: take the exception classes from wherever typer's come from.
+_click_exceptions = sys.modules[typer.BadParameter.__module__]
+UsageError = _click_exceptions.UsageError
+NoArgsIsHelpError = getattr(_click_exceptions, "NoArgsIsHelpError", ())
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Benchmark, verify and compare attention kernels.")
+app.command("run")(run_cmd.run)
+app.command("backends")(info.backends)
+app.command("env")(info.env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    argv = common.normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(level=os.environ.get("ATTNBENCH_LOG", "WARNING").upper(),
+                        format="%(levelname)s %(name)s: %(message)s")
+    debug = bool(os.environ.get("ATTNBENCH_DEBUG"))
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="attnbench", standalone_mode=False)
+    except NoArgsIsHelpError:  # bare `attnbench`: typer has printed the help already
+        code = 0
+    except UsageError as exc:
+        where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+        common.fail(where + " ".join(exc.format_message().split()), 2)
+    except typer.Abort:
+        common.fail("aborted", 130)
+    except KeyboardInterrupt:
+        common.fail("interrupted", 130)
+    except (common.UserError, FileNotFoundError) as exc:
+        if debug:
+            raise
+        common.fail(" ".join(str(exc).split()), 2)
+    except Exception as exc:  # never a traceback for users; ATTNBENCH_DEBUG=1 shows it
+        if debug:
+            raise
+        common.fail(f"{type(exc).__name__}: {' '.join(str(exc).split())} (set ATTNBENCH_DEBUG=1 for details)", 1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,225 @@
+"""Shared CLI pieces: argv normalisation, one-line errors, spec options, config files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+import yaml
+from rich.console import Console
+
+from attnbench.sweep import CPU_DEFAULT, GPU_DEFAULT, Sweep, parse_int, parse_int_list, parse_seq_lens
+
+
+def _console(stderr: bool = False) -> Console:
+    # Tables are wide: when output is not a terminal (a file, a pipe, CI logs) do not squeeze to 80 columns.
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+
+
+console = _console()
+err_console = _console(stderr=True)
+
+
+class UserError(ValueError):
+    """Bad input from the user: reported as one line on stderr, exit status 2."""
+
+
+# Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
+MULTI_VALUE = {"--seq-lens", "--seq-len", "--seq_len", "--seq_lens", "--batch-size", "--batch_size", "--q-heads",
+               "--num_heads", "--num-heads", "--kv-heads", "--head-size", "--head_size", "--emb_dim", "--emb-dim",
+               "--dtype", "--pass", "--backends", "--backend", "--run", "--status"}
+CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Rewrite multi-value options into repeated options and ``--causal [both|true|false]``."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        flag, eq, value = tok.partition("=")
+        if tok == "--":
+            out.extend(argv[i:])
+            break
+        if flag in ("--causal", "--no-causal") and not eq:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if flag == "--causal" and nxt is not None and nxt.lower() in CAUSAL_VALUES:
+                out += ["--causal-mode", nxt.lower()]
+                i += 2
+                continue
+            out += ["--causal-mode", "true" if flag == "--causal" else "false"]
+        elif flag == "--causal" and eq:
+            out += ["--causal-mode", value.lower()]
+        elif flag in MULTI_VALUE:
+            if eq:
+                out += [flag, value]
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("-"):
+                out += [flag, argv[j]]
+                j += 1
+            if not eq and j == i + 1:
+                out.append(flag)  # let the parser complain about the missing value
+            i = j
+            continue
+        else:
+            out.append(tok)
+        i += 1
+    return out
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print one line to stderr and exit."""
+    err_console.print(f"attnbench: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
+def resolve_device(device: str | None) -> str:
+    """Validate ``--device`` (cpu, cuda, cuda:N); default cuda when available."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"bad --device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"bad --device {device!r}: use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: no CUDA/ROCm device is available to torch {torch.__version__}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: only {torch.cuda.device_count()} device(s) present")
+    return str(dev)
+
+
+def load_config(path: Path | None) -> dict:
+    """YAML mapping of option names (as in the CLI, dashes or underscores) to values."""
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of option names to values")
+    keys = {str(k).replace("-", "_"): v for k, v in data.items()}
+    return {CONFIG_ALIASES.get(k, k): v for k, v in keys.items()}
+
+
+# YAML keys that read naturally but differ from the parameter names.
+CONFIG_ALIASES = {"causal": "causal_mode", "pass": "pass_", "passes": "pass_", "repeats": "repeat",
+                  "seq_len": "seq_lens", "num_heads": "q_heads", "backend": "backends"}
+
+
+def merge_options(ctx: typer.Context, config: dict, allowed: set[str]) -> dict:
+    """Config values, overridden by options given explicitly on the command line."""
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise UserError(f"unknown key(s) in config: {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    merged = dict(config)
+    for name, value in ctx.params.items():
+        source = ctx.get_parameter_source(name)
+        explicit = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+        if explicit or name not in merged:
+            merged[name] = value
+    return merged
+
+
+def _as_list(value) -> list | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in (item if isinstance(item, (list, tuple)) else [item])] or None
+    return [value]
+
+
+def parse_causal(value) -> tuple[bool, ...]:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return (value,)
+    text = str(value).lower()
+    table = {"both": (False, True), "true": (True,), "yes": (True,), "1": (True,), "on": (True,),
+             "false": (False,), "no": (False,), "0": (False,), "off": (False,)}
+    if text not in table:
+        raise UserError(f"bad --causal value {value!r}; allowed: both, true, false")
+    return table[text]
+
+
+def parse_window(value) -> tuple[int, int] | None:
+    if value in (None, "", "none"):
+        return None
+    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    try:
+        left, right = (int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise UserError(f"bad --window {value!r}: give LEFT,RIGHT like 256,0 (-1 = unbounded)") from None
+    return left, right
+
+
+def build_sweep(opts: dict, device: str) -> Sweep:
+    """Turn merged option values into a Sweep; missing axes come from the device's default sweep."""
+    base = GPU_DEFAULT if device.startswith("cuda") else CPU_DEFAULT
+    try:
+        seq = _as_list(opts.get("seq_lens"))
+        emb = _as_list(opts.get("emb_dim"))
+        heads = _as_list(opts.get("q_heads"))
+        kv = _as_list(opts.get("kv_heads"))
+        return Sweep(
+            batch_sizes=tuple(parse_int_list(v, "batch size")[0] for v in _as_list(opts.get("batch_size")) or [])
+            or base.batch_sizes,
+            seq_lens=tuple(parse_seq_lens([str(s) for s in seq])) if seq else base.seq_lens,
+            q_heads=tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads,
+            kv_heads=tuple(parse_int_list(kv, "kv-heads")) if kv else None,
+            head_sizes=tuple(parse_int_list(_as_list(opts.get("head_size")), "head size"))
+            if opts.get("head_size") else base.head_sizes,
+            emb_dims=tuple(parse_int_list(emb, "emb_dim")) if emb else None,
+            dtypes=tuple(_as_list(opts.get("dtype")) or base.dtypes),
+            causal=parse_causal(opts.get("causal_mode")) or base.causal,
+            passes=tuple(_as_list(opts.get("pass_")) or base.passes),
+            window=parse_window(opts.get("window")),
+            layout=opts.get("layout") or base.layout,
+        )
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def positive_int(value, name: str) -> int:
+    try:
+        n = parse_int(str(value), name)
+    except ValueError:
+        raise UserError(f"bad {name} {value!r}: expected a positive integer") from None
+    return n
+
+
+# ---- reusable option declarations (one place for names, aliases and help) -----------------------
+Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda or cuda:N (default: cuda if available).")]
+Backends = Annotated[list[str] | None, typer.Option(
+    "--backends", "--backend", help="Backends to run, comma separated or repeated (default: all available).")]
+BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", "--batch_size", help="Batch size(s).")]
+QHeads = Annotated[list[str] | None, typer.Option("--q-heads", "--num_heads", "--num-heads", help="Query heads.")]
+KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", help="Key/value heads (GQA/MQA); default = q-heads.")]
+HeadSize = Annotated[list[str] | None, typer.Option("--head-size", "--head_size", help="Head size(s).")]
+EmbDim = Annotated[list[str] | None, typer.Option(
+    "--emb_dim", "--emb-dim", help="Embedding dim(s); head size = emb_dim / q-heads (seed 003).")]
+Dtype = Annotated[list[str] | None, typer.Option("--dtype", help="fp16, bf16, fp32 (or fp64).")]
+CausalMode = Annotated[str | None, typer.Option(
+    "--causal-mode", help="Written as --causal / --no-causal / --causal both.", show_default=False)]
+Window = Annotated[str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")]
+Passes = Annotated[list[str] | None, typer.Option("--pass", help="fwd, bwd, fwd_bwd (repeatable).")]
+SeqLens = Annotated[list[str] | None, typer.Option(
+    "--seq-lens", "--seq-len", "--seq_len", "--seq_lens",
+    help="Each value one case; 128,128 = one grouped batch; 512..16k:x2 = a range.")]
+Warmup = Annotated[int | None, typer.Option("--warmup", help="Untimed calls before timing.")]
+Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", help="Timed calls per case.")]
+Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.")]
+Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file [default: attnbench-results/attnbench.db].")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")]

@@ -1,0 +1,174 @@
+"""`attnbench run`: the kernel benchmark sweep."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+import attnbench
+from attnbench import metrics
+from attnbench.backends import registry
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.report.table import records_table
+from attnbench.results import env as envmod
+from attnbench.results import export
+from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
+from attnbench.runner import Runner, RunOptions
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig
+
+# Seed 003's --impl names.
+IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """A validated run: what to run and how. Built before anything is written."""
+
+    specs: list[AttnSpec]
+    options: RunOptions
+    db: Path
+    output: Path | None
+    config: dict
+
+
+def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
+    """--backends / --impl -> registry names (validated); default = every backend available here."""
+    if impl is not None:
+        target = IMPL_ALIASES.get(impl.lower())
+        if target is None:
+            raise UserError(f"bad --impl {impl!r}; allowed: Pytorch, Flash2")
+        if target not in registry.available(device):
+            alternatives = ", ".join(registry.available(device))
+            raise UserError(f"--impl {impl} needs flash-attn (pip install flash-attn), which is not installed here; "
+                            f"use --backends with one of: {alternatives}")
+        names = [*(names or []), target]
+    if not names:
+        return tuple(registry.available(device))
+    out = []
+    known = registry.names()
+    for item in names:
+        for name in str(item).split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in known:
+                raise UserError(f"unknown backend {name!r}; known: {', '.join(known)}")
+            out.append(name)
+    if not out:
+        raise UserError("--backends is empty; give at least one backend name")
+    return tuple(dict.fromkeys(out))
+
+
+def build_plan(ctx: typer.Context) -> RunPlan:
+    """Validate every option (config file merged) into a RunPlan; raises UserError."""
+    config = common.load_config(ctx.params.get("config"))
+    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config"})
+    device = common.resolve_device(opts.get("device"))
+    sweep = common.build_sweep(opts, device)
+    cpu = device == "cpu"
+    try:
+        timing = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
+                              repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
+                              cold_l2=not opts.get("warm_l2", False))
+        convention = opts.get("flops_convention") or "exact"
+        if convention not in metrics.CONVENTIONS:
+            raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
+        profiler = opts.get("profiler") or "none"
+        if profiler != "none":
+            raise ValueError(f"--profiler {profiler}: only 'none' (CUDA events) is available in this version")
+        specs = sweep.specs()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    backends = resolve_backends(common._as_list(opts.get("backends")), opts.get("impl"), device)
+    output = opts.get("output")
+    if output is not None:
+        try:
+            export.format_for(Path(output))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
+                         seed=opts.get("seed") or 0)
+    db = Path(opts.get("db") or DEFAULT_DB)
+    return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
+                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()})
+
+
+def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) -> tuple[str, list]:
+    """Run the plan, writing each record to the store as it is measured."""
+    env = envmod.collect(plan.options.device)
+    env_id = envmod.env_id(env)
+    run_id = run_id or new_run_id()
+    store = ResultStore(plan.db)
+    store.add_env(env_id, env)
+    store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config, env_id=env_id,
+                    version=attnbench.__version__)
+    records = []
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=common.err_console, disable=quiet, transient=True)
+
+    def sink(record):
+        store.write(record)
+        records.append(record)
+        progress.advance(task)
+
+    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id))
+    cases = runner.cases(plan.specs)
+    status = "interrupted"
+    try:
+        with progress:
+            task = progress.add_task("measuring", total=len(cases))
+            runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
+            runner.run(plan.specs)
+        status = "done"
+    finally:
+        store.finish_run(run_id, status)
+        store.close()
+    return run_id, records, runner.clock.seconds
+
+
+def run(
+    ctx: typer.Context,
+    device: common.Device = None,
+    backends: common.Backends = None,
+    batch_size: common.BatchSize = None,
+    q_heads: common.QHeads = None,
+    kv_heads: common.KvHeads = None,
+    head_size: common.HeadSize = None,
+    emb_dim: common.EmbDim = None,
+    dtype: common.Dtype = None,
+    causal_mode: common.CausalMode = None,
+    window: common.Window = None,
+    pass_: common.Passes = None,
+    seq_lens: common.SeqLens = None,
+    warmup: common.Warmup = None,
+    repeat: common.Repeat = None,
+    warm_l2: Annotated[bool, typer.Option("--warm-l2", help="Do not flush the L2 cache between calls.")] = False,
+    flops_convention: Annotated[str | None, typer.Option(
+        "--flops-convention", help="exact (attended pairs) or dense (no causal discount).")] = None,
+    profiler: Annotated[str | None, typer.Option("--profiler", help="none = CUDA events (seed 000).")] = None,
+    impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
+    db: common.Db = None,
+    output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
+    config: common.Config = None,
+    seed: common.Seed = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+) -> None:
+    """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
+    plan = build_plan(ctx)
+    run_id, records, phases = execute(plan, quiet=quiet)
+    if plan.output is not None:
+        export.write(records, plan.output)
+    if not quiet:
+        common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}"))
+        ok = sum(r.status == "ok" for r in records)
+        spent = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
+        common.console.print(f"{ok}/{len(records)} cases ok; wall time: {spent}; results in {plan.db}"
+                             + (f" and {plan.output}" if plan.output else ""), highlight=False)

@@ -1,0 +1,111 @@
+"""Seeded random inputs for a spec: the same tensors for every backend of a case.
+
+Dense inputs are ``q_bshd`` (batch, seq, heads, dim); with ``layout="bhsd"`` they are stored
+(batch, heads, seq, dim) and exposed as bshd views. Varlen inputs are packed ``q_thd``
+(total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal; never zeros.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.spec import AttnSpec
+
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttnInputs:
+    """Tensors of one case. Dense tensors are bshd views; varlen tensors are packed thd."""
+
+    q: torch.Tensor
+    """Queries: (B, Sq, Hq, D) dense or (Tq, Hq, D) varlen."""
+    k: torch.Tensor
+    """Keys: (B, Sk, Hkv, D) dense or (Tk, Hkv, D) varlen."""
+    v: torch.Tensor
+    """Values: (B, Sk, Hkv, Dv) dense or (Tk, Hkv, Dv) varlen."""
+    dout: torch.Tensor
+    """Upstream gradient, shaped like the output."""
+    cu_seqlens_q: torch.Tensor | None = None
+    """int32 (N+1,) offsets of each query sequence in the packed tensor (varlen only)."""
+    cu_seqlens_k: torch.Tensor | None = None
+    """int32 (N+1,) offsets of each key sequence in the packed tensor (varlen only)."""
+    max_seqlen_q: int = 0
+    """Longest query sequence."""
+    max_seqlen_k: int = 0
+    """Longest key sequence."""
+    seed: int = DEFAULT_SEED
+    """Seed the tensors were drawn with (recorded)."""
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_seqlens_q is not None
+
+    def leaves(self, requires_grad: bool) -> AttnInputs:
+        """Fresh leaf tensors sharing storage, with ``requires_grad`` set (for one backend's graph)."""
+        def leaf(t):
+            return t.detach().requires_grad_(requires_grad)
+        return dataclasses.replace(self, q=leaf(self.q), k=leaf(self.k), v=leaf(self.v))
+
+
+def cu_seqlens(lengths, device) -> torch.Tensor:
+    """int32 offsets [0, l0, l0+l1, ...] of sequences with the given lengths."""
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0).to(torch.int32)
+    return out.to(device)
+
+
+def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = DEFAULT_SEED) -> AttnInputs:
+    """Draw q, k, v and dout from N(0, 1) with a fixed seed, on ``device`` in ``spec.dtype``."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    dtype = spec.torch_dtype
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+    if spec.is_varlen:
+        seqs = spec.sequences
+        tq, tk = sum(s for s, _ in seqs), sum(s for _, s in seqs)
+        return AttnInputs(
+            q=randn(tq, spec.heads_q, spec.head_dim), k=randn(tk, spec.heads_kv, spec.head_dim),
+            v=randn(tk, spec.heads_kv, spec.head_dim_v), dout=randn(tq, spec.heads_q, spec.head_dim_v),
+            cu_seqlens_q=cu_seqlens([s for s, _ in seqs], device),
+            cu_seqlens_k=cu_seqlens([s for _, s in seqs], device),
+            max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed)
+
+    b, sq, sk = spec.batch, spec.seqlens_q[0], spec.seqlens_k[0]
+
+    def dense(s, h, d):
+        if spec.layout == "bhsd":
+            return randn(b, h, s, d).transpose(1, 2)
+        return randn(b, s, h, d)
+
+    return AttnInputs(
+        q=dense(sq, spec.heads_q, spec.head_dim), k=dense(sk, spec.heads_kv, spec.head_dim),
+        v=dense(sk, spec.heads_kv, spec.head_dim_v), dout=dense(sq, spec.heads_q, spec.head_dim_v),
+        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed)
+
+
+def split_varlen(packed: torch.Tensor, cu: torch.Tensor) -> list[torch.Tensor]:
+    """Packed (T, H, D) -> list of (S_i, H, D) views, one per sequence."""
+    offsets = cu.tolist()
+    return [packed[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Stack equally shaped q, k, v (..., H, D) into (..., 3, H, D) (flash-attn's qkvpacked layout)."""
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"qkv packing needs equal shapes, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    return torch.stack([q, k, v], dim=-3)
+
+
+def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Stack equally shaped k, v (..., H, D) into (..., 2, H, D) (flash-attn's kvpacked layout)."""
+    if k.shape != v.shape:
+        raise ValueError(f"kv packing needs equal shapes, got {tuple(k.shape)}, {tuple(v.shape)}")
+    return torch.stack([k, v], dim=-3)

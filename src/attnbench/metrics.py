@@ -1,0 +1,88 @@
+"""FLOPs and bytes of attention: the one place where attnbench's convention is written down.
+
+Forward FLOPs = 2 * (d_qk + d_v) * H_q * P, where P is the exact number of (query, key) pairs that
+are attended, summed over sequences: causal masks (lower-right aligned) and sliding windows are
+counted exactly, varlen sums each sequence on its own. The two matmuls QK^T and PV each cost 2*d per
+pair; softmax is not counted. Backward = 2.5x forward (five matmuls of the same size: recompute S,
+dV, dP, dQ, dK), forward+backward = 3.5x forward.
+
+The ``dense`` convention counts every pair (P = sq * sk, no causal discount), as many papers do.
+
+Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_kv heads) and writes
+O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnbench.spec import AttnSpec
+
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+CONVENTIONS = ("exact", "dense")
+LSE_BYTES = 4
+
+
+def attended_pairs(sq: int, sk: int, causal: bool, window: tuple[int, int] | None = None) -> int:
+    """Exact number of (query, key) pairs attended in one sequence (lower-right aligned masks)."""
+    rows = np.arange(sq, dtype=np.int64)
+    diag = rows + (sk - sq)  # key index aligned with query i
+    lo = np.zeros(sq, dtype=np.int64)
+    hi = np.full(sq, sk - 1, dtype=np.int64)
+    left, right = window if window is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left >= 0:
+        lo = np.maximum(lo, diag - left)
+    if right >= 0:
+        hi = np.minimum(hi, diag + right)
+    return int(np.clip(hi - lo + 1, 0, None).sum())
+
+
+def pairs(spec: AttnSpec, convention: str = "exact") -> int:
+    """(query, key) pairs attended per head, summed over all sequences of the spec."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown FLOP convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
+    if convention == "dense":
+        return sum(sq * sk for sq, sk in spec.sequences)
+    per_group = sum(attended_pairs(sq, sk, spec.causal, spec.window)
+                    for sq, sk in zip(spec.seqlens_q, spec.seqlens_k, strict=True))
+    return per_group * spec.batch
+
+
+def flops(spec: AttnSpec, pass_: str | None = None, convention: str = "exact") -> float:
+    """Floating-point operations of one call of ``pass_`` (default: the spec's pass)."""
+    pass_ = pass_ or spec.pass_
+    fwd = 2.0 * (spec.head_dim + spec.head_dim_v) * spec.heads_q * pairs(spec, convention)
+    return fwd * PASS_FLOP_FACTOR[pass_]
+
+
+def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
+    """Minimal bytes read and written by one call of ``pass_`` (see module doc)."""
+    pass_ = pass_ or spec.pass_
+    elem = spec.torch_dtype.itemsize
+    tq = sum(sq for sq, _ in spec.sequences)
+    tk = sum(sk for _, sk in spec.sequences)
+    q = tq * spec.heads_q * spec.head_dim * elem
+    k = tk * spec.heads_kv * spec.head_dim * elem
+    v = tk * spec.heads_kv * spec.head_dim_v * elem
+    o = tq * spec.heads_q * spec.head_dim_v * elem
+    lse = tq * spec.heads_q * LSE_BYTES
+    fwd = q + k + v + o + lse
+    bwd = (q + k + v + o + o + lse) + (q + k + v)  # read q,k,v,o,do,lse; write dq,dk,dv
+    return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[pass_]
+
+
+def tflops_per_s(flop: float, ms: float | None) -> float | None:
+    """TFLOP/s for ``flop`` operations in ``ms`` milliseconds."""
+    return None if not ms else flop / (ms * 1e-3) / 1e12
+
+
+def gb_per_s(nbytes: float, ms: float | None) -> float | None:
+    """GB/s (10^9 bytes per second) for ``nbytes`` bytes in ``ms`` milliseconds."""
+    return None if not ms else nbytes / (ms * 1e-3) / 1e9
+
+
+def percent_of_peak(value: float | None, peak: float | None) -> float | None:
+    """``value`` as a percentage of ``peak`` (same unit), None when either is unknown."""
+    return None if not value or not peak else 100.0 * value / peak

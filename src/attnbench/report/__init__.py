@@ -1,0 +1,1 @@
+"""Tables, plots and reports built from records."""

@@ -1,0 +1,1 @@
+"""Records, the SQLite store, environment fingerprints and exports."""

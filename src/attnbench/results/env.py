@@ -1,0 +1,102 @@
+"""Environment fingerprint: what hardware and software produced a result.
+
+Collected once per run; its id is a hash of the stable fields, so runs on the same machine and
+software share an id. Never initialises CUDA on import; only when ``collect`` is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+import attnbench
+
+# Packages whose versions matter to attention results (absent ones are simply not listed).
+PACKAGES = ("torch", "triton", "numpy", "flash-attn", "flash-attn-3", "flash-attn-4", "xformers",
+            "sageattention", "spas-sage-attn", "flashinfer-python", "diffusers", "transformers",
+            "ring-flash-attn", "yunchang", "nvidia-ml-py")
+VOLATILE = ("collected_at",)
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in PACKAGES:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def git_sha() -> str | None:
+    """Commit of the attnbench source tree, when it is a git checkout."""
+    root = Path(attnbench.__file__).resolve().parents[2]
+    if not (root / ".git").exists() or shutil.which("git") is None:
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _nvidia_driver() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def collect(device: str | torch.device = "cpu") -> dict:
+    """Fingerprint of this machine and software for ``device``."""
+    import time
+    device = torch.device(device)
+    env = {
+        "attnbench": attnbench.__version__, "git_sha": git_sha(), "python": platform.python_version(),
+        "os": platform.platform(), "hostname": platform.node(), "cpu": _cpu_name(), "cpu_threads": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "platform": "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else "cpu"),
+        "packages": _versions(), "device": str(device), "collected_at": time.time(),
+    }
+    if device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(device)
+        env.update(
+            device_name=props.name, device_count=torch.cuda.device_count(),
+            compute_capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+            device_memory_bytes=props.total_memory, l2_cache_bytes=getattr(props, "L2_cache_size", None),
+            cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            driver=_nvidia_driver(),
+        )
+    else:
+        env.update(device_name=_cpu_name())
+    return env
+
+
+def env_id(env: dict) -> str:
+    """Stable hash of the fingerprint (volatile fields excluded)."""
+    stable = {k: v for k, v in env.items() if k not in VOLATILE}
+    return hashlib.sha1(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -1,0 +1,129 @@
+"""SQLite results store: runs, environments and records, one transaction per record.
+
+WAL mode lets readers (report, export) work while a run writes. Each process writes its own file;
+several processes never write one file (sharded sweeps merge afterwards).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
+
+DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS envs (env_id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
+    config TEXT, env_id TEXT, attnbench_version TEXT);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    {", ".join(f'"{name}" {kind}' for name, kind in COLUMNS.items())});
+CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id);
+"""
+
+
+def new_run_id() -> str:
+    """Sortable, unique run id: UTC time plus a random suffix."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+class ResultStore:
+    """Open (creating if needed) a results database at ``path``."""
+
+    def __init__(self, path: str | Path = DEFAULT_DB, *, create: bool = True):
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise FileNotFoundError(f"no results database at {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=30.0)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        with self.conn:
+            self.conn.executescript(_SCHEMA)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._check_version()
+
+    def _check_version(self) -> None:
+        found = int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+        if found > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has schema version {found}; this attnbench reads up to "
+                               f"{SCHEMA_VERSION}: upgrade attnbench")
+        # Older versions are migrated here, one step at a time, when the schema changes.
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- writing --------------------------------------------------------------------------------
+    def add_env(self, env_id: str, data: dict) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR IGNORE INTO envs VALUES (?, ?)", (env_id, json.dumps(data, sort_keys=True)))
+
+    def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE "
+                "SET status='running', finished_at=NULL",
+                (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version))
+
+    def finish_run(self, run_id: str, status: str = "done") -> None:
+        with self.conn:
+            self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?", (time.time(), status, run_id))
+
+    def write(self, record: Record) -> None:
+        """Insert one record in its own transaction (durable before the next case starts)."""
+        row = record.to_row()
+        names = list(COLUMNS)
+        sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
+        with self.conn:
+            self.conn.execute(sql, [row[n] for n in names])
+
+    # ---- reading --------------------------------------------------------------------------------
+    def runs(self) -> list[dict]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM runs ORDER BY created_at")]
+
+    def run(self, run_id: str) -> dict | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return dict(row) if row else None
+
+    def latest_run_id(self) -> str | None:
+        row = self.conn.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+        return row[0] if row else None
+
+    def env(self, env_id: str) -> dict | None:
+        row = self.conn.execute("SELECT data FROM envs WHERE env_id=?", (env_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def rows(self, run_id: str | None = None, **where) -> list[dict]:
+        """Record rows as dicts, optionally filtered by run and by column equality."""
+        clauses, args = [], []
+        if run_id is not None:
+            clauses.append("run_id = ?")
+            args.append(run_id)
+        for col, value in where.items():
+            if col not in COLUMNS:
+                raise ValueError(f"unknown record column {col!r}")
+            clauses.append(f'"{col}" = ?')
+            args.append(value)
+        sql = "SELECT * FROM records" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+        return [dict(r) for r in self.conn.execute(sql, args)]
+
+    def records(self, run_id: str | None = None, **where) -> list[Record]:
+        return [Record.from_row(r) for r in self.rows(run_id, **where)]
+
+    def case_ids(self, run_id: str) -> set[str]:
+        """Case ids that already have a record in ``run_id`` (used by --resume)."""
+        return {r[0] for r in self.conn.execute("SELECT case_id FROM records WHERE run_id=?", (run_id,))}

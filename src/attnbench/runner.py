@@ -1,0 +1,180 @@
+"""The one measuring pipeline: spec -> backend.supports -> prepare -> measure -> Record -> store.
+
+Every case becomes a Record written to the store before the next case starts. Failures become
+statuses (unsupported, oom, error, nan), never exceptions that end the sweep.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from attnbench import metrics
+from attnbench.backends import registry
+from attnbench.backends.base import Backend, BackendUnavailable, Outputs
+from attnbench.inputs import AttnInputs, make_inputs
+from attnbench.results.record import Record, case_id
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig, measure, summarize
+
+log = logging.getLogger(__name__)
+
+# (spec, inputs, outputs, backend) -> accuracy dict with a "verdict" key, or None to skip.
+Checker = Callable[[AttnSpec, AttnInputs, Outputs, Backend], "dict | None"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Everything about how cases are run, apart from the cases themselves."""
+
+    device: str
+    """cpu, cuda or cuda:N."""
+    backends: tuple[str, ...]
+    """Backend names, in the order they run for each case."""
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    """Warm-up, repeat and timing method."""
+    flops_convention: str = "exact"
+    """exact (attended pairs) or dense (every pair)."""
+    seed: int = 0
+    """Seed of the inputs."""
+
+
+@dataclass
+class PhaseClock:
+    """Wall seconds spent per phase of a run (inputs, prepare, check, timing, ...)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+
+class Runner:
+    """Runs cases and writes each Record through ``sink`` (e.g. ``ResultStore.write``) at once."""
+
+    def __init__(self, options: RunOptions, *, run_id: str, env_id: str | None,
+                 sink: Callable[[Record], None], checker: Checker | None = None,
+                 skip: set[str] | None = None, on_case: Callable[[AttnSpec, str], None] | None = None):
+        self.options = options
+        self.device = torch.device(options.device)
+        self.run_id, self.env_id = run_id, env_id
+        self.sink, self.checker, self.on_case = sink, checker, on_case
+        self.skip = skip or set()
+        self.clock = PhaseClock()
+        self.backends = [registry.get(name) for name in options.backends]
+
+    def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
+        """The (spec, backend) pairs still to run, shape-major."""
+        mode = self.timing_mode
+        return [(s, b) for s in specs for b in self.backends if case_id(s, b.name, mode) not in self.skip]
+
+    @property
+    def timing_mode(self) -> str:
+        return "cpu" if self.device.type == "cpu" else self.options.timing.mode
+
+    def run(self, specs: Iterable[AttnSpec]) -> list[Record]:
+        records: list[Record] = []
+        inputs, inputs_key = None, None
+        for spec, backend in self.cases(specs):
+            if self.on_case:
+                self.on_case(spec, backend.name)
+            if spec.shape_key() != inputs_key:
+                inputs = None
+                _free(self.device)
+                with self.clock.phase("inputs"):
+                    inputs = make_inputs(spec, self.device, self.options.seed)
+                inputs_key = spec.shape_key()
+            record = self.run_case(spec, backend, inputs, check=self.checker is not None)
+            self.sink(record)
+            records.append(record)
+        return records
+
+    def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
+        return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,
+                      device=str(self.device), env_id=self.env_id, seed=self.options.seed,
+                      flops_convention=self.options.flops_convention, **fields)
+
+    def run_case(self, spec: AttnSpec, backend: Backend, inputs: AttnInputs, *, check: bool = False) -> Record:
+        """One case, start to finish; never raises for a failing backend."""
+        reason = backend.supports(spec, self.device)
+        if reason:
+            return self._record(spec, backend, status="unsupported", reason=reason, info=backend.base_info())
+        info: dict = backend.base_info()
+        try:
+            return self._measure_case(spec, backend, inputs, info, check)
+        except BackendUnavailable as exc:
+            return self._record(spec, backend, status="unsupported", reason=str(exc), info=info)
+        except torch.OutOfMemoryError as exc:
+            _free(self.device)
+            return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
+        except Exception as exc:  # a failing kernel is a result, not the end of the sweep
+            log.debug("case failed", exc_info=True)
+            _free(self.device)
+            return self._record(spec, backend, status="error", reason=f"{type(exc).__name__}: {_first_line(exc)}",
+                                info=info)
+
+    def _measure_case(self, spec, backend, inputs, info, check) -> Record:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            baseline = torch.cuda.memory_allocated(self.device)
+        with self.clock.phase("prepare"):
+            prepared = backend.prepare(spec, inputs)
+            info.update(prepared.info)
+            outputs = prepared.fn()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - baseline if cuda else None
+        bad = _non_finite(outputs)
+        accuracy = None
+        if check and self.checker is not None:
+            with self.clock.phase("check"):
+                accuracy = self.checker(spec, inputs, outputs, backend)
+        del outputs
+        if bad:
+            return self._record(spec, backend, status="nan", reason=f"non-finite values in {bad}", info=info,
+                                peak_mem_bytes=peak, accuracy=accuracy)
+        with self.clock.phase("timing"):
+            samples = measure(prepared.fn, self.options.timing, self.device)
+        stats = summarize(samples)
+        flop = metrics.flops(spec, convention=self.options.flops_convention)
+        nbytes = metrics.bytes_moved(spec)
+        status = "ok"
+        reason = None
+        if accuracy is not None and accuracy.get("verdict") == "fail":
+            status, reason = "mismatch", accuracy.get("reason", "accuracy check failed")
+        return self._record(
+            spec, backend, status=status, reason=reason, info=info, samples_ms=samples, **stats,
+            iters_per_s=1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,
+            flops=flop, bytes=nbytes, tflops=metrics.tflops_per_s(flop, stats["median_ms"]),
+            gbps=metrics.gb_per_s(nbytes, stats["median_ms"]), peak_mem_bytes=peak, accuracy=accuracy)
+
+
+def _non_finite(outputs: Outputs) -> str | None:
+    """Comma list of output tensors holding NaN or Inf, or None."""
+    bad = [name for name, t in outputs.tensors().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return ", ".join(bad) or None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:400]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,186 @@
+"""The attention problem being measured: one frozen, validated description per case.
+
+Layout convention: a dense case has ``batch`` sequences, all of length ``seqlens_q[0]`` (queries) and
+``seqlens_k[0]`` (keys). A grouped (varlen) case lists several lengths; the group is repeated ``batch``
+times and packed into one ``(total_tokens, heads, head_dim)`` tensor with ``cu_seqlens``.
+
+Causal masks are aligned to the lower right (flash-attn >= 2.1): query ``i`` of a sequence with
+``sq`` queries and ``sk`` keys attends key ``j`` iff ``j <= i + sk - sq``. A sliding window
+``(left, right)`` keeps keys in ``[i + sk - sq - left, i + sk - sq + right]``; -1 means unbounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp32": torch.float32,
+    "fp64": torch.float64,
+}
+DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
+                 "float": "fp32", "float64": "fp64", "double": "fp64"}
+PASSES = ("fwd", "bwd", "fwd_bwd")
+LAYOUTS = ("bshd", "bhsd")
+MAX_HEAD_DIM = 512
+
+
+def normalize_dtype(name: str) -> str:
+    """Return the canonical dtype name (fp16, bf16, fp32, fp64) or raise ValueError."""
+    key = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
+    return key
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttnSpec:
+    """One attention problem: shapes, dtype, masking and the pass to run."""
+
+    batch: int = 1
+    """Dense: number of sequences. Varlen: how many times the group of ``seqlens_q`` is repeated."""
+    seqlens_q: tuple[int, ...] = (128,)
+    """Query length of each sequence; more than one value makes a grouped (varlen) case."""
+    seqlens_k: tuple[int, ...] | None = None
+    """Key/value length of each sequence (same count as ``seqlens_q``); None = same as queries."""
+    heads_q: int = 16
+    """Number of query heads."""
+    heads_kv: int | None = None
+    """Number of key/value heads (GQA/MQA when smaller than ``heads_q``); None = ``heads_q``."""
+    head_dim: int = 128
+    """Head size of queries and keys."""
+    head_dim_v: int | None = None
+    """Head size of values and output; None = ``head_dim``."""
+    dtype: str = "bf16"
+    """Element type of q, k, v: fp16, bf16, fp32 or fp64."""
+    causal: bool = False
+    """Causal mask, aligned to the lower right when queries and keys differ in length."""
+    window: tuple[int, int] | None = None
+    """Sliding window (left, right) in tokens, -1 = unbounded; None = no window."""
+    layout: str = "bshd"
+    """Memory layout of the dense inputs handed to backends: bshd (flash-attn) or bhsd (SDPA)."""
+    pass_: str = "fwd"
+    """Which pass is timed: fwd, bwd (backward alone) or fwd_bwd."""
+    scale: float | None = None
+    """Softmax scale; None = 1/sqrt(head_dim)."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "seqlens_q", _lengths(self.seqlens_q, "seqlens_q"))
+        sk = self.seqlens_q if self.seqlens_k is None else _lengths(self.seqlens_k, "seqlens_k")
+        set_(self, "seqlens_k", sk)
+        if self.heads_kv is None:
+            set_(self, "heads_kv", self.heads_q)
+        if self.head_dim_v is None:
+            set_(self, "head_dim_v", self.head_dim)
+        set_(self, "dtype", normalize_dtype(self.dtype))
+        if self.window is not None:
+            set_(self, "window", tuple(int(w) for w in self.window))
+        self._validate()
+
+    def _validate(self) -> None:
+        _positive("batch", self.batch)
+        _positive("heads_q", self.heads_q)
+        _positive("heads_kv", self.heads_kv)
+        if len(self.seqlens_k) != len(self.seqlens_q):
+            raise ValueError(
+                f"seqlens_k has {len(self.seqlens_k)} values but seqlens_q has {len(self.seqlens_q)}; "
+                "give one key length per sequence")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(
+                f"q-heads ({self.heads_q}) must be a multiple of kv-heads ({self.heads_kv}) for GQA/MQA")
+        for name, label in (("head_dim", "head size"), ("head_dim_v", "value head size")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HEAD_DIM:
+                raise ValueError(f"{label} must be an integer in 1..{MAX_HEAD_DIM}, got {value!r}")
+        if self.pass_ not in PASSES:
+            raise ValueError(f"unknown pass {self.pass_!r}; allowed: {', '.join(PASSES)}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; allowed: {', '.join(LAYOUTS)}")
+        if self.window is not None and (len(self.window) != 2 or min(self.window) < -1):
+            raise ValueError(f"window must be two integers (left, right), each >= -1; got {self.window!r}")
+        if self.scale is not None and not self.scale > 0:
+            raise ValueError(f"scale must be positive, got {self.scale!r}")
+
+    # ---- derived properties -------------------------------------------------------------------
+    @property
+    def is_varlen(self) -> bool:
+        """True for a grouped case (several sequences of possibly different lengths, packed)."""
+        return len(self.seqlens_q) > 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else self.head_dim ** -0.5
+
+    @property
+    def sequences(self) -> list[tuple[int, int]]:
+        """Every (query length, key length) pair, batch repetitions included."""
+        return list(zip(self.seqlens_q, self.seqlens_k, strict=True)) * self.batch
+
+    @property
+    def gqa(self) -> bool:
+        return self.heads_kv != self.heads_q
+
+    @property
+    def has_window(self) -> bool:
+        return self.window is not None and tuple(self.window) != (-1, -1)
+
+    def replace(self, **changes) -> AttnSpec:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def shape_key(self) -> tuple:
+        """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
+        return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
+                self.head_dim_v, self.dtype, self.layout)
+
+    def label(self) -> str:
+        """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
+        if self.is_varlen:
+            seq = "varlen[" + ",".join(map(str, self.seqlens_q)) + "]"
+        else:
+            seq = f"s{self.seqlens_q[0]}" + (f"/{self.seqlens_k[0]}" if self.seqlens_k != self.seqlens_q else "")
+        heads = f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.gqa else "")
+        dim = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
+        parts = [f"b{self.batch}", seq, heads, dim, self.dtype]
+        if self.causal:
+            parts.append("causal")
+        if self.has_window:
+            parts.append(f"win{self.window[0]},{self.window[1]}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able fields (the public ones)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self) if not f.name.startswith("_")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AttnSpec:
+        data = dict(data)
+        for key in ("seqlens_q", "seqlens_k", "window"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def _positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+
+
+def _lengths(values, name: str) -> tuple[int, ...]:
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name.replace('_', '-')} is empty; give at least one sequence length")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"sequence lengths must be positive integers, got {v!r} in {name.replace('_', '-')}")
+    return values

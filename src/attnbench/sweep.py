@@ -1,0 +1,154 @@
+"""Sweeps: axes given on the command line or in YAML, expanded into AttnSpecs.
+
+Sequence-length syntax (``--seq-lens``): each value is one case; a comma list inside a value is one
+grouped (varlen) batch of those sequences; ``A..B:xF`` expands geometrically (``512..16k:x2``) and
+``A..B:+S`` arithmetically. ``k`` and ``m`` suffixes mean 1024 and 1024².
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, fields
+
+from attnbench.spec import PASSES, AttnSpec, normalize_dtype
+
+_NUM = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
+_RANGE = re.compile(r"^(?P<lo>[^.]+)\.\.(?P<hi>[^:]+)(?::(?P<op>[x*+])(?P<step>\d+))?$")
+MAX_RANGE_VALUES = 4096
+
+
+def parse_int(text: str, what: str = "value") -> int:
+    """'512' -> 512, '16k' -> 16384, '1m' -> 1048576; ValueError otherwise."""
+    m = _NUM.match(str(text))
+    if not m:
+        raise ValueError(f"bad {what} {text!r}: expected a positive integer like 512 or 16k")
+    value = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
+    if value < 1:
+        raise ValueError(f"bad {what} {text!r}: must be positive")
+    return value
+
+
+def parse_range(text: str, what: str = "value") -> list[int]:
+    """One integer, or a range ``A..B:xF`` / ``A..B:+S`` (inclusive of B when hit)."""
+    m = _RANGE.match(str(text).strip())
+    if not m:
+        return [parse_int(text, what)]
+    lo, hi = parse_int(m.group("lo"), what), parse_int(m.group("hi"), what)
+    op, step = m.group("op") or "x", int(m.group("step") or 2)
+    if hi < lo:
+        raise ValueError(f"bad range {text!r}: end {hi} is below start {lo}")
+    if (op in "x*" and step < 2) or (op == "+" and step < 1):
+        raise ValueError(f"bad range {text!r}: step must be x2 or more, or +1 or more")
+    out, value = [], lo
+    while value <= hi:
+        out.append(value)
+        if len(out) > MAX_RANGE_VALUES:
+            raise ValueError(f"range {text!r} expands to more than {MAX_RANGE_VALUES} values")
+        value = value * step if op in "x*" else value + step
+    return out
+
+
+def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
+    """``--seq-lens`` values -> one tuple of sequence lengths per case (see module doc)."""
+    if isinstance(values, str):
+        values = [values]
+    cases: list[tuple[int, ...]] = []
+    for value in values:
+        value = str(value).strip()
+        if not value:
+            raise ValueError("empty --seq-lens value; give lengths like 4096, 128,128 or 512..16k:x2")
+        if "," in value:
+            cases.append(tuple(parse_int(part, "sequence length") for part in value.split(",") if part.strip()))
+            if not cases[-1]:
+                raise ValueError(f"bad --seq-lens value {value!r}: no lengths in it")
+        else:
+            cases.extend((n,) for n in parse_range(value, "sequence length"))
+    if not cases:
+        raise ValueError("--seq-lens is empty; give at least one length")
+    return cases
+
+
+def parse_int_list(values, what: str) -> list[int]:
+    """Integers from values that may each hold a comma list or a range."""
+    if isinstance(values, (int, str)):
+        values = [values]
+    out: list[int] = []
+    for value in values:
+        for part in str(value).split(","):
+            if part.strip():
+                out.extend(parse_range(part, what))
+    if not out:
+        raise ValueError(f"{what} is empty")
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+    """The axes of a sweep; ``specs()`` is their product."""
+
+    batch_sizes: tuple[int, ...] = (2,)
+    """Batch sizes (for varlen: repetitions of the group)."""
+    seq_lens: tuple[tuple[int, ...], ...] = ((4096,),)
+    """One tuple of sequence lengths per case (one value = dense, several = varlen)."""
+    q_heads: tuple[int, ...] = (16,)
+    """Query head counts."""
+    kv_heads: tuple[int, ...] | None = None
+    """Key/value head counts; None = equal to the query heads of each case."""
+    head_sizes: tuple[int, ...] = (128,)
+    """Head sizes."""
+    emb_dims: tuple[int, ...] | None = None
+    """Seed-003 style: embedding dims, head size = emb_dim / q_heads (overrides head_sizes)."""
+    dtypes: tuple[str, ...] = ("bf16",)
+    """Element types."""
+    causal: tuple[bool, ...] = (False, True)
+    """Causal settings to run."""
+    passes: tuple[str, ...] = ("fwd", "fwd_bwd")
+    """Passes to time."""
+    window: tuple[int, int] | None = None
+    """Sliding window (left, right) applied to every case."""
+    layout: str = "bshd"
+    """Input layout."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):
+                object.__setattr__(self, f.name, tuple(value))
+        for name in ("batch_sizes", "seq_lens", "q_heads", "head_sizes", "dtypes", "causal", "passes"):
+            if not getattr(self, name):
+                raise ValueError(f"{name.replace('_', '-')} is empty; give at least one value")
+        object.__setattr__(self, "dtypes", tuple(normalize_dtype(d) for d in self.dtypes))
+        for p in self.passes:
+            if p not in PASSES:
+                raise ValueError(f"unknown pass {p!r}; allowed: {', '.join(PASSES)}")
+
+    def _head_sizes(self, q_heads: int) -> list[int]:
+        if self.emb_dims is None:
+            return list(self.head_sizes)
+        out = []
+        for emb in self.emb_dims:
+            if emb % q_heads:
+                raise ValueError(f"emb_dim {emb} is not divisible by num_heads {q_heads}")
+            out.append(emb // q_heads)
+        return out
+
+    def specs(self) -> list[AttnSpec]:
+        """Every case, shape-major (cases sharing inputs are adjacent), validated."""
+        out = []
+        for dtype, batch, hq, seqs in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, self.seq_lens):
+            for hkv, d in itertools.product(self.kv_heads or (hq,), self._head_sizes(hq)):
+                for causal, pass_ in itertools.product(self.causal, self.passes):
+                    out.append(AttnSpec(batch=batch, seqlens_q=seqs, heads_q=hq, heads_kv=hkv, head_dim=d,
+                                        dtype=dtype, causal=causal, window=self.window, layout=self.layout,
+                                        pass_=pass_))
+        return out
+
+
+GPU_DEFAULT = Sweep(batch_sizes=(2,), seq_lens=tuple((n,) for n in parse_range("512..16k:x2")), q_heads=(16,),
+                    head_sizes=(128,), dtypes=("bf16",), causal=(False, True), passes=("fwd", "fwd_bwd"))
+"""`attnbench run` with no arguments on a GPU."""
+
+CPU_DEFAULT = Sweep(batch_sizes=(1,), seq_lens=((128,), (256,), (512,)), q_heads=(4,), head_sizes=(64,),
+                    dtypes=("fp32",), causal=(False, True), passes=("fwd", "fwd_bwd"))
+"""`attnbench run` with no arguments and no GPU: small enough for a minute on 2 cores."""

@@ -5,6 +5,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,12 @@ SMALL = ["--device", "cpu", "--seq-lens", "17", "33", "--q-heads", "2", "--head-
          "--warmup", "1", "--repeat", "2", "--backends", "naive,sdpa-math", "--causal", "both", "--quiet"]
 
 
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
 def attnbench(*args, cwd=None):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # Run the checkout under test, whatever attnbench is installed.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=300)
 

@@ -146,6 +146,8 @@ def run(
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
+    layout: Annotated[str | None, typer.Option(
+        "--layout", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     warmup: common.Warmup = None,

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnbench.backends import registry
+from attnbench.backends.base import BackendUnavailable
 from attnbench.results.store import ResultStore
 from attnbench.runner import Runner, RunOptions
 from attnbench.spec import AttnSpec
@@ -68,8 +69,8 @@ def test_outputs_of_gpu_backends_match_naive_fp32():
             continue
         try:
             got = backend.prepare(spec, inputs).fn()
-        except Exception as exc:  # a kernel refusing the lower-right causal case is a skip, not a pass
-            pytest.skip(f"{name}: {exc}")
+        except BackendUnavailable:  # the forced kernel refuses this case: recorded as unsupported in runs
+            continue
         for key in ("out", "dq", "dk", "dv"):
             torch.testing.assert_close(getattr(got, key).float(), getattr(ref, key), atol=3e-2, rtol=3e-2,
                                        msg=f"{name} {key}")

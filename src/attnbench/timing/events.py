@@ -1,8 +1,9 @@
 """GPU timing with CUDA events (also HIP events on ROCm builds of torch), optionally with a cold L2.
 
 Each timed call is bracketed by its own pair of events, so host-side gaps between calls are not
-counted. With ``cold_l2`` a buffer twice the size of the L2 cache is overwritten before each call,
-so inputs are read from device memory as they would be in a real model step.
+counted. With ``cold_l2`` a buffer twice the size of the L2 cache (read from the device properties)
+is overwritten before each call, outside the event pair, so inputs are read from device memory as
+they would be in a real model step.
 """
 
 from __future__ import annotations
@@ -26,25 +27,42 @@ class L2Flusher:
     def __init__(self, device: torch.device):
         self.buffer = torch.empty(2 * l2_bytes(device) // 4 + 1, dtype=torch.int32, device=device)
 
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
     def __call__(self) -> None:
         self.buffer.zero_()
 
 
+def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None,
+                 device: torch.device) -> list[float]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for start, end in zip(starts, ends, strict=True):
+        if flush is not None:
+            flush()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
 def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
-                device: torch.device) -> list[float]:
-    """Milliseconds of ``repeat`` calls of ``fn`` after ``warmup`` calls, one event pair per call."""
+                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None) -> list[float]:
+    """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
+
+    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``).
+    """
+    from attnbench.timing.config import TimingConfig
+    policy = TimingConfig(repeat=repeat, min_time_ms=min_time_ms, max_repeat=max(max_repeat or repeat, repeat))
     flush = L2Flusher(device) if cold_l2 else None
+    samples: list[float] = []
     with torch.cuda.device(device):
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        for start, end in zip(starts, ends, strict=True):
-            if flush is not None:
-                flush()
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        while (count := policy.samples_wanted(samples, "cuda")) > 0:
+            samples += _timed_batch(fn, count, flush, device)
+    return samples

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info
 from attnbench.cli import run as run_cmd
 
@@ -26,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("run")(run_cmd.run)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
+app.command("calibrate")(calibrate_cmd.calibrate)
 
 
 def main(argv: list[str] | None = None) -> None:

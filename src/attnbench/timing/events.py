@@ -36,6 +36,10 @@ class L2Flusher:
     def __init__(self, device: torch.device):
         self.buffer = torch.empty(2 * l2_bytes(device) // 4 + 1, dtype=torch.int32, device=device)
 
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
     def __call__(self) -> None:
         self.buffer.zero_()
 
@@ -63,10 +67,35 @@ def _hold_device(device: torch.device, ms: float) -> None:
         torch.cuda._sleep(int(rate * ms))
 
 
+def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, device: torch.device,
+                 host_ms_per_call: float) -> list[float]:
+    """``count`` calls, each between its own event pair, queued ahead in chunks (see module doc)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    chunk = max(1, min(count, int(MAX_HOLD_MS / host_ms_per_call)))
+    for first in range(0, count, chunk):
+        pairs = list(zip(starts[first:first + chunk], ends[first:first + chunk]))
+        _hold_device(device, 1.5 * host_ms_per_call * len(pairs))
+        for start, end in pairs:
+            if flush is not None:
+                flush()
+            start.record()
+            fn()
+            end.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
 def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
-                device: torch.device) -> list[float]:
-    """Milliseconds of ``repeat`` calls of ``fn`` after ``warmup`` calls, one event pair per call."""
+                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None) -> list[float]:
+    """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
+
+    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``).
+    """
+    from attnbench.timing.config import TimingConfig
+    policy = TimingConfig(repeat=repeat, min_time_ms=min_time_ms, max_repeat=max(max_repeat or repeat, repeat))
     flush = L2Flusher(device) if cold_l2 else None
+    samples: list[float] = []
     with torch.cuda.device(device):
         host_ms = []
         for _ in range(max(warmup, 1)):
@@ -78,17 +107,6 @@ def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: 
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
-        chunk = max(1, min(repeat, int(MAX_HOLD_MS / per_call)))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        for first in range(0, repeat, chunk):
-            pairs = list(zip(starts[first:first + chunk], ends[first:first + chunk]))
-            _hold_device(device, 1.5 * per_call * len(pairs))
-            for start, end in pairs:
-                if flush is not None:
-                    flush()
-                start.record()
-                fn()
-                end.record()
-        torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        while (count := policy.samples_wanted(samples, "cuda")) > 0:
+            samples += _timed_batch(fn, count, flush, device, per_call)
+    return samples

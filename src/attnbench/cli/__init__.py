@@ -14,6 +14,7 @@ import typer
 
 from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info
+from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
@@ -28,6 +29,7 @@ app.command("run")(run_cmd.run)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
 app.command("calibrate")(calibrate_cmd.calibrate)
+app.command("e2e")(e2e_cmd.e2e)
 
 
 def main(argv: list[str] | None = None) -> None:

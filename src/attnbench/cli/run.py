@@ -83,6 +83,11 @@ def build_plan(ctx: typer.Context) -> RunPlan:
         specs = sweep.specs()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    try:
+        from attnbench.backends import options as backend_options
+        backend_options.apply(common._as_list(opts.get("backend_opt")))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     backends = resolve_backends(common._as_list(opts.get("backends")), opts.get("impl"), device)
     output = opts.get("output")
     if output is not None:
@@ -162,6 +167,8 @@ def run(
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
+    backend_opt: Annotated[list[str] | None, typer.Option(
+        "--backend-opt", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,

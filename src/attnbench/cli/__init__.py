@@ -13,6 +13,7 @@ import sys
 import typer
 
 from attnbench.cli import common, info
+from attnbench.cli import dist as dist_cmd
 from attnbench.cli import run as run_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
@@ -26,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("run")(run_cmd.run)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
+app.command("dist")(dist_cmd.dist)
 
 
 def main(argv: list[str] | None = None) -> None:

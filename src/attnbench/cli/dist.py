@@ -250,7 +250,8 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
             else:
                 med = r.stats["median_ms"]
                 mem = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
-                cells = [f"{1e3 / med:.3f}", f"{med:.3f}", mem, f"{r.tflops_per_device or 0:.1f}", ""]
+                tf = r.tflops_per_device or 0.0
+                cells = [f"{1e3 / med:.3f}", f"{med:.3f}", mem, f"{tf:.1f}" if tf >= 0.1 else f"{tf:.2g}", ""]
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         common.console.print("\n".join(lines), highlight=False, markup=False)

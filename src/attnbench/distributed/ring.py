@@ -3,7 +3,7 @@
 Each rank holds a shard of q, k, v (bshd, sequence dim 1). K/V travel around the ring with
 ``batch_isend_irecv``; the transfer for step s+1 is posted before step s is computed, so the
 communication overlaps the local kernel. Partial results are merged in fp32 in the log-sigmoid form,
-which never exponentiates a large LSE::
+which never exponentiates a large LSE (applied in place, as a lerp)::
 
     out = out - sigmoid(block_lse - lse) * (out - block_out)
     lse = lse - logsigmoid(lse - block_lse)
@@ -77,11 +77,14 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def merge(out, lse, block_out, block_lse):
-    """Merge a block into the running (out (B,S,H,D), lse (B,S,H,1)); block_lse is (B,H,S). fp32 or fp64."""
-    block_out = block_out.to(out.dtype)
+    """Merge a block into the running (out (B,S,H,D), lse (B,S,H,1)) in place; block_lse is (B,H,S).
+
+    ``out - sigmoid(block_lse - lse) * (out - block_out)`` is a lerp towards the block with weight
+    sigmoid(block_lse - lse): one fused pass over ``out`` (views such as out[:, h:] work too).
+    """
     block_lse = block_lse.transpose(1, 2).unsqueeze(-1).to(lse.dtype)
-    out = out - torch.sigmoid(block_lse - lse) * (out - block_out)
-    lse = lse - F.logsigmoid(lse - block_lse)
+    out.lerp_(block_out.to(out.dtype), torch.sigmoid(block_lse - lse))
+    lse.sub_(F.logsigmoid(lse - block_lse))
     return out, lse
 
 
@@ -92,7 +95,7 @@ def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
     if kind == Q_BACK:
         h = q.shape[1] // 2
         bo, bl = kernel.fwd(q[:, h:], k, v, False, scale)
-        state[0][:, h:], state[1][:, h:] = merge(state[0][:, h:], state[1][:, h:], bo, bl)
+        merge(state[0][:, h:], state[1][:, h:], bo, bl)
         return
     if kind == KV_FRONT:
         h = k.shape[1] // 2
@@ -102,7 +105,7 @@ def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
         acc = _acc_dtype(q.dtype)
         state[0], state[1] = bo.to(acc), bl.transpose(1, 2).unsqueeze(-1).to(acc)
     else:
-        state[0], state[1] = merge(state[0], state[1], bo, bl)
+        merge(state[0], state[1], bo, bl)
 
 
 def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dk, dv) -> None:

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from attnbench import metrics
 from attnbench.distributed import layout as lay
 from attnbench.distributed import peers
-from attnbench.distributed.kernels import LocalKernel, get_kernel
+from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
 from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
 from attnbench.distributed.ring import ring_attention
 from attnbench.distributed.ulysses import check_heads, ulysses_attention
@@ -174,7 +174,6 @@ def kernel_for(name: str, spec: AttnSpec, device: torch.device) -> LocalKernel:
     kernel = get_kernel(name)
     reason = kernel.reason(device, spec.dtype)
     if reason:
-        from attnbench.distributed.kernels import KernelUnavailable
         raise KernelUnavailable(reason)
     return kernel
 

@@ -14,6 +14,7 @@ import typer
 
 from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info
+from attnbench.cli import dist as dist_cmd
 from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
 
@@ -30,6 +31,7 @@ app.command("backends")(info.backends)
 app.command("env")(info.env)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("e2e")(e2e_cmd.e2e)
+app.command("dist")(dist_cmd.dist)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -131,13 +131,21 @@ class Runner:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             baseline = torch.cuda.memory_allocated(self.device)
+        pre_peak = 0
         with self.clock.phase("prepare"):
             prepared = backend.prepare(spec, inputs)
             info.update(prepared.info)
+            poison = getattr(self.checker, "poison", None) if check else None
+            if cuda and poison is not None:
+                # NaN-filled free memory, so elements the kernel never writes stay NaN (accuracy/check.py);
+                # the poison block itself must not count in the case's peak memory.
+                pre_peak = torch.cuda.max_memory_allocated(self.device)
+                poison(spec, self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
             outputs = prepared.fn()
             if cuda:
                 torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - baseline if cuda else None
+        peak = max(pre_peak, torch.cuda.max_memory_allocated(self.device)) - baseline if cuda else None
         bad = _non_finite(outputs)
         accuracy = None
         if check and self.checker is not None:

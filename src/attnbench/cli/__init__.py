@@ -14,6 +14,7 @@ import typer
 
 from attnbench.cli import common, info
 from attnbench.cli import run as run_cmd
+from attnbench.cli import verify as verify_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
 _click_exceptions = sys.modules[typer.BadParameter.__module__]
@@ -24,6 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark, verify and compare attention kernels.")
 app.command("run")(run_cmd.run)
+app.command("verify")(verify_cmd.verify)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
 

@@ -7,7 +7,8 @@ above what the inputs take (a materialised S x S fp32 score matrix per head woul
     PYTHONPATH=src python3 benchmarks/reference_scaling.py --causal --json      # one JSON line
     PYTHONPATH=src python3 benchmarks/reference_scaling.py --device cpu --seq-len 2048 --heads 4   # smoke test
 
-The reference runs in fp32 (TF32 off) on CUDA and fp64 on the CPU (``--compute-dtype`` overrides).
+The reference runs in fp32 (TF32 off) on CUDA for 16-bit inputs and in fp64 on the CPU
+(``--compute-dtype`` overrides).
 A small warm-up call first takes cuBLAS initialisation out of the timed call.
 """
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = AttnSpec(batch=args.batch, seqlens_q=(args.seq_len,), heads_q=args.heads, heads_kv=args.kv_heads,
                     head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, pass_="fwd_bwd")
-    dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(args.compute_dtype) or compute_dtype_for(device)
+    dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(args.compute_dtype) or compute_dtype_for(device, spec.torch_dtype)
     blocks = BlockSizes(q=args.block_q, k=args.block_k, max_elems=args.max_block_elems)
     res = run_reference(spec, device, dtype, blocks)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

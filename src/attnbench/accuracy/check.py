@@ -105,7 +105,7 @@ class AccuracyChecker:
 
     def _compute(self, spec: AttnSpec, inputs: AttnInputs, grads: bool) -> Expected:
         device = inputs.q.device
-        dtype = compute_dtype_for(device)
+        dtype = compute_dtype_for(device, inputs.q.dtype)
         ref = reference_attention(spec, inputs, grads=grads, dtype=dtype, blocks=self.blocks)
         base = math_baseline(spec, inputs, grads=grads)
         baseline = compare(base, ref.tensors())

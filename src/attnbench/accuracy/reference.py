@@ -1,7 +1,7 @@
 """Exact attention, forward and backward, in blocks: the reference every backend is compared with.
 
-Computed in fp64 on the CPU and in fp32 on a GPU, with TF32 switched off for the duration of the
-call only (``exact_fp32_matmul``). Queries are processed in blocks of ``BlockSizes.q`` rows against
+Computed in fp64 on the CPU and in fp32 on a GPU for fp16/bf16 inputs (fp64 for fp32/fp64 inputs),
+with TF32 switched off for the duration of the call only (``exact_fp32_matmul``). Queries are processed in blocks of ``BlockSizes.q`` rows against
 keys in blocks of ``BlockSizes.k`` columns with an online softmax, so no (Sq, Sk) matrix is ever
 built: the extra memory is the outputs themselves plus a few (B·H, block_q, block_k) score blocks.
 Key blocks a causal mask or window hides completely are never computed, so causal costs about half.
@@ -91,9 +91,13 @@ def exact_fp32_matmul():
             matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
-def compute_dtype_for(device: torch.device | str) -> torch.dtype:
-    """fp64 on the CPU (small cases, exact to round-off), fp32 on a GPU (fp64 is slow there)."""
-    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+def compute_dtype_for(device: torch.device | str, input_dtype: torch.dtype | None = None) -> torch.dtype:
+    """Precision of the reference: fp64 on the CPU; on a GPU fp32 for 16-bit inputs (its round-off is
+    ~1000x below theirs, and it halves memory and traffic) but fp64 for fp32/fp64 inputs, which an fp32
+    reference could not judge."""
+    if torch.device(device).type == "cpu" or input_dtype in (torch.float32, torch.float64):
+        return torch.float64
+    return torch.float32
 
 
 # ---- masks on blocks --------------------------------------------------------------------------
@@ -165,7 +169,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
                       blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``."""
     blocks = blocks or BlockSizes()
-    dtype = dtype or compute_dtype_for(q.device)
+    dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     groups, scale = hq // hkv, dim ** -0.5 if scale is None else scale
@@ -224,7 +228,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``."""
     blocks = blocks or BlockSizes()
-    dtype = dtype or compute_dtype_for(q.device)
+    dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     groups, scale = hq // hkv, dim ** -0.5 if scale is None else scale
@@ -278,7 +282,7 @@ def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom
 def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = True,
                         dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> Reference:
     """Exact outputs of ``spec`` on ``inputs`` (on the inputs' device); gradients use ``inputs.dout``."""
-    dtype = dtype or compute_dtype_for(inputs.q.device)
+    dtype = dtype or compute_dtype_for(inputs.q.device, inputs.q.dtype)
     kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks)
     if not inputs.varlen:
         return _dense_case(inputs.q, inputs.k, inputs.v, inputs.dout, grads, kw)

@@ -1,6 +1,7 @@
 """The checker in the pipeline: broken toy backends are caught by Runner, `run --check` and `verify`."""
 
 import json
+import math
 import sqlite3
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from attnbench.accuracy import check as checkmod
 from attnbench.accuracy.check import AccuracyChecker, io_bytes
+from attnbench.accuracy.reference import reference_attention
 from attnbench.backends import registry
 from attnbench.backends.base import Capabilities, Outputs, Prepared
 from attnbench.backends.naive import NaiveBackend
@@ -69,6 +71,25 @@ class Noisy(NaiveBackend):
         return Prepared(fn=fn, info={"kernel": "noisy"})
 
 
+class WithLse(NaiveBackend):
+    """Also returns the LSE the way flash-attn does: fp32, natural log, +inf on rows with no key."""
+
+    name = "test-with-lse"
+    capabilities = Capabilities(backward=False)
+    log_base = math.e
+
+    def prepare(self, spec, inputs):
+        good = super().prepare(spec, inputs).fn
+        lse = reference_attention(spec, inputs, grads=False).lse / math.log(self.log_base)
+        lse = torch.where(torch.isinf(lse), math.inf, lse).float()
+        return Prepared(fn=lambda: Outputs(out=good().out, lse=lse), info={"kernel": "lse"})
+
+
+class Log2Lse(WithLse):
+    name = "test-log2-lse"
+    log_base = 2.0
+
+
 class VeryNoisy(Noisy):
     name = "test-very-noisy"
     noise = 0.5
@@ -76,7 +97,7 @@ class VeryNoisy(Noisy):
 
 @pytest.fixture(autouse=True)
 def toy_backends():
-    for cls in (UnwrittenRows, GqaMeanNotSum, Noisy, VeryNoisy):
+    for cls in (UnwrittenRows, GqaMeanNotSum, Noisy, VeryNoisy, WithLse, Log2Lse):
         registry.register(cls.name, cls)
 
 
@@ -107,6 +128,16 @@ def test_correct_backends_pass_broken_ones_are_mismatches():
     assert full["reference"].startswith("float64 cpu")
     for m in ("max_abs", "mean_abs", "rel_l2", "cosine", "rel_l1", "rmse"):
         assert m in full["tensors"]["dk"]
+
+
+def test_lse_is_checked_and_infinite_lse_of_empty_rows_is_not_nan():
+    spec = AttnSpec(seqlens_q=(40,), seqlens_k=(17,), heads_q=2, head_dim=8, dtype="fp16", causal=True)
+    recs = run([spec], ["test-with-lse", "test-log2-lse"])
+    good = recs[("test-with-lse", "fwd", True)]
+    assert good.status == "ok" and good.accuracy["verdict"] == "pass", good.reason
+    assert good.accuracy["tensors"]["lse"]["max_abs"] < 1e-2 and "lse" in good.accuracy["limits"]
+    bad = recs[("test-log2-lse", "fwd", True)]
+    assert bad.status == "mismatch" and bad.reason.startswith("lse ")
 
 
 def test_bwd_pass_checks_out_and_grads():

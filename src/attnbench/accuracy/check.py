@@ -23,8 +23,9 @@ block, fills it with 0xFF bytes — a NaN in fp32, fp16, bf16, fp64 and fp8 alik
 again. The kernel's output allocations are then carved out of that NaN block, and any element it
 never writes stays NaN, which the runner reports as status ``nan``. Limits: allocations under 1 MiB
 come from the allocator's separate small-block pool and are not poisoned; a free block that fits
-better inside a partly used segment is preferred over the poisoned one; kernels that allocate with
-their own allocator (or ``expandable_segments``) may not see it. On the CPU there is no poisoning:
+better inside a partly used segment is preferred over the poisoned one; cached blocks belong to the
+stream that freed them, so a kernel allocating on another stream does not get the poisoned block;
+kernels that allocate with their own allocator (or under ``expandable_segments``) may not see it. On the CPU there is no poisoning:
 the comparison with the reference catches unwritten elements unless the garbage happens to match.
 """
 

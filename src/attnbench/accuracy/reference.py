@@ -17,7 +17,11 @@ Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients.
 Shapes (``Reference``): ``out``/``dq``/``dk``/``dv`` come in the input layout, (B, S, H, D) dense or
 packed (T, H, D) varlen, as views of head-major buffers (not necessarily contiguous). ``lse`` is the
 natural-log log-sum-exp of the scaled scores, (B, Hq, Sq) dense or (Hq, Tq) varlen — the shapes
-flash-attn returns.
+flash-attn returns. Everything is in the compute dtype (fp32 or fp64).
+
+Default tiles (1024 query rows x 4096 keys, all heads at once via batched matmuls) keep each score
+tile at 2**26 elements (256 MiB in fp32 for 16 heads) so the GEMMs are large enough to run near
+peak on a GPU; ``BlockSizes`` makes them tunable (``benchmarks/reference_scaling.py``).
 """
 
 from __future__ import annotations

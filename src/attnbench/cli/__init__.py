@@ -17,6 +17,7 @@ from attnbench.cli import common, info
 from attnbench.cli import dist as dist_cmd
 from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
+from attnbench.cli import verify as verify_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
 _click_exceptions = sys.modules[typer.BadParameter.__module__]
@@ -27,6 +28,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark, verify and compare attention kernels.")
 app.command("run")(run_cmd.run)
+app.command("verify")(verify_cmd.verify)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
 app.command("calibrate")(calibrate_cmd.calibrate)

@@ -102,8 +102,8 @@ def build_plan(ctx: typer.Context) -> RunPlan:
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}, profiler=profiler)
 
 
-def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) -> tuple[str, list]:
-    """Run the plan, writing each record to the store as it is measured."""
+def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, checker=None) -> tuple[str, list]:
+    """Run the plan, writing each record to the store as it is measured (checked by ``checker`` if given)."""
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
     run_id = run_id or new_run_id()
@@ -120,7 +120,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) ->
         records.append(record)
         progress.advance(task)
 
-    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id))
+    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id),
+                    checker=checker)
     cases = runner.cases(plan.specs)
     status = "interrupted"
     try:
@@ -172,13 +173,20 @@ def run(
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check/--no-check", help="Compare each case's first call with the exact reference (status mismatch on "
+        "failure).")] = True,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
     if plan.profiler == "nsys":
         timing_opts.run_nsys(plan.db)
         return
-    run_id, records, phases = execute(plan, quiet=quiet)
+    checker = None
+    if plan.config.get("check", True):
+        from attnbench.accuracy.check import AccuracyChecker
+        checker = AccuracyChecker()
+    run_id, records, phases = execute(plan, quiet=quiet, checker=checker)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:

@@ -1,0 +1,170 @@
+"""`attnbench verify`: every backend against the exact reference, forward and backward.
+
+Takes the same case options as ``run``. The default pass is ``fwd_bwd`` (output and gradients in
+one call); a forward-only backend is checked on ``fwd`` instead. Timing is minimal (no warm-up, one
+call) unless ``--warmup`` / ``--repeat`` say otherwise. Records go to the store like ``run``'s.
+Exit status 1 when any exact backend fails (accuracy mismatch, NaN/Inf, or an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+import attnbench
+from attnbench.accuracy.check import AccuracyChecker
+from attnbench.cli import common
+from attnbench.cli import run as run_cmd
+from attnbench.inputs import make_inputs
+from attnbench.results import env as envmod
+from attnbench.results.record import Record
+from attnbench.results.store import ResultStore, new_run_id
+from attnbench.runner import Runner
+from attnbench.timing import TimingConfig
+
+# Tensor names as seed 001 prints them.
+LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
+FAILED_STATUSES = ("mismatch", "nan", "error")
+VERDICT_STYLE = {"pass": "green", "approx-pass": "green", "fail": "red", "approx-fail": "yellow"}
+
+
+def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
+    """``run``'s plan with verify's defaults: pass fwd_bwd, warm-up 0, one timed call."""
+    plan = run_cmd.build_plan(ctx)
+    cfg = plan.config
+    specs = plan.specs
+    if not cfg.get("pass_"):
+        specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
+    timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
+                          repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1)
+    return dataclasses.replace(plan, specs=specs, options=dataclasses.replace(plan.options, timing=timing))
+
+
+def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
+    """Every (case, backend) with the checker on; forward-only backends get the fwd pass."""
+    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, checker=AccuracyChecker())
+    records, seen = [], set()
+    inputs, inputs_key = None, None
+    for spec in plan.specs:
+        for backend in runner.backends:
+            case = spec if spec.pass_ == "fwd" or backend.capabilities.backward else spec.replace(pass_="fwd")
+            if (case, backend.name) in seen:
+                continue
+            seen.add((case, backend.name))
+            if case.shape_key() != inputs_key:
+                inputs = None  # free the previous shape's tensors first
+                inputs, inputs_key = make_inputs(case, runner.device, plan.options.seed), case.shape_key()
+            record = runner.run_case(case, backend, inputs, check=True)
+            sink(record)
+            records.append(record)
+    return records
+
+
+def _g(value) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def print_record(record: Record) -> None:
+    """The seed-001 block (max, then mean diffs), the other metrics and the verdict of one record."""
+    out = common.console
+    head = f"{record.backend} · {record.spec.label()} · {record.spec.pass_}"
+    acc = record.accuracy
+    if acc is None:
+        style = "dim" if record.status in ("unsupported", "oom") else "red"
+        out.print(f"[bold]{escape(head)}[/]: [{style}]{record.status}: {escape(record.reason or '')}[/]")
+        return
+    verdict = acc["verdict"]
+    kind = "" if acc.get("exact", True) else " (approximate backend)"
+    out.print(f"[bold]{escape(head)}[/]: [{VERDICT_STYLE.get(verdict, 'white')}]{verdict.upper()}[/]{kind}")
+    tensors = acc.get("tensors", {})
+    # Seed 001's order: Output max, Output mean, dQ/dK/dV max, dQ/dK/dV mean (then LSE).
+    order = [("out", "max_abs"), ("out", "mean_abs"), *((n, "max_abs") for n in ("dq", "dk", "dv")),
+             *((n, "mean_abs") for n in ("dq", "dk", "dv")), ("lse", "max_abs"), ("lse", "mean_abs")]
+    for name, stat in order:
+        if stat in tensors.get(name, {}):
+            word = "max" if stat == "max_abs" else "mean"
+            out.print(f"{LABELS[name]} {word} diff: {_g(tensors[name][stat])}", markup=False, highlight=False)
+    out.print(_metrics_table(acc))
+    if acc.get("reason") or record.status != "ok":
+        out.print(f"[red]{escape(record.status)}: {escape(acc.get('reason') or record.reason or '')}[/]")
+
+
+def _metrics_table(acc: dict) -> Table:
+    table = Table(header_style="bold", show_edge=False, pad_edge=False)
+    for col in ("tensor", "max abs", "mean abs", "rel L2", "cosine", "rel L1", "RMSE", "math max abs",
+                "limit max abs"):
+        table.add_column(col, justify="left" if col == "tensor" else "right")
+    for name, m in acc.get("tensors", {}).items():
+        if "error" in m:
+            table.add_row(LABELS.get(name, name), escape(m["error"]), *[""] * 7)
+            continue
+        base = acc.get("baseline", {}).get(name, {})
+        limit = acc.get("limits", {}).get(name, {})
+        table.add_row(LABELS.get(name, name), *(_g(m.get(k)) for k in ("max_abs", "mean_abs", "rel_l2")),
+                      f"{m['cosine']:.6f}", _g(m.get("rel_l1")), _g(m.get("rmse")), _g(base.get("max_abs")),
+                      _g(limit.get("max_abs")))
+    return table
+
+
+def exact_failures(records: list[Record]) -> list[Record]:
+    """Records of exact backends whose accuracy failed, produced NaN/Inf, or crashed."""
+    return [r for r in records if r.info.get("exact", True) and r.status in FAILED_STATUSES]
+
+
+def verify(
+    ctx: typer.Context,
+    device: common.Device = None,
+    backends: common.Backends = None,
+    batch_size: common.BatchSize = None,
+    q_heads: common.QHeads = None,
+    kv_heads: common.KvHeads = None,
+    head_size: common.HeadSize = None,
+    emb_dim: common.EmbDim = None,
+    dtype: common.Dtype = None,
+    causal_mode: common.CausalMode = None,
+    window: common.Window = None,
+    pass_: common.Passes = None,
+    seq_lens: common.SeqLens = None,
+    warmup: common.Warmup = None,
+    repeat: common.Repeat = None,
+    db: common.Db = None,
+    config: common.Config = None,
+    seed: common.Seed = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the records' accuracy as JSON.")] = False,
+) -> None:
+    """Check every backend's output and gradients against the exact reference (exit 1 on a failure)."""
+    plan = build_verify_plan(ctx)
+    env = envmod.collect(plan.options.device)
+    env_id, run_id = envmod.env_id(env), new_run_id()
+    status = "interrupted"
+    with ResultStore(plan.db) as store:
+        store.add_env(env_id, env)
+        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+                        env_id=env_id, version=attnbench.__version__)
+        try:
+            records = run_checks(plan, run_id, env_id, store.write)
+            status = "done"
+        finally:
+            store.finish_run(run_id, status)
+    failed = exact_failures(records)
+    if as_json:
+        rows = [{"backend": r.backend, "case": r.spec.label(), "pass": r.spec.pass_, "status": r.status,
+                 "reason": r.reason, "accuracy": r.accuracy} for r in records]
+        common.console.print_json(json.dumps(rows))
+    else:
+        for record in records:
+            print_record(record)
+            common.console.print()
+        checked = sum(r.accuracy is not None for r in records)
+        common.console.print(f"{checked} checked, {len(failed)} exact failure(s), "
+                             f"{sum(r.accuracy is None for r in records)} not checked; run {run_id} in {plan.db}",
+                             highlight=False)
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,118 @@
+"""Error metrics and the verdict on synthetic errors."""
+
+import math
+
+import pytest
+import torch
+
+from attnbench.accuracy.compare import compare, tensor_metrics
+from attnbench.accuracy.tolerance import Tolerance, judge, unit_roundoff
+
+
+def test_metrics_of_a_known_error():
+    y = torch.tensor([[1.0, -2.0], [3.0, 4.0]], dtype=torch.float64)
+    x = y + torch.tensor([[0.1, 0.0], [0.0, -0.3]], dtype=torch.float64)
+    m = tensor_metrics(x.float(), y)
+    assert m["max_abs"] == pytest.approx(0.3, rel=1e-6)
+    assert m["mean_abs"] == pytest.approx(0.1, rel=1e-6)
+    assert m["rel_l1"] == pytest.approx(0.4 / 10, rel=1e-6)
+    assert m["rel_l2"] == pytest.approx(math.sqrt(0.1) / math.sqrt(30), rel=1e-6)
+    assert m["rmse"] == pytest.approx(math.sqrt(0.1 / 4), rel=1e-6)
+    cos = float((x * y).sum() / (x.norm() * y.norm()))
+    assert m["cosine"] == pytest.approx(cos, rel=1e-6)
+    assert m["nonfinite"] == 0 and m["numel"] == 4 and m["ref_max_abs"] == 4.0 and m["ref_mean_abs"] == 2.5
+
+
+def test_chunked_metrics_equal_one_shot_on_strided_views():
+    y = torch.randn(3, 50, 7, 5, dtype=torch.float64).transpose(1, 2)  # non-contiguous, like bhsd views
+    x = (y + 1e-3 * torch.randn_like(y)).to(torch.bfloat16)
+    whole = tensor_metrics(x, y, chunk=10 ** 9)
+    pieces = tensor_metrics(x, y, chunk=37)
+    for key in ("max_abs", "mean_abs", "rel_l2", "cosine", "rel_l1", "rmse"):
+        assert pieces[key] == pytest.approx(whole[key], rel=1e-9), key
+
+
+def test_nan_is_counted_and_poisons_the_numbers():
+    y = torch.randn(4, 6, dtype=torch.float64)
+    x = y.clone()
+    x[1, 2] = float("nan")
+    x[3, 0] = float("inf")
+    m = tensor_metrics(x, y)
+    assert m["nonfinite"] == 2 and math.isnan(m["max_abs"])
+
+
+def test_lse_rows_without_keys_accept_either_infinity_only():
+    y = torch.tensor([-math.inf, 1.0, 2.0], dtype=torch.float64)
+    ok = tensor_metrics(torch.tensor([math.inf, 1.0, 2.5]), y)  # flash-attn writes +inf there
+    assert ok["nonfinite"] == 0 and "inf_mismatch" not in ok and ok["max_abs"] == pytest.approx(0.5)
+    bad = tensor_metrics(torch.tensor([0.0, 1.0, 2.0]), y)
+    assert bad["inf_mismatch"] == 1
+
+
+def test_shape_mismatch_is_an_error_entry_and_absent_tensors_are_skipped():
+    ref = {"out": torch.zeros(2, 3, dtype=torch.float64), "dq": torch.zeros(2, dtype=torch.float64)}
+    res = compare({"out": torch.zeros(3, 2)}, ref)
+    assert set(res) == {"out"} and "does not match" in res["out"]["error"]
+
+
+def metrics(max_abs, mean_abs=None, rel_l2=None, ref_max=2.0, ref_mean=0.5, cosine=1.0, rel_l1=0.0):
+    return {"max_abs": max_abs, "mean_abs": mean_abs if mean_abs is not None else max_abs / 10,
+            "rel_l2": rel_l2 if rel_l2 is not None else max_abs / 5, "cosine": cosine, "rel_l1": rel_l1,
+            "rmse": 0.0, "nonfinite": 0, "ref_max_abs": ref_max, "ref_mean_abs": ref_mean}
+
+
+def test_pass_within_twice_the_baseline_fail_beyond():
+    base = {"out": metrics(0.01), "dk": metrics(0.02)}
+    good = judge({"out": metrics(0.019), "dk": metrics(0.03)}, base, "bf16", exact=True)
+    assert good["verdict"] == "pass" and "reason" not in good
+    floor = 2 * unit_roundoff("bf16") * 2.0
+    assert good["limits"]["out"]["max_abs"] == pytest.approx(2 * 0.01 + floor)
+    bad = judge({"out": metrics(0.019), "dk": metrics(0.2)}, base, "bf16", exact=True)
+    assert bad["verdict"] == "fail" and bad["reason"].startswith("dk max_abs") and "out" not in bad["reason"]
+
+
+def test_floor_lets_output_rounding_pass_when_the_baseline_is_exact():
+    u = unit_roundoff("fp32")
+    base = {"out": metrics(0.0, 0.0, 0.0)}
+    assert judge({"out": metrics(u * 2.0, u * 0.5, u)}, base, "fp32", exact=True)["verdict"] == "pass"
+    assert judge({"out": metrics(1e-3, 1e-4, 1e-3)}, base, "fp32", exact=True)["verdict"] == "fail"
+
+
+def test_each_metric_is_judged_on_its_own():
+    base = {"out": metrics(0.01, 0.001, 0.002)}
+    # max error fine, but the mean error is 10x the baseline's (a systematic bias)
+    res = judge({"out": metrics(0.01, 0.01, 0.002)}, base, "bf16", exact=True)
+    assert res["verdict"] == "fail" and "mean_abs" in res["reason"]
+
+
+def test_nan_missing_and_shape_errors_fail_outright():
+    base = {"out": metrics(0.01)}
+    nan = dict(metrics(0.0), nonfinite=3)
+    assert "NaN" in judge({"out": nan}, base, "bf16", exact=True)["reason"]
+    assert judge({"out": nan}, None, "bf16", exact=False)["verdict"] == "fail"  # approximate too
+    missing = judge({"out": metrics(0.01)}, base, "bf16", exact=True, missing=("dk",))
+    assert missing["verdict"] == "fail" and "dk: not returned" in missing["reason"]
+    shape = judge({"out": {"error": "shape (2,) does not match"}}, base, "bf16", exact=True)
+    assert shape["verdict"] == "fail"
+
+
+def test_tensor_without_baseline_is_reported_not_judged():
+    res = judge({"out": metrics(0.01), "lse": metrics(5.0)}, {"out": metrics(0.01)}, "bf16", exact=True)
+    assert res["verdict"] == "pass" and "lse" not in res["limits"]
+
+
+def test_approximate_backends_use_cosine_and_rel_l1():
+    good = judge({"out": metrics(0.5, cosine=0.99, rel_l1=0.05)}, None, "bf16", exact=False)
+    assert good["verdict"] == "approx-pass"
+    low_cos = judge({"out": metrics(0.5, cosine=0.97, rel_l1=0.05)}, None, "bf16", exact=False)
+    assert low_cos["verdict"] == "approx-fail" and "cosine" in low_cos["reason"]
+    high_l1 = judge({"out": metrics(0.5, cosine=0.99, rel_l1=0.08)}, None, "bf16", exact=False)
+    assert high_l1["verdict"] == "approx-fail" and "rel_l1" in high_l1["reason"]
+    strict = Tolerance(approx_min_cosine=0.995)
+    assert judge({"out": metrics(0.5, cosine=0.99, rel_l1=0.05)}, None, "bf16", exact=False,
+                 tol=strict)["verdict"] == "approx-fail"
+
+
+def test_tolerance_validates():
+    with pytest.raises(ValueError, match="k >= 1"):
+        Tolerance(k=0.5)

@@ -130,6 +130,8 @@ class Backend:
     """Python module the backend imports (None = only torch)."""
     distribution: str | None = None
     """pip distribution name used for the version (default: ``package``)."""
+    default_sweep: bool = True
+    """Run when no --backends are given (False for study backends such as synthetic sparsity)."""
 
     def unavailable_reason(self) -> str | None:
         """Why the backend cannot run at all here (missing package, too old torch); None if it can."""

@@ -108,6 +108,7 @@ class FlexSparse(Backend):
     name = "flex-sparse"
     description = "FlexAttention, block-sparse BlockMask at a target sparsity (random/local/strided)"
     capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, exact=False)
+    default_sweep = False  # a sparsity study, not a dense kernel: only when asked for
 
     def __init__(self, sparsity: float = 0.5, pattern: str = "random", block: int = 128, seed: int = 0):
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= MAX_SPARSITY:

@@ -64,8 +64,9 @@ def get(name: str) -> Backend:
     return backend
 
 
-def available(device) -> list[str]:
-    """Names of the backends that can run on ``device`` here (package importable, device type allowed)."""
+def available(device, default_only: bool = False) -> list[str]:
+    """Names of the backends that can run on ``device`` here (package importable, device type allowed);
+    with ``default_only``, only those that take part in a sweep with no --backends given."""
     out = []
     for name in names():
         try:
@@ -75,5 +76,6 @@ def available(device) -> list[str]:
             continue
         from attnbench.backends.base import device_type
         if backend.unavailable_reason() is None and device_type(device) in backend.capabilities.devices:
-            out.append(name)
+            if backend.default_sweep or not default_only:
+                out.append(name)
     return out

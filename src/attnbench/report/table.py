@@ -15,6 +15,13 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _rate(value) -> str:
+    """TF/s and GB/s: one decimal, but three significant digits for the small rates of CPU runs."""
+    if value is None:
+        return "-"
+    return format(value, ".1f") if abs(value) >= 10 else format(value, ".3g")
+
+
 def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | None:
     """TF/s of the record as % of the measured matmul peak of its dtype (None when unknown)."""
     peak = (peaks or {}).get(record.spec.dtype)
@@ -39,7 +46,7 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
         verdict = (r.accuracy or {}).get("verdict", "-")
         status = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
         cells = [r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
-                 _num(r.tflops, ".1f"), _num(r.gbps, ".0f"), _num(mem, ".0f") if mem is not None else "n/a",
+                 _rate(r.tflops), _rate(r.gbps), _num(mem, ".0f") if mem is not None else "n/a",
                  verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]"]
         if peaks:
             cells.insert(6, _num(percent_of_peak(r, peaks), ".0f"))

@@ -56,8 +56,10 @@ SUPPORTED = {
 }
 
 
-def test_every_builtin_backend_is_in_the_table():
-    assert set(SUPPORTED) == set(registry.BUILTIN)
+def test_every_backend_in_the_table_is_registered():
+    assert not set(SUPPORTED) - set(registry.BUILTIN)
+    # the adapters of this table are all there (other built-ins may be added beside them)
+    assert {"flex", "sdpa-varlen", "fa2", "fa3", "fa4", "xformers", "sage", "sparge", "flashinfer"} <= set(SUPPORTED)
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))

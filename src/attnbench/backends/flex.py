@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import shutil
 import time
 from dataclasses import replace
@@ -127,9 +128,8 @@ class FlexBackend(Backend):
             self.capabilities = replace(type(self).capabilities, devices=("cpu", "cuda"))
 
     def unavailable_reason(self) -> str | None:
-        try:
-            import torch.nn.attention.flex_attention  # noqa: F401
-        except ImportError:
+        # find_spec, not import: importing flex pulls in dynamo (seconds) just to list backends
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
             return f"torch {torch.__version__} has no torch.nn.attention.flex_attention (needs torch >= 2.5)"
         return None
 

@@ -10,6 +10,7 @@ run flattened with uniform offsets.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import torch
 
@@ -32,9 +33,8 @@ class SdpaVarlen(Backend):
                                 window=True, different_v_dim=False, min_compute_capability=(8, 0))
 
     def unavailable_reason(self) -> str | None:
-        try:
-            _varlen_module()
-        except ImportError:
+        # find_spec, not import: the module pulls in dynamo (seconds) just to list backends
+        if importlib.util.find_spec(MODULE) is None:
             return f"torch {torch.__version__} has no {MODULE}.varlen_attn (needs torch >= 2.10)"
         return None
 

@@ -4,6 +4,8 @@ result equals the naive backend (forward and, where the kernel has one, backward
 
 from __future__ import annotations
 
+import importlib
+
 import fake_kernels as fk
 import pytest
 import torch
@@ -261,6 +263,7 @@ def test_flashinfer_single_prefill(fake):
 @pytest.mark.parametrize("spec", [
     spec_(seqlens_q=(17, 5, 33), seqlens_k=(20, 5, 40), heads_kv=2, causal=True),
     spec_(batch=3, window=(4, -1)),
+    spec_(batch=3, window=(4, 0)),  # bounded right side 0 without causal: passed as causal=True
 ])
 def test_flashinfer_ragged_wrapper_planned_once_in_prepare(fake, monkeypatch, spec):
     fake("flashinfer")
@@ -273,8 +276,60 @@ def test_flashinfer_ragged_wrapper_planned_once_in_prepare(fake, monkeypatch, sp
     want_cu = inputs.cu_seqlens_q if inputs.varlen else torch.arange(0, 17 * 4, 17, dtype=torch.int32)
     assert torch.equal(plan["qo_indptr"], want_cu)
     assert plan["head_dim_qk"] == 16 and plan["q_data_type"] == torch.float64 and plan["num_kv_heads"] == spec.heads_kv
+    assert plan["causal"] is (spec.causal or spec.window == (4, 0))
 
 
 def test_flashinfer_window_must_be_left_only():
     assert "left side only" in registry.get("flashinfer").extra_reason(spec_(window=(3, 2)), "cuda")
     assert registry.get("flashinfer").extra_reason(spec_(window=(3, 2), causal=True), "cuda") is None
+
+
+# ---- torch varlen_attn (CUDA-only in torch: replaced by a stand-in with the same signature) --------
+def _fake_varlen(monkeypatch, legacy: bool):
+    mod = importlib.import_module("torch.nn.attention.varlen")
+    seen = []
+    if legacy:  # torch 2.10: is_causal=, no window_size / enable_gqa
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None,
+                        scale=None):
+            seen.append(dict(locals()))
+            out, lse = fk.varlen_ref(query, key, value, cu_seq_q, cu_seq_k, scale, is_causal, None)
+            return (out, lse) if return_aux is not None and return_aux.lse else out
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                        window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+            seen.append(dict(locals()))
+            assert enable_gqa or query.shape[1] == key.shape[1]
+            is_causal = window_size == (-1, 0)  # the real function compares with a tuple, as here
+            window = None if is_causal or tuple(window_size) == (-1, -1) else tuple(window_size)
+            out, lse = fk.varlen_ref(query, key, value, cu_seq_q, cu_seq_k, scale, is_causal, window)
+            return (out, lse) if return_aux is not None and return_aux.lse else out
+    monkeypatch.setattr(mod, "varlen_attn", varlen_attn)
+    return seen
+
+
+@pytest.mark.parametrize("spec", [
+    spec_(seqlens_q=(17, 5, 33), seqlens_k=(9, 5, 40), heads_kv=2, causal=True, pass_="fwd_bwd"),
+    spec_(heads_kv=1, window=(4, 2), seqlens_k=(30,)),
+])
+def test_sdpa_varlen_arguments_and_result(monkeypatch, spec):
+    seen = _fake_varlen(monkeypatch, legacy=False)
+    inputs, prepared, got = run("sdpa-varlen", spec)
+    assert_matches_naive(spec, got)
+    call = seen[0]
+    assert call["window_size"] == (-1, 0) if spec.causal else call["window_size"] == (4, 2)
+    assert isinstance(call["window_size"], tuple) and call["enable_gqa"] is True and call["scale"] == spec.softmax_scale
+    assert call["return_aux"].lse is True and prepared.info["gqa"] == "native"
+    if inputs.varlen:
+        assert torch.equal(call["cu_seq_q"], inputs.cu_seqlens_q) and call["max_k"] == 40
+    else:
+        assert call["query"].shape == (34, 4, 16) and got.lse.shape == (2, 4, 17)
+
+
+def test_sdpa_varlen_on_torch_2_10_signature(monkeypatch):
+    seen = _fake_varlen(monkeypatch, legacy=True)
+    spec = spec_(seqlens_q=(17, 5), heads_kv=2, causal=True)
+    _, prepared, got = run("sdpa-varlen", spec)
+    assert_matches_naive(spec, got)
+    assert seen[0]["is_causal"] is True and seen[0]["key"].shape[1] == 4  # K/V heads expanded in prepare
+    assert prepared.info["gqa"] == "expanded"
+    assert "window" in registry.get("sdpa-varlen").extra_reason(spec_(window=(3, 0)), "cuda")

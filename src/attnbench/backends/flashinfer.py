@@ -40,14 +40,15 @@ class FlashInfer(KernelBackend):
         return None
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        left, _ = effective_window(spec)
+        # A right side of 0 is FlashInfer's causal flag, also for a non-causal window (left, 0).
+        left, right = effective_window(spec)
         if not inputs.varlen and spec.batch == 1:
-            return self._single(spec, inputs, left)
-        return self._ragged(spec, inputs, left)
+            return self._single(spec, inputs, left, right == 0)
+        return self._ragged(spec, inputs, left, right == 0)
 
-    def _single(self, spec: AttnSpec, inputs: AttnInputs, left: int) -> Prepared:
+    def _single(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         fn = self.kernel()
-        kwargs = {"causal": spec.causal, "kv_layout": "NHD", "sm_scale": spec.softmax_scale, "window_left": left}
+        kwargs = {"causal": causal, "kv_layout": "NHD", "sm_scale": spec.softmax_scale, "window_left": left}
 
         def pre(q, k, v):  # (1, S, H, D) -> (S, H, D), contiguous (a copy only for bhsd storage)
             return tuple(t[0].contiguous() for t in (q, k, v))
@@ -57,14 +58,14 @@ class FlashInfer(KernelBackend):
         info = self.base_info() | {"window_left": left}
         return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)
 
-    def _ragged(self, spec: AttnSpec, inputs: AttnInputs, left: int) -> Prepared:
+    def _ragged(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         mod = importlib.import_module(self.package)
         p = packed(spec, inputs)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
         wrapper = mod.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD")
         head_dim_key = "head_dim_qk" if has_param(wrapper.plan, "head_dim_qk") else "head_dim"
         wrapper.plan(qo_indptr=p.cu_seqlens_q, kv_indptr=p.cu_seqlens_k, num_qo_heads=spec.heads_q,
-                     num_kv_heads=spec.heads_kv, **{head_dim_key: spec.head_dim}, causal=spec.causal,
+                     num_kv_heads=spec.heads_kv, **{head_dim_key: spec.head_dim}, causal=causal,
                      window_left=left, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
                      kv_data_type=spec.torch_dtype)
 

@@ -93,7 +93,8 @@ def test_backend_matches_naive(name, case, pass_):
         err = rel_l2(have, want)
         assert err < limit, f"{name} {case} {pass_} {key}: rel-L2 {err:.2e} >= {limit:.1e}"
     if got.lse is not None:  # natural-log LSE: (B, H, Sq) dense, (H, Tq) varlen
-        want_shape = (spec.heads_q, inputs.q.shape[0]) if inputs.varlen else (spec.batch, spec.heads_q, spec.seqlens_q[0])
+        dense_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+        want_shape = (spec.heads_q, inputs.q.shape[0]) if inputs.varlen else dense_shape
         assert tuple(got.lse.shape) == want_shape
 
 

@@ -354,8 +354,9 @@ def install(monkeypatch, family: str) -> None:
             sageattn_qk_int8_pv_fp8_cuda, sageattn_qk_int8_pv_fp8_cuda_sm90, sageattn_qk_int8_pv_fp16_cuda)})},
         "sparge": {"spas_sage_attn": _module("spas_sage_attn", **{f.__name__: f for f in (
             spas_sage2_attn_meansim_topk_cuda, spas_sage2_attn_meansim_cuda)})},
-        "flashinfer": {"flashinfer": _module("flashinfer", single_prefill_with_kv_cache=single_prefill_with_kv_cache,
-                                             BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper)},
+        "flashinfer": {"flashinfer": _module(
+            "flashinfer", single_prefill_with_kv_cache=single_prefill_with_kv_cache,
+            BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper)},
     }[family]
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)

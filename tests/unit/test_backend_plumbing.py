@@ -88,7 +88,8 @@ def test_fa2_varlen_cu_seqlens_and_flattened_dense(fake):
     spec = spec_(seqlens_q=(17, 5), seqlens_k=(9, 11), heads_kv=2)
     inputs, _, got = run("fa2-varlen", spec)
     (call,) = fk.calls("flash_attn_varlen_func")
-    assert torch.equal(call["cu_seqlens_q"], inputs.cu_seqlens_q) and torch.equal(call["cu_seqlens_k"], inputs.cu_seqlens_k)
+    assert torch.equal(call["cu_seqlens_q"], inputs.cu_seqlens_q)
+    assert torch.equal(call["cu_seqlens_k"], inputs.cu_seqlens_k)
     assert (call["max_seqlen_q"], call["max_seqlen_k"]) == (17, 11)
     assert got.lse.shape == (4, 44)
     dense = spec_(seqlens_q=(7,), seqlens_k=(9,))
@@ -126,7 +127,8 @@ def test_fa3_fa4_arguments(fake):
     fake("fa3")
     run("fa3", spec_(scale=0.25))
     (call,) = fk.calls("fa3.flash_attn_func")
-    assert call["return_attn_probs"] is True and tuple(call["window_size"]) == (-1, -1) and call["softmax_scale"] == 0.25
+    assert call["return_attn_probs"] is True and tuple(call["window_size"]) == (-1, -1)
+    assert call["softmax_scale"] == 0.25
     fake("fa4")
     run("fa4", spec_(window=(5, -1)))
     (call,) = fk.calls("fa4.flash_attn_func")

@@ -128,4 +128,5 @@ class Fa2VarlenQKVPacked(_Fa2):
         def pre(q, k, v):
             return (pack_qkv(*map(p.flatten, (q, k, v))),)
         return Prepared(fn=autograd_closure(spec, inputs, forward, pre),
-                        info=self._info(spec, packing="qkv (T, 3, H, D) + cu_seqlens", flattened_dense=p.batch is not None))
+                        info=self._info(spec, packing="qkv (T, 3, H, D) + cu_seqlens",
+                                        flattened_dense=p.batch is not None))

@@ -71,7 +71,9 @@ class FlashInfer(KernelBackend):
 
         def forward(q, k, v):
             return p.unflatten(wrapper.run(q, k, v))
-        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(p.flatten(t).contiguous() for t in (q, k, v)))
+        def pre(q, k, v):
+            return tuple(p.flatten(t).contiguous() for t in (q, k, v))
+        closure = autograd_closure(spec, inputs, forward, pre)
         info = self.base_info() | {"kernel": "flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run",
                                    "window_left": left, "flattened_dense": p.batch is not None}
         return Prepared(fn=closure, info=info)

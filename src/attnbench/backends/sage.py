@@ -1,7 +1,8 @@
 """SageAttention (package ``sageattention``): INT8 Q/K quantization, forward only, approximate.
 
 - ``sage``            sageattn(q, k, v, tensor_layout="HND"|"NHD", is_causal=, sm_scale=, smooth_k=True)
-- ``sage-varlen``     sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=, sm_scale=)
+- ``sage-varlen``     sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      is_causal=, sm_scale=, smooth_k=True)
 - ``sage2-fp8``       sageattn_qk_int8_pv_fp8_cuda       (SageAttention2, FP8 PV; sm89+)
 - ``sage2-fp8-sm90``  sageattn_qk_int8_pv_fp8_cuda_sm90  (SageAttention2 Hopper kernel)
 - ``sage2-fp16``      sageattn_qk_int8_pv_fp16_cuda      (SageAttention2, FP16 PV; sm80+)

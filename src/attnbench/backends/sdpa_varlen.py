@@ -56,7 +56,7 @@ class SdpaVarlen(Backend):
         native_gqa = groups > 1 and has_param(fn, "enable_gqa")
         if native_gqa:
             kwargs["enable_gqa"] = True
-        if hasattr(mod, "AuxRequest"):
+        if hasattr(mod, "AuxRequest") and has_param(fn, "return_aux"):
             kwargs["return_aux"] = mod.AuxRequest(lse=True)
         total = sum(p.seqlens_q)
 
@@ -71,6 +71,7 @@ class SdpaVarlen(Backend):
                                        **kwargs))
             return p.unflatten(out), p.unflatten_lse(lse_if_shaped(lse, (spec.heads_q, total)))
         gqa = "none" if groups == 1 else ("native" if native_gqa else "expanded")
-        info = self.base_info() | {"kernel": f"{MODULE}.varlen_attn", "gqa": gqa, "window_size": kwargs.get("window_size"),
+        info = self.base_info() | {"kernel": f"{MODULE}.varlen_attn", "gqa": gqa,
+                                   "window_size": kwargs.get("window_size"),
                                    "flattened_dense": p.batch is not None}
         return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)

@@ -32,7 +32,9 @@ def attn_bias_for(spec: AttnSpec, inputs: AttnInputs):
         kw = {"device": inputs.q.device} if accepts(bias_mod.BlockDiagonalMask.from_seqlens, "device") else {}
         bias = bias_mod.BlockDiagonalMask.from_seqlens(list(p.seqlens_q), list(p.seqlens_k), **kw)
         if right == 0:
-            return bias.make_local_attention_from_bottomright(left + 1) if left >= 0 else bias.make_causal_from_bottomright()
+            if left >= 0:  # keys i-left..i: a causal local window of left + 1 keys
+                return bias.make_local_attention_from_bottomright(left + 1)
+            return bias.make_causal_from_bottomright()
         return bias
     if left < 0 and right < 0:
         return None

@@ -143,7 +143,10 @@ class Backend:
         """Version of the backend's package (torch's for torch-only backends)."""
         if self.package is None:
             return torch.__version__
-        return _dist_version(self.distribution or self.package)
+        found = _dist_version(self.distribution or self.package)
+        if found is None and self.unavailable_reason() is None:  # source builds, renamed wheels
+            found = getattr(importlib.import_module(self.package), "__version__", None)
+        return found
 
     def supports(self, spec: AttnSpec, device: str | torch.device) -> str | None:
         """None if the case can run; otherwise the reason it cannot."""
@@ -176,8 +179,7 @@ def _dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
-        module = importlib.import_module(dist.replace("-", "_")) if _import_reason(dist) is None else None
-        return getattr(module, "__version__", None)
+        return None
 
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"]

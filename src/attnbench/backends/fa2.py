@@ -1,0 +1,132 @@
+"""FlashAttention-2 (package ``flash_attn``): five entry points, each its own backend.
+
+- ``fa2``                  flash_attn_func(q, k, v) on (B, S, H, D); GQA native.
+- ``fa2-qkvpacked``        flash_attn_qkvpacked_func(qkv) with qkv (B, S, 3, H, D); no GQA, Sq == Sk.
+- ``fa2-kvpacked``         flash_attn_kvpacked_func(q, kv) with kv (B, Sk, 2, Hkv, D).
+- ``fa2-varlen``           flash_attn_varlen_func on packed (T, H, D) + cu_seqlens.
+- ``fa2-varlen-qkvpacked`` flash_attn_varlen_qkvpacked_func(qkv (T, 3, H, D), cu_seqlens, max_seqlen).
+
+Packing (torch.stack) happens in ``prepare``; gradients still flow back to the caller's q, k, v.
+Dense cases also run through the varlen entry points (flattened, uniform cu_seqlens). Causal is
+flash-attn's own lower-right alignment; windows pass as ``window_size=(left, right)``. The kernels
+give the log-sum-exp through ``return_attn_probs=True`` (no probabilities are formed without dropout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from attnbench.backends.base import Capabilities, Prepared, autograd_closure
+from attnbench.backends.kernel import KernelBackend, Packed, effective_window, lse_if_shaped, packed
+from attnbench.inputs import AttnInputs, pack_kv, pack_qkv
+from attnbench.spec import AttnSpec
+
+_DENSE = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, window=True,
+                      different_v_dim=False, min_compute_capability=(8, 0))
+
+
+def common_kwargs(spec: AttnSpec) -> dict:
+    """The arguments every flash-attn 2 entry point shares (dropout off)."""
+    window = effective_window(spec) if spec.has_window else (-1, -1)
+    return {"dropout_p": 0.0, "softmax_scale": spec.softmax_scale, "causal": spec.causal,
+            "window_size": window, "return_attn_probs": True}
+
+
+class _Fa2(KernelBackend):
+    package = "flash_attn"
+    distribution = "flash-attn"
+    capabilities = _DENSE
+
+    def _info(self, spec: AttnSpec, **extra) -> dict:
+        return self.base_info() | {"gqa": "native" if spec.gqa else "none"} | extra
+
+
+class Fa2(_Fa2):
+    name = "fa2"
+    description = "flash-attn 2 flash_attn_func (bshd)"
+    function = "flash_attn_func"
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, kwargs = self.kernel(), common_kwargs(spec)
+        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+
+        def forward(q, k, v):
+            out, lse, *_ = fn(q, k, v, **kwargs)
+            return out, lse_if_shaped(lse, lse_shape)
+        return Prepared(fn=autograd_closure(spec, inputs, forward), info=self._info(spec))
+
+
+class Fa2QKVPacked(_Fa2):
+    name = "fa2-qkvpacked"
+    description = "flash-attn 2 flash_attn_qkvpacked_func (qkv stacked in prepare)"
+    function = "flash_attn_qkvpacked_func"
+    capabilities = replace(_DENSE, gqa=False, cross_lengths=False)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, kwargs = self.kernel(), common_kwargs(spec)
+        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+
+        def forward(qkv):
+            out, lse, *_ = fn(qkv, **kwargs)
+            return out, lse_if_shaped(lse, lse_shape)
+        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: (pack_qkv(q, k, v),))
+        return Prepared(fn=closure, info=self._info(spec, packing="qkv (B, S, 3, H, D)"))
+
+
+class Fa2KVPacked(_Fa2):
+    name = "fa2-kvpacked"
+    description = "flash-attn 2 flash_attn_kvpacked_func (kv stacked in prepare)"
+    function = "flash_attn_kvpacked_func"
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, kwargs = self.kernel(), common_kwargs(spec)
+        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+
+        def forward(q, kv):
+            out, lse, *_ = fn(q, kv, **kwargs)
+            return out, lse_if_shaped(lse, lse_shape)
+        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: (q, pack_kv(k, v)))
+        return Prepared(fn=closure, info=self._info(spec, packing="kv (B, Sk, 2, Hkv, D)"))
+
+
+def _varlen_lse(lse, p: Packed, heads: int):
+    total = sum(p.seqlens_q)
+    return p.unflatten_lse(lse_if_shaped(lse, (heads, total)))
+
+
+class Fa2Varlen(_Fa2):
+    name = "fa2-varlen"
+    description = "flash-attn 2 flash_attn_varlen_func (packed tokens + cu_seqlens)"
+    function = "flash_attn_varlen_func"
+    capabilities = replace(_DENSE, varlen=True)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, kwargs, p = self.kernel(), common_kwargs(spec), packed(spec, inputs)
+
+        def forward(q, k, v):
+            out, lse, *_ = fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
+                               max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs)
+            return p.unflatten(out), _varlen_lse(lse, p, spec.heads_q)
+        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v))))
+        return Prepared(fn=closure, info=self._info(spec, packing="thd + cu_seqlens",
+                                                    flattened_dense=p.batch is not None))
+
+
+class Fa2VarlenQKVPacked(_Fa2):
+    name = "fa2-varlen-qkvpacked"
+    description = "flash-attn 2 flash_attn_varlen_qkvpacked_func (qkv (T, 3, H, D) stacked in prepare)"
+    function = "flash_attn_varlen_qkvpacked_func"
+    capabilities = replace(_DENSE, varlen=True, gqa=False, cross_lengths=False)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, kwargs, p = self.kernel(), common_kwargs(spec), packed(spec, inputs)
+
+        def forward(qkv):
+            out, lse, *_ = fn(qkv, cu_seqlens=p.cu_seqlens_q, max_seqlen=p.max_seqlen_q, **kwargs)
+            return p.unflatten(out), _varlen_lse(lse, p, spec.heads_q)
+
+        def pre(q, k, v):
+            return (pack_qkv(*map(p.flatten, (q, k, v))),)
+        return Prepared(fn=autograd_closure(spec, inputs, forward, pre),
+                        info=self._info(spec, packing="qkv (T, 3, H, D) + cu_seqlens",
+                                        flattened_dense=p.batch is not None))

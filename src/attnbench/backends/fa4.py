@@ -1,0 +1,85 @@
+"""FlashAttention-4 (CuTe DSL kernels, module ``flash_attn.cute``, wheel ``flash-attn-4``).
+
+- ``fa4``        flash_attn_func(q, k, v, softmax_scale=, causal=, window_size=(left, right), ..., return_lse=)
+- ``fa4-varlen`` flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+
+Both return (out, lse). Unbounded window sides are ``None`` here (not -1 as in flash-attn 2/3).
+Kernels are JIT-compiled per configuration on first use: the runner's untimed first call in
+``prepare`` absorbs that, so it never lands in the timed region. Hopper and Blackwell only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from attnbench.backends.base import Capabilities, Prepared, autograd_closure
+from attnbench.backends.kernel import (
+    KernelBackend,
+    effective_window,
+    has_param,
+    lse_if_shaped,
+    packed,
+    split_result,
+)
+from attnbench.inputs import AttnInputs
+from attnbench.spec import AttnSpec
+
+_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
+                     window=True, min_compute_capability=(9, 0))
+
+
+def fa4_window(spec: AttnSpec) -> tuple[int | None, int | None]:
+    """Effective (left, right) with None for an unbounded side (FA4's convention)."""
+    if not spec.has_window:
+        return (None, None)
+    return tuple(None if w < 0 else w for w in effective_window(spec))
+
+
+class _Fa4(KernelBackend):
+    package = "flash_attn.cute"
+    distribution = "flash-attn-4"
+    capabilities = _CAPS
+
+    def kwargs(self, spec: AttnSpec, fn) -> dict:
+        kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "window_size": fa4_window(spec)}
+        if has_param(fn, "return_lse"):
+            kw["return_lse"] = True
+        return kw
+
+    def _info(self, spec: AttnSpec, **extra) -> dict:
+        return self.base_info() | {"gqa": "native" if spec.gqa else "none", "jit": "compiled on first call"} | extra
+
+
+class Fa4(_Fa4):
+    name = "fa4"
+    description = "FlashAttention-4 flash_attn.cute.flash_attn_func (Hopper/Blackwell, bshd)"
+    function = "flash_attn_func"
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn = self.kernel()
+        kwargs = self.kwargs(spec, fn)
+        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+
+        def forward(q, k, v):
+            out, lse = split_result(fn(q, k, v, **kwargs))
+            return out, lse_if_shaped(lse, lse_shape)
+        return Prepared(fn=autograd_closure(spec, inputs, forward), info=self._info(spec))
+
+
+class Fa4Varlen(_Fa4):
+    name = "fa4-varlen"
+    description = "FlashAttention-4 flash_attn.cute.flash_attn_varlen_func (packed + cu_seqlens)"
+    function = "flash_attn_varlen_func"
+    capabilities = replace(_CAPS, varlen=True)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, p = self.kernel(), packed(spec, inputs)
+        kwargs = self.kwargs(spec, fn)
+        total = sum(p.seqlens_q)
+
+        def forward(q, k, v):
+            out, lse = split_result(fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
+                                       max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs))
+            return p.unflatten(out), p.unflatten_lse(lse_if_shaped(lse, (spec.heads_q, total)))
+        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v))))
+        return Prepared(fn=closure, info=self._info(spec, flattened_dense=p.batch is not None))

@@ -1,0 +1,181 @@
+"""``flex``: torch.nn.attention.flex_attention, compiled once per (shape, mask) in ``prepare``.
+
+Masks are block masks built in ``prepare`` and cached (keyed by the mask parameters and the device):
+- causal, lower-right aligned: key j is kept for query i iff j <= i + Sk - Sq;
+- sliding window (left, right) around that diagonal;
+- varlen: a document mask over the packed tokens (batch 1, every sequence of the group, repeated
+  ``batch`` times), with causal/window applied inside each document at its own alignment.
+GQA goes through ``enable_gqa``. Forward and backward.
+
+The first call happens in ``prepare`` and its wall time (compilation included) is recorded as
+``info["compile_ms"]`` (``first_call_ms`` when not compiled); the timed closure only calls the
+compiled function. ``compile=False`` runs flex eagerly (an unfused reference that materialises the
+scores: for testing, not for timing). CUDA by default; ``FlexBackend(cpu=True)`` adds CPU.
+Dynamo's recompile limit is lifted while ``prepare`` compiles, so a long sweep of shapes never falls
+back to eager silently; ``fullgraph=True`` makes any graph break an error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import shutil
+import time
+from dataclasses import replace
+
+import torch
+
+from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure
+from attnbench.backends.kernel import effective_window
+from attnbench.inputs import AttnInputs
+from attnbench.spec import AttnSpec
+
+# Above this many (query, key) pairs the block mask is built with a compiled kernel instead of a dense
+# (Q, KV) boolean grid (which would take Q*KV bytes plus int64 temporaries).
+_DENSE_MASK_LIMIT = 1 << 28
+
+
+def band(rel: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """Keep mask for keys at offset ``rel`` from the aligned diagonal; -1 = unbounded side."""
+    keep = rel == rel  # all True, same shape and device
+    if left >= 0:
+        keep = keep & (rel >= -left)
+    if right >= 0:
+        keep = keep & (rel <= right)
+    return keep
+
+
+def dense_mask_mod(sq: int, sk: int, left: int, right: int):
+    """mask_mod of one (Sq, Sk) sequence; None when nothing is masked."""
+    if left < 0 and right < 0:
+        return None
+    offset = sk - sq
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return band(kv_idx - q_idx - offset, left, right)
+    return mask_mod
+
+
+def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, device):
+    """mask_mod over packed documents: same document, and the band inside it at its own alignment."""
+    lq = torch.tensor([s for s, _ in seqs], device=device)
+    lk = torch.tensor([s for _, s in seqs], device=device)
+    doc_q = torch.repeat_interleave(torch.arange(len(seqs), device=device), lq)
+    doc_k = torch.repeat_interleave(torch.arange(len(seqs), device=device), lk)
+    start_q, start_k = torch.cumsum(lq, 0) - lq, torch.cumsum(lk, 0) - lk
+    offset = lk - lq
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        dq = doc_q[q_idx]
+        rel = (kv_idx - start_k[dq]) - (q_idx - start_q[dq]) - offset[dq]
+        return (dq == doc_k[kv_idx]) & band(rel, left, right)
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=32)
+def block_mask(seqs: tuple[tuple[int, int], ...], varlen: bool, window: tuple[int, int], device: str):
+    """Cached BlockMask for the sequences (one (Sq, Sk) pair when dense), or None for no mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    left, right = window
+    if varlen:
+        mod = document_mask_mod(seqs, left, right, device)
+        q_len, kv_len = sum(s for s, _ in seqs), sum(s for _, s in seqs)
+    else:
+        (q_len, kv_len), = seqs
+        mod = dense_mask_mod(q_len, kv_len, left, right)
+    if mod is None:
+        return None
+    big = q_len * kv_len > _DENSE_MASK_LIMIT and torch.device(device).type == "cuda"
+    with _unlimited_recompiles():
+        return create_block_mask(mod, None, None, q_len, kv_len, device=device, _compile=big)
+
+
+@functools.cache
+def compiled_flex(backend: str, mode: str | None):
+    """torch.compile'd flex_attention (shared; dynamo specialises it per shape and mask)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, backend=backend, mode=mode, dynamic=False, fullgraph=True)
+
+
+@contextlib.contextmanager
+def _unlimited_recompiles():
+    """Lift dynamo's per-function recompile limit (a sweep compiles one graph per shape)."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    with cfg.patch(**{name: max(getattr(cfg, name), 1 << 16)}):
+        yield
+
+
+def _cxx_compiler() -> str | None:
+    return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+
+
+class FlexBackend(Backend):
+    """FlexAttention. ``compile=False`` runs it eagerly; ``compile_backend`` / ``mode`` go to torch.compile;
+    ``cpu=True`` also offers it on CPU (off by default: inductor takes 20-40 s per shape there, which
+    would dominate every CPU sweep; and torch has no flex backward on CPU)."""
+
+    name = "flex"
+    description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
+    capabilities = Capabilities(devices=("cuda",), varlen=True, window=True)
+
+    def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
+                 cpu: bool = False):
+        self.compile, self.compile_backend, self.mode = compile, compile_backend, mode
+        if cpu:
+            self.capabilities = replace(type(self).capabilities, devices=("cpu", "cuda"))
+
+    def unavailable_reason(self) -> str | None:
+        # find_spec, not import: importing flex pulls in dynamo (seconds) just to list backends
+        if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+            return f"torch {torch.__version__} has no torch.nn.attention.flex_attention (needs torch >= 2.5)"
+        return None
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        dev = torch.device(device).type
+        if dev == "cuda" and spec.dtype == "fp64":
+            return "dtype fp64 not supported by the compiled CUDA kernel (fp16/bf16/fp32)"
+        if dev == "cpu" and spec.pass_ != "fwd":
+            return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
+        if dev == "cpu" and self.compile and self.compile_backend == "inductor" and _cxx_compiler() is None:
+            return "torch.compile on CPU needs a C++ compiler (none on PATH); FlexBackend(compile=False) runs eagerly"
+        return None
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        from torch.nn.attention.flex_attention import flex_attention
+        device = inputs.q.device
+        bm = block_mask(tuple(spec.sequences) if inputs.varlen else (spec.sequences[0],), inputs.varlen,
+                        effective_window(spec), str(device))
+        fn = compiled_flex(self.compile_backend, self.mode) if self.compile else flex_attention
+        kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa}
+
+        def pre(q, k, v):
+            if inputs.varlen:  # (T, H, D) -> (1, H, T, D)
+                return tuple(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+            return tuple(t.transpose(1, 2) for t in (q, k, v))
+
+        def forward(q, k, v):
+            out = fn(q, k, v, **kwargs).transpose(1, 2)
+            return out[0] if inputs.varlen else out
+
+        with _unlimited_recompiles():
+            start = time.perf_counter()
+            closure = autograd_closure(spec, inputs, forward, pre)
+            closure()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_ms = (time.perf_counter() - start) * 1e3
+        info = self.base_info() | {
+            "kernel": f"flex_attention ({'torch.compile ' + self.compile_backend if self.compile else 'eager'})",
+            "compile_ms" if self.compile else "first_call_ms": round(first_ms, 3),
+            "mask": _mask_label(spec, bm), "gqa": "native" if spec.gqa else "none"}
+        return Prepared(fn=closure, info=info)
+
+
+def _mask_label(spec: AttnSpec, bm) -> str:
+    if bm is None:
+        return "none"
+    kind = "document" if spec.is_varlen else ("window" if spec.has_window else "causal")
+    return f"{kind} block mask {tuple(bm.shape[-2:])}"

@@ -1,0 +1,139 @@
+"""Every runnable backend against the naive reference on the GPU, on odd sizes (dense, GQA, cross
+lengths, varlen, window), forward and forward+backward where the backend has a backward.
+
+Reference: the naive backend in fp32 (TF32 off) on the same inputs, upcast. Errors are relative L2
+norms ||got - ref|| / ||ref||; bf16/fp16 rounding alone gives ~3e-3 on the output, so exact kernels
+must stay under 1.5e-2 (out) and 3e-2 (gradients); quantized kernels (SageAttention, INT8 QK) under
+6e-2; block-sparse SpargeAttn only has to point the same way (cosine > 0.9), since it drops blocks.
+
+Run on the GPU machine: PYTHONPATH=src python3 -m pytest -q -m gpu tests/gpu/test_backends_gpu.py -rs
+(backends whose package is missing are skipped with the reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnbench.backends import registry
+from attnbench.inputs import make_inputs
+from attnbench.spec import AttnSpec
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ["flex", "sdpa-varlen", "fa2", "fa2-qkvpacked", "fa2-kvpacked", "fa2-varlen", "fa2-varlen-qkvpacked",
+            "fa3", "fa3-varlen", "fa4", "fa4-varlen", "xformers", "sage", "sage-varlen", "sage2-fp8",
+            "sage2-fp8-sm90", "sage2-fp16", "sparge", "sparge-cdf", "flashinfer"]
+CASES = {
+    "dense77": AttnSpec(batch=2, seqlens_q=(77,), heads_q=4, head_dim=64, dtype="bf16"),
+    "gqa577-causal": AttnSpec(batch=1, seqlens_q=(577,), heads_q=8, heads_kv=2, head_dim=128, dtype="fp16",
+                              causal=True),
+    "cross77x577-causal": AttnSpec(batch=2, seqlens_q=(77,), seqlens_k=(577,), heads_q=4, head_dim=64, dtype="bf16",
+                                   causal=True),
+    "varlen-causal-gqa": AttnSpec(batch=1, seqlens_q=(77, 577, 33), heads_q=4, heads_kv=2, head_dim=64,
+                                  dtype="bf16", causal=True),
+    "varlen-cross": AttnSpec(batch=2, seqlens_q=(577, 129), seqlens_k=(333, 577), heads_q=4, head_dim=128,
+                             dtype="bf16"),
+    "window577": AttnSpec(batch=2, seqlens_q=(577,), heads_q=4, head_dim=64, dtype="bf16", window=(64, 0)),
+    "dense577-d128": AttnSpec(batch=2, seqlens_q=(577,), heads_q=4, head_dim=128, dtype="bf16"),
+}
+
+
+def _backend(name):
+    backend = registry.get(name)
+    reason = backend.unavailable_reason()
+    if reason:
+        pytest.skip(f"{name}: {reason}")
+    return backend
+
+
+def _reference(spec: AttnSpec, inputs):
+    """Naive attention in fp32 (TF32 off) on the upcast inputs."""
+    up = dataclasses.replace(inputs, **{n: getattr(inputs, n).float() for n in ("q", "k", "v", "dout")})
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return registry.get("naive").prepare(spec.replace(dtype="fp32"), up).fn()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def cosine(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(got.float().flatten(), ref.flatten(), dim=0))
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "fwd_bwd"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", BACKENDS)
+def test_backend_matches_naive(name, case, pass_):
+    backend = _backend(name)
+    spec = CASES[case].replace(pass_=pass_)
+    reason = backend.supports(spec, "cuda")
+    if reason:
+        pytest.skip(f"{name} {case} {pass_}: {reason}")
+    inputs = make_inputs(spec, "cuda", seed=11)
+    prepared = backend.prepare(spec, inputs)
+    got = prepared.fn()
+    torch.cuda.synchronize()
+    ref = _reference(spec, inputs)
+    assert got.out.shape == ref.out.shape and got.out.dtype == spec.torch_dtype
+    for key, want in ref.tensors().items():
+        have = getattr(got, key)
+        assert have is not None and torch.isfinite(have).all(), f"{key} missing or not finite"
+        if name.startswith("sparge"):
+            assert cosine(have, want) > 0.9, f"{key}: cosine {cosine(have, want):.4f}"
+            continue
+        limit = (6e-2 if not backend.capabilities.exact else 1.5e-2) * (2 if key != "out" else 1)
+        err = rel_l2(have, want)
+        assert err < limit, f"{name} {case} {pass_} {key}: rel-L2 {err:.2e} >= {limit:.1e}"
+    if got.lse is not None:  # natural-log LSE: (B, H, Sq) dense, (H, Tq) varlen
+        dense_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+        want_shape = (spec.heads_q, inputs.q.shape[0]) if inputs.varlen else dense_shape
+        assert tuple(got.lse.shape) == want_shape
+
+
+def test_flex_compiles_in_prepare_and_reuses_the_block_mask():
+    backend = _backend("flex")
+    spec = CASES["varlen-causal-gqa"]
+    inputs = make_inputs(spec, "cuda", seed=1)
+    first = backend.prepare(spec, inputs)
+    second = backend.prepare(spec, inputs)
+    assert first.info["compile_ms"] > 0 and "inductor" in first.info["kernel"]
+    assert second.info["compile_ms"] < first.info["compile_ms"]  # same shape and mask: no new compile
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    second.fn()
+    end.record()
+    torch.cuda.synchronize()
+    assert start.elapsed_time(end) < first.info["compile_ms"]  # the timed closure does not compile
+
+
+@pytest.mark.parametrize("name", ["sage", "sage-varlen"])
+def test_real_sage_kernel_leaves_the_callers_inputs_alone(name):
+    backend = _backend(name)
+    spec = CASES["dense577-d128"] if name == "sage" else CASES["varlen-causal-gqa"]
+    inputs = make_inputs(spec, "cuda", seed=2)
+    before = [t.clone() for t in (inputs.q, inputs.k, inputs.v)]
+    prepared = backend.prepare(spec, inputs)
+    prepared.fn()
+    prepared.fn()
+    torch.cuda.synchronize()
+    for t, b in zip((inputs.q, inputs.k, inputs.v), before, strict=True):
+        assert torch.equal(t, b)
+    assert prepared.info["includes_preprocess"] is True
+
+
+def test_fa4_returns_lse():
+    backend = _backend("fa4")
+    spec = CASES["gqa577-causal"]
+    if backend.supports(spec, "cuda"):
+        pytest.skip(backend.supports(spec, "cuda"))
+    got = backend.prepare(spec, make_inputs(spec, "cuda", seed=3)).fn()
+    assert got.lse is not None and got.lse.shape == (1, 8, 577) and got.lse.dtype == torch.float32

@@ -150,8 +150,10 @@ def _add_block_nvtx(model, enabled: bool) -> None:
     if not enabled:
         return
     for i, block in enumerate(getattr(model, "transformer_blocks", None) or getattr(model, "blocks", [])):
-        block.register_forward_pre_hook(lambda *_a, i=i: torch.cuda.nvtx.range_push(f"block{i}"))
-        block.register_forward_hook(lambda *_a: torch.cuda.nvtx.range_pop())
+        # Hooks must return None: a value returned by a hook replaces the block's inputs or output,
+        # and range_push/range_pop return the nesting depth.
+        block.register_forward_pre_hook(lambda *_a, i=i: None if torch.cuda.nvtx.range_push(f"block{i}") else None)
+        block.register_forward_hook(lambda *_a: None if torch.cuda.nvtx.range_pop() else None)
 
 
 def forward(model, inputs: dict) -> torch.Tensor:

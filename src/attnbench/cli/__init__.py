@@ -12,7 +12,8 @@ import sys
 
 import typer
 
-from attnbench.cli import common, info
+from attnbench.cli import common, info, view
+from attnbench.cli import compare as compare_cmd
 from attnbench.cli import run as run_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
@@ -26,6 +27,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("run")(run_cmd.run)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
+app.command("plot")(view.plot)
+app.command("report")(view.report)
+app.command("export")(view.export)
+app.command("compare")(compare_cmd.compare)
+app.command("merge")(compare_cmd.merge)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics
 from attnbench.backends import registry
-from attnbench.cli import common
+from attnbench.cli import common, sharding
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
@@ -160,10 +160,14 @@ def run(
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+    shard: sharding.ShardOpt = None,
+    run_id: sharding.RunIdOpt = None,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
-    run_id, records, phases = execute(plan, quiet=quiet)
+    plan, run_id, hint = sharding.apply(plan, shard, run_id)
+    quiet = quiet or sharding.rank() > 0  # one rank prints
+    run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:
@@ -172,3 +176,5 @@ def run(
         spent = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
         common.console.print(f"{ok}/{len(records)} cases ok; wall time: {spent}; results in {plan.db}"
                              + (f" and {plan.output}" if plan.output else ""), highlight=False)
+        if hint:
+            common.console.print(hint, highlight=False, markup=False)

@@ -119,17 +119,17 @@ def shared_run_id(shard: Shard | None, run_id: str | None, make_id) -> str:
         return run_id
     if shard is None or not shard.active:
         return make_id()
-    env = os.environ
-    if shard.local_rank is None or "MASTER_ADDR" not in env:
+    launcher = from_env()  # the processes torchrun started (not necessarily the shards)
+    if launcher is None or "MASTER_ADDR" not in os.environ:
         raise ValueError("--shard needs --run-id so that every shard writes the same run "
                          "(e.g. --run-id sweep-$(date +%Y%m%d-%H%M%S)); under torchrun it is chosen for you")
     import torch.distributed as dist
 
     owned = not dist.is_initialized()
     if owned:
-        dist.init_process_group("gloo", rank=shard.index, world_size=shard.count)
+        dist.init_process_group("gloo", rank=launcher.index, world_size=launcher.count)
     try:
-        box = [make_id() if shard.index == 0 else None]
+        box = [make_id() if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
     finally:
         if owned:

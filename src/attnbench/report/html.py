@@ -33,7 +33,7 @@ th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left;vertical-align:to
 th{background:#f0f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
 .ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.fail{color:#b3261e}
-.pass{color:#17702a}figure{margin:10px 0 24px}img{max-width:100%;border:1px solid #e2e2e2}
+.pass{color:#17702a}.plots{display:flex;flex-wrap:wrap;gap:12px}figure{margin:6px 0 18px}img{max-width:100%;border:1px solid #e2e2e2}
 .muted{color:#666}code{font-size:12px}
 """
 
@@ -176,7 +176,8 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     figs = figures(rows, title_prefix=f"{run['run_id']}: ")
     parts = [f'<section class="run" id="run-{escape(run["run_id"])}">', f"<h2>Run {escape(run['run_id'])}</h2>",
              meta, "<h3>Environment</h3>", env_table(env),
-             "<h3>Plots</h3>", "".join(figs) or '<p class="muted">Nothing varies enough to plot.</p>',
+             "<h3>Plots</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs
+             else '<p class="muted">Nothing varies enough to plot.</p>',
              "<h3>Results</h3>", results_table(rows),
              "<h3>Accuracy</h3>", accuracy_table(rows), "<h3>Skipped cases</h3>", skipped_table(rows), "</section>"]
     return "\n".join(parts)

@@ -38,6 +38,8 @@ def format_for(path: Path) -> str:
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in FORMATS:
         raise ValueError(f"cannot tell the output format of {str(path)!r}: use a .json, .csv or .parquet file name")
+    if suffix == "parquet":  # say so before a run starts, not after it
+        _require_pyarrow()
     return suffix
 
 

@@ -22,7 +22,10 @@ from attnbench.backends.base import Backend, BackendUnavailable, Outputs
 from attnbench.inputs import AttnInputs, make_inputs
 from attnbench.results.record import Record, case_id
 from attnbench.spec import AttnSpec
-from attnbench.timing import TimingConfig, measure, summarize
+from attnbench.timing import TimingConfig, summarize
+from attnbench.timing.case import CaseContext, time_prepared
+from attnbench.timing.clocks import ClockMonitor
+from attnbench.timing.nvtx import nvtx_range
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,10 @@ class RunOptions:
     """exact (attended pairs) or dense (every pair)."""
     seed: int = 0
     """Seed of the inputs."""
+    trace_dir: str | None = None
+    """Write a Chrome/Perfetto trace (torch.profiler) of every case into this directory."""
+    cooldown_s: float = 0.0
+    """Seconds to sleep before each case after the first (lets clocks and temperature settle)."""
 
 
 @dataclass
@@ -74,6 +81,7 @@ class Runner:
         self.skip = skip or set()
         self.clock = PhaseClock()
         self.backends = [registry.get(name) for name in options.backends]
+        self.clocks = ClockMonitor(self.device)
 
     def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
         """The (spec, backend) pairs still to run, shape-major."""
@@ -87,16 +95,20 @@ class Runner:
     def run(self, specs: Iterable[AttnSpec]) -> list[Record]:
         records: list[Record] = []
         inputs, inputs_key = None, None
-        for spec, backend in self.cases(specs):
+        for i, (spec, backend) in enumerate(self.cases(specs)):
             if self.on_case:
                 self.on_case(spec, backend.name)
+            if i and self.options.cooldown_s > 0:
+                with self.clock.phase("cooldown"):
+                    time.sleep(self.options.cooldown_s)
             if spec.shape_key() != inputs_key:
                 inputs = None
                 _free(self.device)
                 with self.clock.phase("inputs"):
                     inputs = make_inputs(spec, self.device, self.options.seed)
                 inputs_key = spec.shape_key()
-            record = self.run_case(spec, backend, inputs, check=self.checker is not None)
+            with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
+                record = self.run_case(spec, backend, inputs, check=self.checker is not None)
             self.sink(record)
             records.append(record)
         return records
@@ -131,24 +143,28 @@ class Runner:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             baseline = torch.cuda.memory_allocated(self.device)
-        with self.clock.phase("prepare"):
+        with self.clock.phase("prepare"), nvtx_range("prepare", self.device):
             prepared = backend.prepare(spec, inputs)
             info.update(prepared.info)
             outputs = prepared.fn()
             if cuda:
                 torch.cuda.synchronize(self.device)
+        self._count_compile(info)
         peak = torch.cuda.max_memory_allocated(self.device) - baseline if cuda else None
         bad = _non_finite(outputs)
         accuracy = None
         if check and self.checker is not None:
-            with self.clock.phase("check"):
+            with self.clock.phase("check"), nvtx_range("check", self.device):
                 accuracy = self.checker(spec, inputs, outputs, backend)
         del outputs
         if bad:
             return self._record(spec, backend, status="nan", reason=f"non-finite values in {bad}", info=info,
                                 peak_mem_bytes=peak, accuracy=accuracy)
-        with self.clock.phase("timing"):
-            samples = measure(prepared.fn, self.options.timing, self.device)
+        ctx = CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
+                          trace_dir=self.options.trace_dir)
+        with self.clock.phase("timing"), nvtx_range("timing", self.device):
+            samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
+        info.update(timing_info)
         stats = summarize(samples)
         flop = metrics.flops(spec, convention=self.options.flops_convention)
         nbytes = metrics.bytes_moved(spec)
@@ -161,6 +177,13 @@ class Runner:
             iters_per_s=1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,
             flops=flop, bytes=nbytes, tflops=metrics.tflops_per_s(flop, stats["median_ms"]),
             gbps=metrics.gb_per_s(nbytes, stats["median_ms"]), peak_mem_bytes=peak, accuracy=accuracy)
+
+    def _count_compile(self, info: dict) -> None:
+        """Move a backend's reported compile time (info["compile_ms"]) from "prepare" to "compile"."""
+        ms = info.get("compile_ms")
+        if isinstance(ms, (int, float)) and ms > 0:
+            self.clock.seconds["compile"] += ms / 1e3
+            self.clock.seconds["prepare"] = max(0.0, self.clock.seconds["prepare"] - ms / 1e3)
 
 
 def _non_finite(outputs: Outputs) -> str | None:

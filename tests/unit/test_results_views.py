@@ -187,3 +187,12 @@ def test_parquet_needs_pyarrow_or_round_trips(db, cpu_rows, tmp_path):
         return
     export.write(cpu_rows, out, "parquet")
     assert export.read(out) == export.export_rows(cpu_rows)
+
+
+def test_sparsity_runs_join_into_lines_per_length():
+    # one run per target sparsity; the achieved sparsity differs per length, so no two points share an x
+    rows = [{"status": "ok", "backend": "sparse", "pass": "fwd", "causal": 0, "run_id": f"sp-{t}", "seq_len": s,
+             "num_seqs": 1, "heads_q": 4, "head_dim": 64, "median_ms": t * s, "info": json.dumps({"sparsity": t + s / 1e5})}
+            for t in (0.25, 0.5, 0.75) for s in (1024, 4096)]
+    data = plots.panels(plots.points(rows, "sparsity", "ms"), "sparsity")
+    assert {k: len(v) for k, v in data[(0, "fwd")].items()} == {"sparse s1024": 3, "sparse s4096": 3}

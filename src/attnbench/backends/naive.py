@@ -7,29 +7,51 @@ GQA repeats K/V heads; varlen loops over the sequences. Rows whose mask keeps no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure, expand_kv_heads
-from attnbench.inputs import AttnInputs, split_varlen
+from attnbench.inputs import AttnInputs
 from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
 
 
 def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Tensor, *, causal: bool,
-                    window: tuple[int, int] | None, scale: float) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) V for (B, S, H, D) tensors; returns (B, Sq, Hq, Dv)."""
+                    window: tuple[int, int] | None, scale: float, mask: _Mask | None = None) -> torch.Tensor:
+    """softmax(Q K^T * scale + mask) V for (B, S, H, D) tensors; returns (B, Sq, Hq, Dv).
+
+    ``mask`` is the precomputed ``_Mask`` of (causal, window) for these lengths; built here if absent.
+    """
     groups = q_bshd.shape[2] // k_bshd.shape[2]
     q = q_bshd.transpose(1, 2)
     k = expand_kv_heads(k_bshd, groups).transpose(1, 2)
     v = expand_kv_heads(v_bshd, groups).transpose(1, 2)
+    if mask is None:
+        mask = _Mask.build(q.shape[2], k.shape[2], causal, window, q.device)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    keep = keep_mask(q.shape[2], k.shape[2], causal, window, device=q.device)
-    if keep is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask.drop is not None:
+        scores = scores.masked_fill(mask.drop, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    if keep is not None and not bool(keep.any(dim=1).all()):
-        probs = probs.masked_fill(~keep.any(dim=1, keepdim=True), 0.0)
+    if mask.empty_rows is not None:
+        probs = probs.masked_fill(mask.empty_rows, 0.0)
     return torch.matmul(probs, v).transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class _Mask:
+    """Masked-out positions and rows with no key at all (None when there are none)."""
+
+    drop: torch.Tensor | None
+    empty_rows: torch.Tensor | None
+
+    @staticmethod
+    def build(sq: int, sk: int, causal: bool, window, device) -> _Mask:
+        keep = keep_mask(sq, sk, causal, window, device=device)
+        if keep is None:
+            return _Mask(None, None)
+        has_key = keep.any(dim=1, keepdim=True)
+        return _Mask(~keep, None if bool(has_key.all()) else ~has_key)
 
 
 class NaiveBackend(Backend):
@@ -38,17 +60,22 @@ class NaiveBackend(Backend):
     capabilities = Capabilities(varlen=True, window=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        # Masks are built here, once: a hand-written model would keep them as buffers.
         kwargs = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale)
+        dev = inputs.q.device
         if not inputs.varlen:
-            def forward(q, k, v):
-                return naive_attention(q, k, v, **kwargs)
-        else:
-            cu_q, cu_k = inputs.cu_seqlens_q, inputs.cu_seqlens_k
+            mask = _Mask.build(spec.seqlens_q[0], spec.seqlens_k[0], spec.causal, spec.window, dev)
 
             def forward(q, k, v):
-                outs = [naive_attention(qs[None], ks[None], vs[None], **kwargs)[0]
-                        for qs, ks, vs in zip(split_varlen(q, cu_q), split_varlen(k, cu_k),
-                                              split_varlen(v, cu_k), strict=True)]
+                return naive_attention(q, k, v, mask=mask, **kwargs)
+        else:
+            cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+            bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
+            masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev) for (qs, qe), (ks, ke) in bounds]
+
+            def forward(q, k, v):
+                outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, **kwargs)[0]
+                        for ((qs, qe), (ks, ke)), m in zip(bounds, masks, strict=True)]
                 return torch.cat(outs, dim=0)
         info = self.base_info() | {"kernel": "matmul+softmax+matmul", "gqa": "expanded" if spec.gqa else "none"}
         return Prepared(fn=autograd_closure(spec, inputs, forward), info=info)

@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "sdpa-flash": "attnbench.backends.sdpa:SdpaFlash",
     "sdpa-efficient": "attnbench.backends.sdpa:SdpaEfficient",
     "sdpa-cudnn": "attnbench.backends.sdpa:SdpaCudnn",
+    "flex-sparse": "attnbench.backends.flex_sparse:FlexSparse",
 }
 
 _extra: dict[str, object] = {}

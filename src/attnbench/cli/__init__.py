@@ -12,8 +12,11 @@ import sys
 
 import typer
 
+from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info, view
 from attnbench.cli import compare as compare_cmd
+from attnbench.cli import dist as dist_cmd
+from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
@@ -27,6 +30,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("run")(run_cmd.run)
 app.command("backends")(info.backends)
 app.command("env")(info.env)
+app.command("calibrate")(calibrate_cmd.calibrate)
+app.command("e2e")(e2e_cmd.e2e)
+app.command("dist")(dist_cmd.dist)
 app.command("plot")(view.plot)
 app.command("report")(view.report)
 app.command("export")(view.export)

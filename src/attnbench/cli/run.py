@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics
 from attnbench.backends import registry
-from attnbench.cli import common, sharding
+from attnbench.cli import common, sharding, timing_opts
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
@@ -22,7 +22,7 @@ from attnbench.results import export
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.runner import Runner, RunOptions
 from attnbench.spec import AttnSpec
-from attnbench.timing import TimingConfig
+from attnbench.timing.peaks import measured_peaks
 
 # Seed 003's --impl names.
 IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
@@ -37,6 +37,7 @@ class RunPlan:
     db: Path
     output: Path | None
     config: dict
+    profiler: str = "none"
 
 
 def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
@@ -73,18 +74,18 @@ def build_plan(ctx: typer.Context) -> RunPlan:
     opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config"})
     device = common.resolve_device(opts.get("device"))
     sweep = common.build_sweep(opts, device)
-    cpu = device == "cpu"
+    timing, profiler = timing_opts.resolve(opts, device)
+    extra = timing_opts.run_options(opts)
     try:
-        timing = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
-                              repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
-                              cold_l2=not opts.get("warm_l2", False))
         convention = opts.get("flops_convention") or "exact"
         if convention not in metrics.CONVENTIONS:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
-        profiler = opts.get("profiler") or "none"
-        if profiler != "none":
-            raise ValueError(f"--profiler {profiler}: only 'none' (CUDA events) is available in this version")
         specs = sweep.specs()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        from attnbench.backends import options as backend_options
+        backend_options.apply(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common._as_list(opts.get("backends")), opts.get("impl"), device)
@@ -95,10 +96,10 @@ def build_plan(ctx: typer.Context) -> RunPlan:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
-                         seed=opts.get("seed") or 0)
+                         seed=opts.get("seed") or 0, **extra)
     db = Path(opts.get("db") or DEFAULT_DB)
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
-                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()})
+                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}, profiler=profiler)
 
 
 def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) -> tuple[str, list]:
@@ -146,6 +147,8 @@ def run(
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
+    layout: Annotated[str | None, typer.Option(
+        "--layout", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     warmup: common.Warmup = None,
@@ -153,10 +156,19 @@ def run(
     warm_l2: Annotated[bool, typer.Option("--warm-l2", help="Do not flush the L2 cache between calls.")] = False,
     flops_convention: Annotated[str | None, typer.Option(
         "--flops-convention", help="exact (attended pairs) or dense (no causal discount).")] = None,
-    profiler: Annotated[str | None, typer.Option("--profiler", help="none = CUDA events (seed 000).")] = None,
+    timing: Annotated[str | None, typer.Option(
+        "--timing", help="events (per call, cold L2), graph (CUDA graph, rotating inputs), profiler (kernel time).")] = None,
+    profiler: Annotated[str | None, typer.Option(
+        "--profiler", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
+    min_time_ms: Annotated[float | None, typer.Option(
+        "--min-time-ms", help="Sample until this much time is measured per case [default: 200 on GPU, 0 on CPU].")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
+    cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
+    backend_opt: Annotated[list[str] | None, typer.Option(
+        "--backend-opt", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
@@ -165,13 +177,17 @@ def run(
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
+    if plan.profiler == "nsys":
+        timing_opts.run_nsys(plan.db)
+        return
     plan, run_id, hint = sharding.apply(plan, shard, run_id)
     quiet = quiet or sharding.rank() > 0  # one rank prints
     run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:
-        common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}"))
+        peaks = measured_peaks(plan.db, plan.options.device)
+        common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
         ok = sum(r.status == "ok" for r in records)
         spent = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
         common.console.print(f"{ok}/{len(records)} cases ok; wall time: {spent}; results in {plan.db}"

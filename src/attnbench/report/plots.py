@@ -36,6 +36,12 @@ LOG2_X = ("seq_len", "num_seqs")
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 LEGEND_COLUMNS = 4
 # Columns that, when they vary beyond the x axis, split a backend's points into several lines.
+# Columns that may change along each x axis without making a new line (see _series_columns).
+ALONG_X: dict[str, set[str]] = {
+    "seq_len": {"seq_len_k", "num_seqs"}, "num_seqs": {"seq_len", "seq_len_k"},
+    "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
+    "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(),
+}
 # In order of preference when naming lines.
 SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "batch": "b{}", "heads_q": "h{}",
                   "head_dim": "d{}", "dtype": "{}", "heads_kv": "kv{}", "head_dim_v": "dv{}", "emb_dim": "e{}",
@@ -92,24 +98,25 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
 
 
 def _series_columns(pts: list[dict], x: str) -> list[str]:
-    """Columns that split one backend's points at one x into several lines, fewest needed.
+    """Columns that split one backend's points into several lines, fewest needed.
 
-    A column is kept only when it separates points the columns kept before it do not (so heads_kv is
-    not named when it always equals heads_q, nor emb_dim when heads and head size already are)."""
-    skip = {X_AXES[x][0]}
+    A column that may change along x (``ALONG_X``: e.g. head size when x is heads at a fixed embedding
+    dim) splits lines only where it takes several values at one x; any other column splits them as soon
+    as it varies. A column is kept only when it separates points the columns kept before it do not (so
+    heads_kv is not named when it always equals heads_q)."""
+    along = ALONG_X[x] | {X_AXES[x][0], "run_id"}
     kept: list[str] = []
 
-    def groups(cols: list[str]) -> int:
-        return len({(p["backend"], p["pass"], p["causal"], p["_x"], *(str(p.get(c)) for c in cols)) for p in pts})
+    def groups(cols: list[str], at_x: bool) -> int:
+        return len({(p["backend"], p["pass"], p["causal"], p["_x"] if at_x else None,
+                     *(str(p.get(c)) for c in cols)) for p in pts})
 
-    count = groups(kept)
     for col in SERIES_COLUMNS:
-        if col in skip:
+        if col == X_AXES[x][0]:
             continue
-        n = groups([*kept, col])
-        if n > count:
+        at_x = col in along
+        if groups([*kept, col], at_x) > groups(kept, at_x):
             kept.append(col)
-            count = n
     return kept
 
 

@@ -15,18 +15,33 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def records_table(records: list[Record], title: str | None = None) -> Table:
-    """One row per record: backend, case, pass, median ms, it/s, TF/s, GB/s, peak MiB, accuracy, status."""
+def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | None:
+    """TF/s of the record as % of the measured matmul peak of its dtype (None when unknown)."""
+    peak = (peaks or {}).get(record.spec.dtype)
+    return None if not peak or record.tflops is None else 100.0 * record.tflops / peak
+
+
+def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
+    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, peak MiB, accuracy, status.
+
+    ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s (attnbench calibrate);
+    the "% peak" column appears only when it is given.
+    """
     table = Table(title=title, show_lines=False, header_style="bold")
-    for name, justify in (("backend", "left"), ("case", "left"), ("pass", "left"), ("ms", "right"),
-                          ("it/s", "right"), ("TF/s", "right"), ("GB/s", "right"), ("peak MiB", "right"),
-                          ("accuracy", "left"), ("status", "left")):
+    columns = [("backend", "left"), ("case", "left"), ("pass", "left"), ("ms", "right"), ("it/s", "right"),
+               ("TF/s", "right"), ("GB/s", "right"), ("peak MiB", "right"), ("accuracy", "left"), ("status", "left")]
+    if peaks:
+        columns.insert(6, ("% peak", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=name != "status")
     for r in records:
         mem = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
         verdict = (r.accuracy or {}).get("verdict", "-")
         status = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
-        table.add_row(r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
-                      _num(r.tflops, ".1f"), _num(r.gbps, ".0f"), _num(mem, ".0f") if mem is not None else "n/a",
-                      verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]")
+        cells = [r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
+                 _num(r.tflops, ".1f"), _num(r.gbps, ".0f"), _num(mem, ".0f") if mem is not None else "n/a",
+                 verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]"]
+        if peaks:
+            cells.insert(6, _num(percent_of_peak(r, peaks), ".0f"))
+        table.add_row(*cells)
     return table

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import attnbench
+from attnbench.timing import clocks
 
 # Packages whose versions matter to attention results (absent ones are simply not listed).
 PACKAGES = ("torch", "triton", "numpy", "flash-attn", "flash-attn-3", "flash-attn-4", "xformers",
@@ -70,6 +71,14 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_name(device: str | torch.device = "cpu") -> str:
+    """Name of the device as recorded in fingerprints and peaks (GPU product name, or the CPU model)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).name
+    return _cpu_name()
+
+
 def collect(device: str | torch.device = "cpu") -> dict:
     """Fingerprint of this machine and software for ``device``."""
     import time
@@ -89,8 +98,9 @@ def collect(device: str | torch.device = "cpu") -> dict:
             compute_capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
             device_memory_bytes=props.total_memory, l2_cache_bytes=getattr(props, "L2_cache_size", None),
             cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            driver=_nvidia_driver(),
         )
+        gpu = clocks.static_info(device)  # power limit, max SM clock, driver (NVML or nvidia-smi)
+        env.update(driver=gpu.get("driver") or _nvidia_driver(), gpu=gpu)
     else:
         env.update(device_name=_cpu_name())
     return env

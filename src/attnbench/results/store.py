@@ -28,6 +28,18 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id);
 """
 
+# Version n -> n + 1, applied in order to older files (a new file is created at 1 and migrated too).
+# Each step is additive, so an older attnbench's records stay readable as they were.
+_MIGRATIONS: dict[int, str] = {
+    # 2: peaks measured by `attnbench calibrate` (matmul TFLOP/s, copy GB/s) per device and environment.
+    1: """
+CREATE TABLE IF NOT EXISTS peaks (
+    device_name TEXT NOT NULL, env_id TEXT NOT NULL, kind TEXT NOT NULL, value REAL NOT NULL,
+    unit TEXT NOT NULL, measured_at REAL NOT NULL, details TEXT,
+    PRIMARY KEY (device_name, env_id, kind));
+""",
+}
+
 
 def new_run_id() -> str:
     """Sortable, unique run id: UTC time plus a random suffix."""
@@ -48,7 +60,7 @@ class ResultStore:
         self.conn.execute("PRAGMA synchronous=NORMAL")
         with self.conn:
             self.conn.executescript(_SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', '1')")
         self._check_version()
 
     def _check_version(self) -> None:
@@ -56,7 +68,14 @@ class ResultStore:
         if found > SCHEMA_VERSION:
             raise RuntimeError(f"{self.path} has schema version {found}; this attnbench reads up to "
                                f"{SCHEMA_VERSION}: upgrade attnbench")
-        # Older versions are migrated here, one step at a time, when the schema changes.
+        for version in range(found, SCHEMA_VERSION):
+            with self.conn:
+                self.conn.executescript(_MIGRATIONS[version])
+                self.conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version + 1),))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
 
     def close(self) -> None:
         self.conn.close()
@@ -90,6 +109,14 @@ class ResultStore:
         sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
         with self.conn:
             self.conn.execute(sql, [row[n] for n in names])
+
+    def add_peak(self, device_name: str, env_id: str, kind: str, value: float, unit: str,
+                 details: dict | None = None) -> None:
+        """Store a measured peak (e.g. kind matmul_bf16 in TFLOP/s, copy in GB/s); replaces an older one."""
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO peaks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              (device_name, env_id, kind, float(value), unit, time.time(),
+                               json.dumps(details or {}, sort_keys=True)))
 
     # ---- reading --------------------------------------------------------------------------------
     def runs(self) -> list[dict]:
@@ -127,3 +154,12 @@ class ResultStore:
     def case_ids(self, run_id: str) -> set[str]:
         """Case ids that already have a record in ``run_id`` (used by --resume)."""
         return {r[0] for r in self.conn.execute("SELECT case_id FROM records WHERE run_id=?", (run_id,))}
+
+    def peaks(self, device_name: str) -> dict[str, dict]:
+        """Latest measured peak per kind for a device: {kind: {value, unit, env_id, measured_at, details}}."""
+        rows = self.conn.execute("SELECT * FROM peaks WHERE device_name=? ORDER BY measured_at", (device_name,))
+        out = {}
+        for r in rows:
+            out[r["kind"]] = {"value": r["value"], "unit": r["unit"], "env_id": r["env_id"],
+                              "measured_at": r["measured_at"], "details": json.loads(r["details"] or "{}")}
+        return out

@@ -1,10 +1,15 @@
-"""How a closure is timed."""
+"""How a closure is timed: the method (mode) and how many samples are enough."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-TIMING_MODES = ("events",)
+# In-process modes (timing.measure runs them) and modes that re-run the case under an external profiler.
+TIMING_MODES = ("events", "graph", "profiler")
+EXTERNAL_MODES = ("ncu", "rocprof")
+ALL_MODES = TIMING_MODES + EXTERNAL_MODES
+GPU_MIN_TIME_MS = 200.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,16 +19,54 @@ class TimingConfig:
     warmup: int = 10
     """Untimed calls before measuring (compilation, autotuning, allocator warm-up)."""
     repeat: int = 100
-    """Timed calls; each gives one sample."""
+    """Minimum number of timed samples."""
     cold_l2: bool = True
     """Flush the GPU L2 cache before every timed call (ignored on CPU)."""
     mode: str = "events"
-    """events: CUDA events around each call (CPU: perf_counter)."""
+    """events: CUDA events per call (CPU: perf_counter); graph: CUDA-graph replays of many calls over
+    rotating input copies; profiler: device kernel time from torch.profiler; ncu / rocprof: kernel time
+    from a re-run of the case under Nsight Compute / rocprofv3."""
+    min_time_ms: float | None = None
+    """Keep sampling until the samples add up to this many ms; None = 200 ms on GPU, 0 on CPU."""
+    max_repeat: int = 10_000
+    """Cap on the number of samples however fast the kernel is."""
+    graph_target_ms: float = 2.0
+    """graph mode: calls per captured graph are chosen so one replay lasts about this long."""
+    graph_max_copies: int = 32
+    """graph mode: most input copies rotated through to keep inputs out of L2."""
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
             raise ValueError(f"repeat must be a positive integer, got {self.repeat!r}")
-        if self.mode not in TIMING_MODES:
-            raise ValueError(f"unknown timing mode {self.mode!r}; allowed: {', '.join(TIMING_MODES)}")
+        if self.mode not in ALL_MODES:
+            raise ValueError(f"unknown timing mode {self.mode!r}; allowed: {', '.join(ALL_MODES)}")
+        if self.min_time_ms is not None and not (self.min_time_ms >= 0 and math.isfinite(self.min_time_ms)):
+            raise ValueError(f"min_time_ms must be a number >= 0, got {self.min_time_ms!r}")
+        if self.max_repeat < self.repeat:
+            raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
+        if self.graph_max_copies < 1:
+            raise ValueError(f"graph_max_copies must be >= 1, got {self.graph_max_copies!r}")
+
+    @property
+    def external(self) -> bool:
+        """True when the case is re-run under an external profiler."""
+        return self.mode in EXTERNAL_MODES
+
+    def min_time_for(self, device_type: str) -> float:
+        """The minimum total measured time in ms on a device type (cpu or cuda)."""
+        if self.min_time_ms is not None:
+            return float(self.min_time_ms)
+        return 0.0 if device_type == "cpu" else GPU_MIN_TIME_MS
+
+    def samples_wanted(self, samples_ms: list[float], device_type: str) -> int:
+        """How many more samples to take: 0 once both ``repeat`` and the minimum time are met (or the cap)."""
+        n = len(samples_ms)
+        if n < self.repeat:
+            return self.repeat - n
+        total, floor = float(sum(samples_ms)), self.min_time_for(device_type)
+        if total >= floor or n >= self.max_repeat:
+            return 0
+        per_call = max(sorted(samples_ms)[n // 2], 1e-6)
+        return int(min(max(math.ceil((floor - total) / per_call), 1), self.max_repeat - n))

@@ -6,13 +6,18 @@ import time
 from collections.abc import Callable
 
 
-def time_cpu(fn: Callable[[], object], *, warmup: int, repeat: int) -> list[float]:
-    """Milliseconds of ``repeat`` calls of ``fn`` after ``warmup`` calls."""
+def time_cpu(fn: Callable[[], object], *, warmup: int, repeat: int, min_time_ms: float = 0.0,
+             max_repeat: int | None = None) -> list[float]:
+    """Milliseconds of at least ``repeat`` calls of ``fn`` after ``warmup`` calls; more until the
+    samples add up to ``min_time_ms`` (at most ``max_repeat``)."""
+    from attnbench.timing.config import TimingConfig
+    policy = TimingConfig(repeat=repeat, min_time_ms=min_time_ms, max_repeat=max(max_repeat or repeat, repeat))
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
+    samples: list[float] = []
+    while (count := policy.samples_wanted(samples, "cpu")) > 0:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
     return samples

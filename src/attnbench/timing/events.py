@@ -1,17 +1,27 @@
 """GPU timing with CUDA events (also HIP events on ROCm builds of torch), optionally with a cold L2.
 
-Each timed call is bracketed by its own pair of events, so host-side gaps between calls are not
-counted. With ``cold_l2`` a buffer twice the size of the L2 cache is overwritten before each call,
-so inputs are read from device memory as they would be in a real model step.
+Each timed call is bracketed by its own pair of events. With ``cold_l2`` a buffer twice the size of
+the L2 cache is overwritten before each call, so inputs come from device memory as in a real model
+step.
+
+Launch-ahead: when the host needs longer to launch a call than the device needs to run it (small
+kernels, Python-heavy wrappers), the device would idle between the start event and the kernel and
+that host time would be counted as kernel time. So before each chunk of calls the device is held by
+a spin kernel (``torch.cuda._sleep``) long enough for the host to queue the whole chunk; the device
+then runs flush, start, call, end back to back and the events see device time only.
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
 
 FALLBACK_L2_BYTES = 128 * 1024 * 1024
+MAX_HOLD_MS = 50.0  # longest spin before a chunk; chunks are sized to fit in it
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -26,25 +36,77 @@ class L2Flusher:
     def __init__(self, device: torch.device):
         self.buffer = torch.empty(2 * l2_bytes(device) // 4 + 1, dtype=torch.int32, device=device)
 
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
     def __call__(self) -> None:
         self.buffer.zero_()
 
 
-def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
-                device: torch.device) -> list[float]:
-    """Milliseconds of ``repeat`` calls of ``fn`` after ``warmup`` calls, one event pair per call."""
-    flush = L2Flusher(device) if cold_l2 else None
-    with torch.cuda.device(device):
-        for _ in range(warmup):
-            fn()
-        torch.cuda.synchronize(device)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        for start, end in zip(starts, ends, strict=True):
+@functools.cache
+def _spin_cycles_per_ms(device_index: int) -> float | None:
+    """Cycles of ``torch.cuda._sleep`` per millisecond on this device (None if it is unavailable)."""
+    if not hasattr(torch.cuda, "_sleep"):
+        return None
+    with torch.cuda.device(device_index):
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)  # warm the kernel up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end)
+    return cycles / ms if ms > 0 else None
+
+
+def _hold_device(device: torch.device, ms: float) -> None:
+    rate = _spin_cycles_per_ms(device.index if device.index is not None else torch.cuda.current_device())
+    if rate and ms > 0:
+        torch.cuda._sleep(int(rate * ms))
+
+
+def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, device: torch.device,
+                 host_ms_per_call: float) -> list[float]:
+    """``count`` calls, each between its own event pair, queued ahead in chunks (see module doc)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    chunk = max(1, min(count, int(MAX_HOLD_MS / host_ms_per_call)))
+    for first in range(0, count, chunk):
+        pairs = list(zip(starts[first:first + chunk], ends[first:first + chunk]))
+        _hold_device(device, 1.5 * host_ms_per_call * len(pairs))
+        for start, end in pairs:
             if flush is not None:
                 flush()
             start.record()
             fn()
             end.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
+                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None) -> list[float]:
+    """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
+
+    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``).
+    """
+    from attnbench.timing.config import TimingConfig
+    policy = TimingConfig(repeat=repeat, min_time_ms=min_time_ms, max_repeat=max(max_repeat or repeat, repeat))
+    flush = L2Flusher(device) if cold_l2 else None
+    samples: list[float] = []
+    with torch.cuda.device(device):
+        host_ms = []
+        for _ in range(max(warmup, 1)):
+            t0 = time.perf_counter()
+            if flush is not None:
+                flush()
+            fn()
+            host_ms.append((time.perf_counter() - t0) * 1e3)
         torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+        # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
+        per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
+        while (count := policy.samples_wanted(samples, "cuda")) > 0:
+            samples += _timed_batch(fn, count, flush, device, per_call)
+    return samples

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# P4 context-parallel benchmark: total S = 128k, B = 1, H = 32, D = 128, bf16, causal and not,
+# fwd and fwd+bwd, every method, on N GPUs of one host; plus the single-GPU local kernel at the
+# local shard shape (S = 128k / N) for the "90% of one GPU" comparison.
+#
+#   bash benchmarks/cp_benchmark.sh 4 flash        # on 4 H200s (kind nvidia-h200-x4)
+#   bash benchmarks/cp_benchmark.sh 2 cudnn        # on 2 H200s
+#
+# Writes logs and a results DB under ${OUT:-cp-results}. Correctness is checked first at S = 16k
+# (every rank against one GPU and the exact fp32 result); the 128k timings run with --no-check
+# (the exact reference at 128k costs more than the timing itself).
+set -euo pipefail
+N=${1:-4}
+KERNEL=${2:-flash}
+OUT=${OUT:-cp-results}
+mkdir -p "$OUT"
+export PYTHONPATH=src:${PYTHONPATH:-}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+DB="$OUT/cp.db"
+SHAPE=(--batch-size 1 --q-heads 32 --kv-heads 32 --head-size 128 --dtype bf16)
+RUN=(python3 -m torch.distributed.run --nproc_per_node "$N" -m attnbench dist)
+
+python3 -c "import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name())" \
+  | tee "$OUT/device.txt"
+
+# 1. correctness on N GPUs (all methods, causal and not, fwd+bwd gradients checked)
+"${RUN[@]}" --method ring,zigzag,ulysses,usp,torch-cp --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens 16k \
+  --causal both --pass fwd_bwd --warmup 2 --repeat 5 --db "$DB" > "$OUT/check_${N}gpu_${KERNEL}.log" 2>&1
+
+# 2. P4 timings at 128k total (every method; the best one is the P4 number)
+for METHOD in zigzag ring ulysses usp torch-cp; do
+  "${RUN[@]}" --method "$METHOD" --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens 128k --causal both \
+    --pass fwd fwd_bwd --warmup 3 --repeat 10 --no-check --db "$DB" \
+    > "$OUT/p4_${N}gpu_${METHOD}_${KERNEL}.log" 2>&1 || echo "$METHOD failed: see $OUT/p4_${N}gpu_${METHOD}_${KERNEL}.log"
+done
+# ring with the all-gather K/V variant, for comparison with p2p
+"${RUN[@]}" --method zigzag --ring-comm allgather --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens 128k --causal both \
+  --pass fwd fwd_bwd --warmup 3 --repeat 10 --no-check --db "$DB" > "$OUT/p4_${N}gpu_zigzag-allgather_${KERNEL}.log" 2>&1 || true
+
+# 3. the same local kernel on one GPU at the local shard shape (S = 128k / N), same harness
+#    (world of one: `attnbench dist` without torchrun), for the per-device 90% target
+LOCAL=$((131072 / N))
+python3 -m attnbench dist --method ring --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens "$LOCAL" --causal both \
+  --pass fwd fwd_bwd --warmup 3 --repeat 10 --no-check --db "$DB" > "$OUT/local_1gpu_S${LOCAL}_${KERNEL}.log" 2>&1
+#    and the bare kernel through `attnbench run` (no fp32 merge buffers), same shape
+case "$KERNEL" in flash|efficient|cudnn) RUN_BACKEND=sdpa-$KERNEL ;; *) RUN_BACKEND=$KERNEL ;; esac
+python3 -m attnbench run --backends "$RUN_BACKEND" "${SHAPE[@]}" --seq-lens "$LOCAL" --causal both \
+  --pass fwd fwd_bwd --warmup 3 --repeat 10 --db "$DB" > "$OUT/local_run_S${LOCAL}_${RUN_BACKEND}.log" 2>&1 || true
+#    and the full 128k on one GPU (what N GPUs must beat in wall time)
+python3 -m attnbench dist --method ring --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens 128k --causal both \
+  --pass fwd fwd_bwd --warmup 2 --repeat 5 --no-check --db "$DB" > "$OUT/local_1gpu_S131072_${KERNEL}.log" 2>&1
+
+grep -h -A6 "^### " "$OUT"/p4_*.log "$OUT"/local_*.log | tee "$OUT/summary.md"
+grep -c "verdict: pass" "$OUT/check_${N}gpu_${KERNEL}.log" | sed 's/^/checks passed: /' | tee -a "$OUT/summary.md"

@@ -1,0 +1,257 @@
+"""`attnbench dist`: context-parallel attention under torchrun, checked per rank and timed per device.
+
+    torchrun --nproc_per_node 4 -m attnbench dist --method zigzag --kernel flash --seq-lens 128k --causal
+
+gloo on CPU, NCCL on GPUs (cuda:LOCAL_RANK). Rank 0 prints and writes the store; an error on any rank
+ends that rank with one line naming it (torchrun then stops the others; a rank blocked in a
+collective gives up after --timeout seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import attnbench
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.distributed import bench
+from attnbench.distributed import layout as lay
+from attnbench.distributed.kernels import KERNELS, KernelUnavailable, get_kernel
+from attnbench.distributed.ulysses import check_heads
+from attnbench.results import env as envmod
+from attnbench.results import export
+from attnbench.results.record import Record
+from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
+from attnbench.timing import TimingConfig
+
+PEERS = ("rfa-ring", "rfa-zigzag", "yunchang")
+SEP = "#" * 30
+TABLE_COLUMNS = ("batch_size", "seq_len", "nheads", "head_size", "fwd_only", "throughput(iters/s)",
+                 "latency(ms/iter)", "peak memory(MB/device)", "speed(TFLOPS)")
+
+
+def _names(values, allowed, what) -> list[str]:
+    out = [n.strip() for v in values or [] for n in str(v).split(",") if n.strip()]
+    bad = [n for n in out if n not in allowed]
+    if bad or not out:
+        raise UserError(f"bad {what} {', '.join(bad) or '(none)'}; allowed: {', '.join(allowed)}")
+    return list(dict.fromkeys(out))
+
+
+def validate(specs, methods, world: int, ulysses_degree: int | None) -> None:
+    """Reject what cannot run before any process group exists: the same answer on every rank."""
+    for spec in specs:
+        if spec.is_varlen:
+            raise UserError("dist takes dense sequences only: give --seq-lens as single lengths (the total length)")
+        if spec.has_window:
+            raise UserError("dist does not support sliding windows")
+        if spec.pass_ == "bwd":
+            raise UserError("dist times --pass fwd or fwd_bwd (the backward alone is not timed)")
+        for method in methods:
+            _validate_case(spec, method, world, ulysses_degree)
+
+
+def _validate_case(spec, method, world, ulysses_degree) -> None:
+    seq, causal = spec.seqlens_q[0], spec.causal
+    try:
+        if method == "ulysses":
+            check_heads(spec.heads_q, spec.heads_kv, world)
+        if method in ("usp", "yunchang"):
+            u = ulysses_degree or bench._default_ulysses(world, spec)
+            if world % u:
+                raise ValueError(f"--ulysses-degree {u} must divide the world size {world}")
+            check_heads(spec.heads_q, spec.heads_kv, u)
+            lay.check_seq_len(seq, "zigzag" if causal else "contiguous", world, u, what=f"{method} {u}x{world // u}")
+        else:
+            zig = method.endswith("zigzag") or (method == "torch-cp" and causal)
+            what = f"{method}: {'2 x ' if zig else ''}world size {world}"
+            lay.check_seq_len(seq, "zigzag" if zig else "contiguous", world, what=what)
+    except ValueError as exc:
+        raise UserError(f"{spec.label()}: {exc}") from None
+
+
+def dist(
+    ctx: typer.Context,
+    method: Annotated[list[str] | None, typer.Option(
+        "--method", help="ring, zigzag, ulysses, usp, torch-cp, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
+    kernel: Annotated[str, typer.Option("--kernel", help=f"Local kernel: {', '.join(KERNELS)}.")] = "math",
+    ulysses_degree: Annotated[int | None, typer.Option(
+        "--ulysses-degree", help="USP: ranks per Ulysses group (default: largest divisor <= 8 of world and heads).")] = None,
+    ring_comm: Annotated[str, typer.Option("--ring-comm", help="p2p (ring) or allgather (gather K/V first).")] = "p2p",
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda if available).")] = None,
+    batch_size: common.BatchSize = None,
+    seq_lens: common.SeqLens = None,
+    q_heads: common.QHeads = None,
+    kv_heads: common.KvHeads = None,
+    head_size: common.HeadSize = None,
+    dtype: common.Dtype = None,
+    causal_mode: common.CausalMode = None,
+    pass_: common.Passes = None,
+    warmup: common.Warmup = None,
+    repeat: common.Repeat = None,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Compare every rank with one device.")] = True,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a collective may wait for a peer.")] = 600.0,
+    db: common.Db = None,
+    output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or .csv.")] = None,
+    seed: common.Seed = 0,
+) -> None:
+    """Context-parallel attention over the ranks of a torchrun job: per-rank diffs, per-device speed."""
+    rank_env = int(os.environ.get("RANK", "0"))
+    try:
+        plan = _plan(ctx)
+    except UserError as exc:
+        if rank_env == 0:
+            raise
+        raise SystemExit(2) from exc  # every rank rejects; only rank 0 says why
+    try:
+        _execute(plan)
+    except Exception as exc:
+        rank = int(os.environ.get("RANK", "0"))
+        if os.environ.get("ATTNBENCH_DEBUG"):
+            raise
+        common.fail(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}", 1)
+
+
+def _plan(ctx: typer.Context) -> dict:
+    opts = dict(ctx.params)
+    dev = "cpu" if opts.get("device") == "cpu" else common.resolve_device(opts.get("device"))
+    methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
+    if opts["ring_comm"] not in ("p2p", "allgather"):
+        raise UserError(f"bad --ring-comm {opts['ring_comm']!r}; allowed: p2p, allgather")
+    if any(m not in PEERS for m in methods):
+        try:
+            get_kernel(opts["kernel"])
+        except KernelUnavailable as exc:
+            raise UserError(str(exc)) from None
+    opts.setdefault("pass_", None)
+    opts["pass_"] = opts["pass_"] or ["fwd", "fwd_bwd"]
+    specs = common.build_sweep(opts, dev).specs()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    validate(specs, methods, world, opts.get("ulysses_degree"))
+    cpu = dev == "cpu"
+    try:
+        timing = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (1 if cpu else 5),
+                              repeat=opts["repeat"] if opts.get("repeat") is not None else (3 if cpu else 20))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if opts.get("output") is not None:
+        try:
+            export.format_for(Path(opts["output"]))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return {"opts": opts, "device": dev, "methods": methods, "specs": specs, "timing": timing}
+
+
+def _execute(plan: dict) -> None:
+    opts = plan["opts"]
+    ctx = bench.init_distributed(plan["device"], opts["timeout"])
+    store = None
+    if ctx.rank == 0:
+        env = envmod.collect(ctx.device)
+        env_id, run_id = envmod.env_id(env), new_run_id()
+        store = ResultStore(Path(opts.get("db") or DEFAULT_DB))
+        store.add_env(env_id, env)
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
+        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=config, env_id=env_id,
+                        version=attnbench.__version__)
+    results, records = [], []
+    status = "interrupted"
+    try:
+        for method in plan["methods"]:
+            for spec in plan["specs"]:
+                res = bench.run_case(spec, method, opts["kernel"], ctx, timing=plan["timing"], check=opts["check"],
+                                     ulysses_degree=opts.get("ulysses_degree"), comm=opts["ring_comm"],
+                                     seed=opts.get("seed") or 0)
+                if ctx.rank == 0:
+                    _print_case(res, ctx.world)
+                    record = _record(res, run_id, env_id, ctx, opts.get("seed") or 0)
+                    store.write(record)
+                    records.append(record)
+                    results.append(res)
+        status = "done"
+    finally:
+        if store is not None:
+            store.finish_run(run_id, status)
+            store.close()
+    if ctx.rank == 0:
+        _print_tables(results, ctx.world)
+        if opts.get("output"):
+            export.write(records, Path(opts["output"]))
+        ok = sum(r.status == "ok" for r in results)
+        common.console.print(f"{ok}/{len(results)} cases ok; results in {opts.get('db') or DEFAULT_DB}",
+                             highlight=False)
+    import torch.distributed as torch_dist
+    torch_dist.barrier()
+    torch_dist.destroy_process_group()
+
+
+def _backend_name(res: bench.CaseResult) -> str:
+    return f"cp-{res.method}" if res.method in PEERS else f"cp-{res.method}:{res.kernel}"
+
+
+def _record(res: bench.CaseResult, run_id: str, env_id: str, ctx: bench.DistContext, seed: int) -> Record:
+    from attnbench import metrics
+    fields: dict = {}
+    if res.stats is not None:
+        median = res.stats["median_ms"]
+        fields = dict(samples_ms=res.samples, **res.stats, iters_per_s=1e3 / median if median > 0 else None,
+                      flops=metrics.flops(res.spec), tflops=res.tflops_per_device, peak_mem_bytes=res.peak_bytes)
+    accuracy = None
+    if res.per_rank:
+        accuracy = {"verdict": res.verdict, "k": bench.VERDICT_K, "floor_ulps": bench.FLOOR_ULPS,
+                    "per_rank": res.per_rank}
+    info = {**res.info, "tflops_is_per_device": True,
+            "per_rank_diffs": [{t: {"max": r[t]["max"], "mean": r[t]["mean"]} for t in r} for r in res.per_rank or []]}
+    return Record(run_id=run_id, backend=_backend_name(res), spec=res.spec, status=res.status, reason=res.reason,
+                  timing_mode="events" if ctx.device.type == "cuda" else "cpu", device=str(ctx.device),
+                  env_id=env_id, seed=seed, accuracy=accuracy, info=info, **fields)
+
+
+def _print_case(res: bench.CaseResult, world: int) -> None:
+    out = common.console
+    out.print(f"\n{_backend_name(res)} · {world} ranks · {res.spec.label()} · {res.spec.pass_}",
+              highlight=False, markup=False)
+    if res.status == "unsupported":
+        out.print(f"unsupported: {res.reason}", highlight=False, markup=False)
+        return
+    if not res.per_rank:
+        return
+    lines = [SEP, "# forward:", SEP]
+    lines += [f"rank {i} out (distributed) - out_ref (non-distributed) diff: {r['out']['max']}"
+              for i, r in enumerate(res.per_rank)]
+    lines += [SEP, "# backward:", SEP]
+    for name in ("dq", "dk", "dv"):
+        lines.append(f"{name} diff:")
+        lines += [f"Rank[{i}] max {r[name]['max']:.3g}, mean {r[name]['mean']:.3g}" for i, r in enumerate(res.per_rank)]
+    worst = max((r[t]["err_vs_exact"] / r[t]["bound"] if r[t]["bound"] else 0.0, i, t)
+                for i, r in enumerate(res.per_rank) for t in r)
+    lines.append(f"verdict: {res.verdict} (error vs exact <= {bench.VERDICT_K} x single-device error + "
+                 f"{bench.FLOOR_ULPS} ulp; worst: rank {worst[1]} {worst[2]} at {worst[0]:.2f} of the bound)")
+    out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _print_tables(results: list[bench.CaseResult], world: int) -> None:
+    groups: dict[str, list[bench.CaseResult]] = {}
+    for res in results:
+        groups.setdefault(_backend_name(res), []).append(res)
+    for name, rows in groups.items():
+        lines = [f"\n### {name} on {world} ranks", "| " + " | ".join(TABLE_COLUMNS) + " |",
+                 "| " + " | ".join(":----:" for _ in TABLE_COLUMNS) + " |"]
+        for r in rows:
+            s = r.spec
+            if r.stats is None:
+                cells = ["-"] * 4 + [r.status]
+            else:
+                med = r.stats["median_ms"]
+                mem = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
+                tf = r.tflops_per_device or 0.0
+                cells = [f"{1e3 / med:.3f}", f"{med:.3f}", mem, f"{tf:.1f}" if tf >= 0.1 else f"{tf:.2g}", ""]
+            lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
+                                             str(s.pass_ == "fwd"), *cells[:4]]) + " |")
+        common.console.print("\n".join(lines), highlight=False, markup=False)

@@ -1,0 +1,132 @@
+"""`attnbench e2e`: a whole model with its attention swapped per backend (seed 002's table)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+import attnbench
+from attnbench.backends import options as backend_options
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.cli.run import resolve_backends
+from attnbench.models.bench import MODES, E2EConfig, model_names, run_e2e
+from attnbench.results import env as envmod
+from attnbench.results import export
+from attnbench.results.record import Record
+from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
+from attnbench.spec import normalize_dtype
+
+DEFAULT_BACKENDS = {"cpu": ("naive", "sdpa-math"), "cuda": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")}
+
+
+def _one(values, name: str):
+    values = common._as_list(values)
+    if not values:
+        return None
+    if len(values) > 1:
+        raise UserError(f"{name} takes one value, got {', '.join(map(str, values))}")
+    return values[0]
+
+
+def build_config(model: str, backends, device: str | None, mode: str, layers, steps, warmup, dtype,
+                 batch_size, seq_len, seed: int, backend_opt) -> E2EConfig:
+    """Validate the options into an E2EConfig; raises UserError."""
+    dev = common.resolve_device(device)
+    if model not in model_names():
+        raise UserError(f"unknown --model {model!r}; known: {', '.join(model_names())}")
+    if mode not in MODES:
+        raise UserError(f"bad --mode {mode!r}; allowed: {', '.join(MODES)}")
+    try:
+        backend_options.apply(backend_opt)
+        dtype = _one(dtype, "--dtype")
+        names = resolve_backends(common._as_list(backends), None, dev) if backends else \
+            DEFAULT_BACKENDS["cpu" if dev == "cpu" else "cuda"]
+        batch, seq = _one(batch_size, "--batch-size"), _one(seq_len, "--seq-len")
+        return E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
+                         warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
+                         batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
+                         seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed)
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def e2e_table(records: list[Record], title: str) -> Table:
+    """Seed 002's layout: one column per backend, one row per metric (times per step)."""
+    table = Table(title=title, header_style="bold")
+    table.add_column("Metrics")
+    for r in records:
+        table.add_column(r.backend + (" (baseline)" if r is records[0] else ""), justify="right")
+
+    def cell(r: Record, key: str, fmt: str, scale: float = 1.0) -> str:
+        value = r.info.get("e2e", {}).get(key)
+        if r.status != "ok" and key != "total_ms":
+            return "-"
+        return "-" if value is None else format(value * scale, fmt)
+    rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", ".3f", 1e-3),
+            ("Total (s)", "total_ms", ".3f", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
+            ("Attn TFLOP/s", "attn_tflops", ".1f", 1.0), ("Cosine", "cosine", ".6f", 1.0),
+            ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
+    for label, key, fmt, scale in rows:
+        table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
+    table.add_row("Status", *[r.status if r.status == "ok" else f"{r.status}: {r.reason}" for r in records])
+    return table
+
+
+def e2e(
+    model: Annotated[str, typer.Option("--model", help=f"One of: {', '.join(model_names())}.")] = "llama-tiny",
+    backends: common.Backends = None,
+    device: common.Device = None,
+    mode: Annotated[str, typer.Option("--mode", help="prefill (one forward / denoising step) or train.")] = "prefill",
+    layers: Annotated[int | None, typer.Option("--layers", help="Truncate to N blocks.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps per backend.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps per backend first.")] = 1,
+    dtype: common.Dtype = None,
+    batch_size: common.BatchSize = None,
+    seq_len: Annotated[list[str] | None, typer.Option("--seq-len", help="Llama sequence length.")] = None,
+    backend_opt: Annotated[list[str] | None, typer.Option(
+        "--backend-opt", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
+    db: common.Db = None,
+    output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
+    seed: common.Seed = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+) -> None:
+    """Run a model end to end with its attention swapped to each backend (first = baseline)."""
+    cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
+                       backend_opt)
+    if output is not None:
+        try:
+            export.format_for(output)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    from attnbench.models import dit
+    if cfg.model in dit.PRESETS and (reason := dit.unavailable_reason(cfg.model)):
+        raise UserError(f"--model {cfg.model}: {reason}")
+    env = envmod.collect(cfg.device)
+    env_id = envmod.env_id(env)
+    run_id = new_run_id()
+    path = Path(db or DEFAULT_DB)
+    with ResultStore(path) as store:
+        store.add_env(env_id, env)
+        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]),
+                        config={k: v for k, v in vars(cfg).items()}, env_id=env_id, version=attnbench.__version__)
+        status = "interrupted"
+        try:
+            records = run_e2e(cfg, run_id=run_id, env_id=env_id, sink=store.write)
+            status = "done"
+        finally:
+            store.finish_run(run_id, status)
+    if output is not None:
+        export.write(records, output)
+    if not quiet:
+        layers_txt = f", {cfg.layers} layers" if cfg.layers else ""
+        common.console.print(e2e_table(records, f"{cfg.model} {cfg.mode}{layers_txt} on {cfg.device}: "
+                                                f"median of {cfg.steps} steps, seconds per step"))
+        common.console.print(f"results in {path}" + (f" and {output}" if output else ""), highlight=False)

@@ -1,0 +1,99 @@
+"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --trace, --cooldown, and --profiler nsys."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.timing import TIMING_MODES, TimingConfig
+
+PROFILERS = ("none", "torch", "ncu", "nsys", "rocprof")
+
+
+def _mode(timing: str, profiler: str, explicit_timing: bool) -> str:
+    if profiler == "torch":
+        if explicit_timing and timing != "profiler" and timing != "events":
+            raise UserError(f"--profiler torch is --timing profiler; it cannot be combined with --timing {timing}")
+        return "profiler"
+    if profiler in ("ncu", "rocprof"):
+        if explicit_timing and timing != "events":
+            raise UserError(f"--profiler {profiler} times kernels itself; drop --timing {timing}")
+        return profiler
+    return timing
+
+
+def _check_tools(profiler: str) -> None:
+    if profiler == "nsys":
+        from attnbench.timing.nsys import find_nsys
+        if find_nsys() is None:
+            raise UserError("--profiler nsys: nsys (Nsight Systems) is not installed or not on PATH; install it, "
+                            "or use --profiler torch or --profiler ncu")
+    if profiler in ("ncu", "rocprof"):
+        from attnbench.timing.external import TOOLS, find_tool
+        if find_tool(profiler) is None:
+            raise UserError(f"--profiler {profiler}: {TOOLS[profiler]} is not installed or not on PATH")
+
+
+def _nonneg(value, name: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (number >= 0 and math.isfinite(number)):
+        raise UserError(f"bad {name} {value!r}: expected a number >= 0")
+    return number
+
+
+def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
+    """TimingConfig and profiler name from the merged options; UserError for anything invalid."""
+    timing = str(opts.get("timing") or "events").lower()
+    profiler = str(opts.get("profiler") or "none").lower()
+    if timing not in TIMING_MODES:
+        raise UserError(f"bad --timing {timing!r}; allowed: {', '.join(TIMING_MODES)}")
+    if profiler not in PROFILERS:
+        raise UserError(f"bad --profiler {profiler!r}; allowed: {', '.join(PROFILERS)}")
+    mode = _mode(timing, profiler, opts.get("timing") is not None)
+    _check_tools(profiler)
+    if device == "cpu" and (mode != "events" or profiler != "none"):
+        what = f"--profiler {profiler}" if profiler != "none" else f"--timing {timing}"
+        raise UserError(f"{what} needs a CUDA/ROCm device; on CPU attnbench times with perf_counter")
+    cpu = device == "cpu"
+    try:
+        config = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
+                              repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
+                              cold_l2=not opts.get("warm_l2", False), mode=mode,
+                              min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return config, profiler
+
+
+def run_options(opts: dict) -> dict:
+    """RunOptions fields for --trace and --cooldown."""
+    trace = opts.get("trace")
+    return {"trace_dir": str(trace) if trace else None, "cooldown_s": _nonneg(opts.get("cooldown"), "--cooldown") or 0.0}
+
+
+def run_nsys(db: Path) -> None:
+    """Re-run this very command under nsys and print the time spent in each NVTX range."""
+    from attnbench.timing.nsys import run_under_nsys
+    out_dir = db.parent / "nsys" / time.strftime("%Y%m%d-%H%M%S")
+    try:
+        rows, report = run_under_nsys(sys.argv[1:], out_dir)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise UserError(f"--profiler nsys: {exc}") from None
+    table = Table(title=f"time per NVTX range (nsys, {report})", header_style="bold")
+    for col in ("range", "instances", "GPU total ms", "GPU avg ms", "range avg ms"):
+        table.add_column(col, justify="left" if col == "range" else "right")
+    for r in rows:
+        table.add_row(r["range"], str(r["instances"]), *("-" if r[k] is None else f"{r[k]:.3f}"
+                                                       for k in ("gpu_total_ms", "gpu_avg_ms", "range_avg_ms")))
+    common.console.print(table)

@@ -1,0 +1,308 @@
+"""One context-parallel case on every rank: shard, check against one device, time, aggregate on rank 0.
+
+Check. Every rank draws the same seeded full inputs, runs the method on its shard, and compares its
+out, dq, dk, dv with (a) the same local kernel on the full inputs on one device (the non-distributed
+result, sharded the same way: the printed diffs) and (b) the exact result (fp64 on CPU, fp32 with
+TF32 off on GPUs). Verdict per tensor: pass if
+
+    max|distributed - exact| <= K * max|single device - exact| + 2 * eps(dtype) * max|exact|,  K = 2.5
+
+The distributed result rounds each block's partial output and gradients to the input dtype before
+the fp32 merge (the kernels return bf16 blocks), so it carries up to world-size extra roundings;
+independent roundings grow like sqrt(N), which K = 2.5 covers up to about 4-6 blocks per rank and a
+merge bug (errors of the order of the values themselves) never passes. The floor, two roundings at
+the tensor's largest value, keeps a single-device kernel that happens to be nearly exact (fp32/fp64
+math) from making the bound smaller than the rounding of the merge itself.
+
+Timing. ``timing.measure`` on each rank (CUDA events or perf_counter), then an element-wise all_reduce
+MAX over ranks: the latency of an iteration is that of its slowest rank. Peak memory is the largest
+``max_memory_allocated`` over ranks while only the shards are resident (full inputs freed first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from attnbench import metrics
+from attnbench.distributed import layout as lay
+from attnbench.distributed import peers
+from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
+from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
+from attnbench.distributed.ring import ring_attention
+from attnbench.distributed.ulysses import check_heads, ulysses_attention
+from attnbench.distributed.usp import make_mesh, usp_attention
+from attnbench.inputs import make_inputs
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig, measure, summarize
+
+METHODS = ("ring", "zigzag", "ulysses", "usp", "torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
+VERDICT_K = 2.5
+FLOOR_ULPS = 2
+FAIL_RANK_ENV = "ATTNBENCH_DIST_FAIL_RANK"  # fault injection for testing the failure path
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistContext:
+    """This process's place in the job."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Method:
+    """A ready-to-call context-parallel attention and the layout its shards are in."""
+
+    name: str
+    fn: object
+    """(q, k, v) local bshd shards -> local output shard (differentiable)."""
+    layout: str
+    ulysses_degree: int = 1
+    context: object = None
+    """Factory of a context manager the calls must run inside (torch-cp), or None."""
+    info: dict = field(default_factory=dict)
+
+
+class MethodUnavailable(RuntimeError):
+    """The method cannot run in this job; the message says why (recorded as unsupported)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> DistContext:
+    """Join the torchrun job (or make a one-process one); NCCL on GPUs, gloo on CPU."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if "RANK" not in os.environ:  # plain `attnbench dist`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    backend = "nccl" if use_cuda else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    ctx = DistContext(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank, device=dev,
+                      backend=backend)
+    if os.environ.get(FAIL_RANK_ENV) == str(ctx.rank):
+        raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={ctx.rank})")
+    return ctx
+
+
+def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, *, ulysses_degree: int | None,
+                 comm: str = "p2p") -> Method:
+    """The method ``name`` for this case; ValueError for a bad case, MethodUnavailable for a missing peer."""
+    causal, scale, seq = spec.causal, spec.softmax_scale, spec.seqlens_q[0]
+    if name in ("ring", "zigzag", "rfa-ring", "rfa-zigzag"):
+        layout = "zigzag" if name.endswith("zigzag") else "contiguous"
+        lay.check_seq_len(seq, layout, ctx.world, what=f"{name}: {'2 x ' if layout == 'zigzag' else ''}world size")
+        if name.startswith("rfa"):
+            return _peer(name, peers.ring_flash_attn, layout, zigzag=layout == "zigzag", causal=causal, scale=scale,
+                         device=ctx.device)
+        kernel = get_kernel(kernel_name)
+        fn = _wrap(ring_attention, kernel=kernel, causal=causal, scale=scale, layout=layout, comm=comm)
+        return Method(name=name, fn=fn, layout=layout, info={"ring_comm": comm})
+    if name == "ulysses":
+        check_heads(spec.heads_q, spec.heads_kv, ctx.world)
+        lay.check_seq_len(seq, "contiguous", ctx.world, what="ulysses: world size")
+        fn = _wrap(ulysses_attention, kernel=get_kernel(kernel_name), causal=causal, scale=scale)
+        return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1)
+    if name in ("usp", "yunchang"):
+        u = ulysses_degree or _default_ulysses(ctx.world, spec)
+        check_heads(spec.heads_q, spec.heads_kv, u)
+        layout = "zigzag" if causal else "contiguous"
+        lay.check_seq_len(seq, layout, ctx.world, u, what=f"{name} {u}x{ctx.world // u}")
+        if name == "yunchang":
+            return _peer(name, peers.yunchang_usp, layout, u, ulysses_degree=u, causal=causal, scale=scale,
+                         device=ctx.device)
+        mesh = make_mesh(u)
+        fn = _wrap(usp_attention, kernel=get_kernel(kernel_name), causal=causal, scale=scale, mesh=mesh, comm=comm)
+        return Method(name=name, fn=fn, layout=layout, ulysses_degree=u,
+                      info={"ulysses_degree": u, "ring_degree": mesh.ring_degree, "ring_comm": comm})
+    if name == "torch-cp":
+        layout = "zigzag" if causal else "contiguous"
+        lay.check_seq_len(seq, layout, ctx.world, what="torch-cp")
+        fn, context, info = _call_peer(peers.torch_cp, kernel_name=kernel_name, causal=causal, scale=scale,
+                                       seq_len=seq, device=ctx.device, world=ctx.world)
+        return Method(name=name, fn=fn, layout=layout, context=context, info=info)
+    raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHODS)}")
+
+
+def _wrap(attn, **kwargs):
+    def fn(q, k, v):
+        return attn(q, k, v, **kwargs)
+    return fn
+
+
+def _call_peer(factory, **kwargs):
+    try:
+        return factory(**kwargs)
+    except peers.PeerUnavailable as exc:
+        raise MethodUnavailable(str(exc)) from None
+
+
+def _peer(name, factory, layout, ulysses_degree=1, **kwargs) -> Method:
+    fn, context, info = _call_peer(factory, **kwargs)
+    return Method(name=name, fn=fn, layout=layout, ulysses_degree=ulysses_degree, context=context, info=info)
+
+
+def _default_ulysses(world: int, spec: AttnSpec) -> int:
+    """Largest divisor of the world size that divides both head counts, at most 8 (one node)."""
+    return max(u for u in range(1, min(world, 8) + 1)
+               if world % u == 0 and spec.heads_q % u == 0 and spec.heads_kv % u == 0)
+
+
+def kernel_for(name: str, spec: AttnSpec, device: torch.device) -> LocalKernel:
+    """The local kernel, refused (KernelUnavailable) if it cannot run this dtype on this device."""
+    kernel = get_kernel(name)
+    reason = kernel.reason(device, spec.dtype)
+    if reason:
+        raise KernelUnavailable(reason)
+    return kernel
+
+
+# ---- check -------------------------------------------------------------------------------------
+def shard_inputs(inputs, idx: torch.Tensor) -> list[torch.Tensor]:
+    return [lay.shard(t, idx) for t in (inputs.q, inputs.k, inputs.v, inputs.dout)]
+
+
+def distributed_result(method: Method, q, k, v, dout) -> dict:
+    """out, dq, dk, dv of the method on local shards."""
+    ql, kl, vl = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = method.fn(ql, kl, vl)
+    dq, dk, dv = torch.autograd.grad(out, (ql, kl, vl), dout)
+    return {"out": out.detach(), "dq": dq, "dk": dk, "dv": dv}
+
+
+def check_rank(method: Method, kernel: LocalKernel | None, spec: AttnSpec, inputs, idx) -> dict:
+    """Per-tensor errors of this rank's shard: vs the single-device result and vs the exact one."""
+    q, k, v, dout = shard_inputs(inputs, idx)
+    got = distributed_result(method, q, k, v, dout)
+    full = (inputs.q, inputs.k, inputs.v, inputs.dout)
+    exact = exact_attention(*full, causal=spec.causal, scale=spec.softmax_scale)
+    if kernel is not None:
+        ref = single_device(*full, kernel=kernel, causal=spec.causal, scale=spec.softmax_scale)
+    else:  # a peer with its own kernel: compare with the exact result rounded to the dtype
+        ref = {n: t.to(spec.torch_dtype) for n, t in exact.items()}
+    eps = torch.finfo(spec.torch_dtype).eps
+    result = {}
+    for name in TENSORS:
+        ref_s, exact_s = lay.shard(ref[name], idx), lay.shard(exact[name], idx)
+        mx, mean = max_mean(got[name], ref_s)
+        dist_err, ref_err = max_mean(got[name], exact_s)[0], max_mean(ref_s, exact_s)[0]
+        bound = VERDICT_K * ref_err + FLOOR_ULPS * eps * float(exact_s.abs().max())
+        result[name] = {"max": mx, "mean": mean, "err_vs_exact": dist_err, "single_err_vs_exact": ref_err,
+                        "bound": bound, "pass": dist_err <= bound}
+    return result
+
+
+# ---- timing ------------------------------------------------------------------------------------
+def timed_closure(method: Method, shards: list[torch.Tensor], pass_: str):
+    q, k, v, dout = shards
+    if pass_ == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return method.fn(q, k, v)
+        return fwd
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+    def fwd_bwd():
+        for t in leaves:
+            t.grad = None
+        method.fn(*leaves).backward(dout)
+    return fwd_bwd
+
+
+def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float], int | None]:
+    """Per-iteration max-over-ranks samples (ms) and the max-over-ranks peak allocated bytes."""
+    cuda = ctx.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(ctx.device)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    dist.barrier()
+    samples = measure(fn, timing, ctx.device)
+    peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
+    buf = torch.tensor([*samples, float(peak)], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    values = buf.tolist()
+    return values[:-1], (int(values[-1]) if cuda else None)
+
+
+@dataclass(kw_only=True)
+class CaseResult:
+    """Everything rank 0 needs to print and record one (spec, method) case."""
+
+    spec: AttnSpec
+    method: str
+    kernel: str
+    status: str = "ok"
+    reason: str | None = None
+    per_rank: list[dict] | None = None
+    stats: dict | None = None
+    samples: list[float] = field(default_factory=list)
+    peak_bytes: int | None = None
+    tflops_per_device: float | None = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str | None:
+        if not self.per_rank:
+            return None
+        return "pass" if all(t["pass"] for r in self.per_rank for t in r.values()) else "fail"
+
+
+def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContext, *, timing: TimingConfig,
+             check: bool = True, ulysses_degree: int | None = None, comm: str = "p2p", seed: int = 0,
+             convention: str = "exact") -> CaseResult:
+    """Check and time one case on every rank; the result is complete on rank 0."""
+    result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
+    peer = method_name in ("rfa-ring", "rfa-zigzag", "yunchang")
+    try:
+        kernel = None if peer else kernel_for(kernel_name, spec, ctx.device)
+        method = build_method(method_name, kernel_name, spec, ctx, ulysses_degree=ulysses_degree, comm=comm)
+    except (MethodUnavailable, ValueError) as exc:  # every rank reaches the same decision
+        result.status, result.reason = "unsupported", str(exc)
+        return result
+    result.info = {"method": method_name, "kernel": kernel_name, "world_size": ctx.world, "layout": method.layout,
+                   "backend": ctx.backend, **method.info}
+    idx = lay.positions(spec.seqlens_q[0], method.layout, ctx.rank, ctx.world, method.ulysses_degree)
+    inputs = make_inputs(spec, ctx.device, seed)
+    with method.context() if method.context else contextlib.nullcontext():
+        if check:
+            mine = check_rank(method, kernel, spec, inputs, idx)
+            gathered = [None] * ctx.world
+            dist.all_gather_object(gathered, mine)
+            result.per_rank = gathered
+        shards = shard_inputs(inputs, idx)
+        del inputs
+        _free(ctx.device)
+        samples, result.peak_bytes = time_method(timed_closure(method, shards, spec.pass_), timing, ctx)
+    result.samples, result.stats = samples, summarize(samples)
+    flop = metrics.flops(spec, convention=convention) / ctx.world
+    result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])
+    if result.verdict == "fail":
+        result.status, result.reason = "mismatch", "distributed result outside the verdict bound on some rank"
+    return result
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""End-to-end models with swappable attention: a Llama-style LLM, diffusers DiTs, and the swap itself."""

@@ -1,0 +1,234 @@
+"""End-to-end model benchmark: one model, its attention swapped per backend, timed as a whole.
+
+For each backend: warm-up steps, then ``steps`` timed steps (a step = one prefill forward or one
+denoising step; ``train`` adds the loss and backward). Total step time: CUDA events around each step
+(perf_counter on CPU). Attention time: the swap's events around every attention call (forward and,
+in training, backward). Output deviation: cosine and rel-L1 of the step's output against the first
+(default) backend's, in fp32 with fp64 sums. One Record per backend, in the same store as kernel runs: ``spec`` is
+the model's (most frequent) attention call, ``median_ms`` the step, and ``info["e2e"]`` the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench import metrics
+from attnbench.backends.base import BackendUnavailable
+from attnbench.models import dit, llama
+from attnbench.models.swap import AttnSwap, nvtx_range
+from attnbench.results.record import Record
+from attnbench.spec import DTYPES, AttnSpec
+from attnbench.timing import summarize
+
+log = logging.getLogger(__name__)
+
+MODES = ("prefill", "train")
+LLAMA_DEFAULTS = {"llama3-8b": (1, 8192), "llama-tiny": (2, 64)}  # (batch, sequence length)
+
+
+def model_names() -> list[str]:
+    return [*llama.CONFIGS, *dit.PRESETS]
+
+
+@dataclass(frozen=True, kw_only=True)
+class E2EConfig:
+    """What to run end to end."""
+
+    model: str
+    """A Llama config (llama.CONFIGS) or a DiT preset (dit.PRESETS)."""
+    backends: tuple[str, ...]
+    """Backends to swap in; the first is the reference for speedup and deviation."""
+    device: str = "cpu"
+    """cpu, cuda or cuda:N."""
+    mode: str = "prefill"
+    """prefill (forward / one denoising step) or train (forward + loss + backward)."""
+    layers: int | None = None
+    """Truncate the model to this many blocks; None = all."""
+    steps: int = 3
+    """Timed steps per backend."""
+    warmup: int = 1
+    """Untimed steps per backend before timing (compilation, autotuning)."""
+    dtype: str | None = None
+    """Compute dtype; None = the model's default (Llama bf16, CogVideoX fp16, Wan bf16)."""
+    batch: int | None = None
+    """Llama batch; None = the config's default."""
+    seq_len: int | None = None
+    """Llama sequence length; None = the config's default."""
+    seed: int = 0
+    """Seed of weights and inputs."""
+
+    def __post_init__(self) -> None:
+        if self.model not in model_names():
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(model_names())}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
+        if not self.backends:
+            raise ValueError("give at least one backend")
+        for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, 0), ("layers", self.layers, 1),
+                                 ("batch", self.batch, 1), ("seq_len", self.seq_len, 2)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass
+class Workload:
+    """A built model and its step."""
+
+    step: Callable[[], torch.Tensor]
+    """One step; returns the forward output (detached)."""
+    expected_calls: int
+    """Attention calls per step if every call is routed."""
+    dtype: torch.dtype
+
+
+def build_workload(cfg: E2EConfig) -> Workload:
+    """Build the model with random weights and its seeded inputs on ``cfg.device``."""
+    dtype = DTYPES[cfg.dtype] if cfg.dtype else None
+    train = cfg.mode == "train"
+    if cfg.model in llama.CONFIGS:
+        batch, seq = LLAMA_DEFAULTS.get(cfg.model, (1, 2048))
+        batch, seq = cfg.batch or batch, cfg.seq_len or seq
+        model = llama.build_llama(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype or torch.bfloat16,
+                                  seed=cfg.seed, max_seq_len=max(seq, 2))
+        tokens = llama.random_tokens(batch, seq + int(train), model.cfg.vocab_size, cfg.device, cfg.seed + 1)
+
+        def forward():
+            return model(tokens[:, :-1] if train else tokens)
+
+        def loss_of(out):
+            return torch.nn.functional.cross_entropy(out.float().flatten(0, 1), tokens[:, 1:].flatten())
+        calls = model.cfg.n_layers
+        dtype = dtype or torch.bfloat16
+    else:
+        model, inputs = dit.build_dit(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype, seed=cfg.seed)
+        dtype = inputs["hidden_states"].dtype
+
+        def forward():
+            return dit.forward(model, inputs)
+
+        def loss_of(out):
+            return out.float().square().mean()
+        calls = dit.expected_calls(cfg.model, cfg.layers)
+    model.requires_grad_(train)
+
+    def step() -> torch.Tensor:
+        if not train:
+            with torch.no_grad():
+                return forward()
+        model.zero_grad(set_to_none=True)
+        out = forward()
+        loss_of(out).backward()
+        return out.detach()
+    return Workload(step=step, expected_calls=calls, dtype=dtype)
+
+
+def deviation(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(cosine similarity, rel-L1 = sum|out - ref| / sum|ref|) in fp32 with fp64 sums."""
+    a, b = out.float().flatten(), ref.float().flatten()
+    f64 = torch.float64
+    dot, na, nb = (a * b).sum(dtype=f64), a.square().sum(dtype=f64), b.square().sum(dtype=f64)
+    cos = (dot / (na.sqrt() * nb.sqrt()).clamp_min(1e-300)).item()
+    rel_l1 = ((a - b).abs().sum(dtype=f64) / b.abs().sum(dtype=f64).clamp_min(1e-300)).item()
+    return cos, rel_l1
+
+
+def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> tuple[list[float], torch.Tensor]:
+    cuda = device.type == "cuda"
+    samples, first = [], None
+    swap.reset()
+    for i in range(steps):
+        with nvtx_range(f"step{i}", cuda and swap.nvtx_wanted):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = step()
+                end.record()
+                torch.cuda.synchronize(device)
+                samples.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                out = step()
+                samples.append((time.perf_counter() - t0) * 1e3)
+        if first is None:
+            first = out
+        del out
+    return samples, first
+
+
+def run_e2e(cfg: E2EConfig, *, run_id: str, env_id: str | None = None,
+            sink: Callable[[Record], None] = lambda r: None, workload: Workload | None = None) -> list[Record]:
+    """Run every backend of ``cfg`` on one model; each Record goes to ``sink`` as soon as it exists."""
+    device = torch.device(cfg.device)
+    work = workload or build_workload(cfg)
+    records, ref_out, ref_ms = [], None, None
+    for name in cfg.backends:
+        record, out = _run_backend(cfg, name, work, device, run_id, env_id)
+        if out is not None:
+            e2e = record.info["e2e"]
+            if ref_out is None:
+                ref_out, ref_ms = out, record.median_ms
+            e2e["cosine"], e2e["rel_l1"] = deviation(out, ref_out)
+            e2e["speedup"] = ref_ms / record.median_ms if record.median_ms else None
+            e2e["reference_backend"] = cfg.backends[0]
+        del out
+        sink(record)
+        records.append(record)
+    return records
+
+
+def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device, run_id: str,
+                 env_id: str | None) -> tuple[Record, torch.Tensor | None]:
+    pass_ = "fwd_bwd" if cfg.mode == "train" else "fwd"
+    base = dict(run_id=run_id, backend=name, timing_mode="e2e", device=str(device), env_id=env_id, seed=cfg.seed)
+    e2e: dict = {"model": cfg.model, "mode": cfg.mode, "layers": cfg.layers, "steps": cfg.steps}
+    swap = None
+    try:
+        swap = AttnSwap(name, timed=True)
+        with swap:
+            for _ in range(cfg.warmup):
+                work.step()
+            samples, out = _time_steps(work.step, cfg.steps, device, swap)
+            fwd_ms, bwd_ms = swap.attention_ms()
+    except BackendUnavailable as exc:
+        return Record(spec=_spec(swap, pass_), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None
+    except torch.OutOfMemoryError as exc:
+        return Record(spec=_spec(swap, pass_), status="oom", reason=str(exc).splitlines()[0][:400],
+                      info={"e2e": e2e}, **base), None
+    except Exception as exc:  # a failing backend is a result, not the end of the comparison
+        log.debug("e2e backend %s failed", name, exc_info=True)
+        reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:400]}"
+        return Record(spec=_spec(swap, pass_), status="error", reason=reason, info={"e2e": e2e}, **base), None
+    stats = summarize(samples)
+    total = stats["median_ms"]
+    attn_ms = (fwd_ms + bwd_ms) / cfg.steps
+    calls = swap.calls / cfg.steps
+    spec = _spec(swap, pass_)
+    attn_flop = sum(metrics.flops(s, pass_) * n for s, n in swap.shapes.items()) / cfg.steps
+    e2e.update(total_ms=total, attn_ms=attn_ms, attn_fwd_ms=fwd_ms / cfg.steps, attn_bwd_ms=bwd_ms / cfg.steps,
+               attn_share=attn_ms / total if total else None, calls=calls, expected_calls=work.expected_calls,
+               unrouted=swap.unrouted / cfg.steps, functional=swap.how,
+               attn_tflops=metrics.tflops_per_s(attn_flop, attn_ms), shapes=len(swap.shapes))
+    status, reason = "ok", None
+    if swap.unrouted or calls != work.expected_calls:
+        status, reason = "error", (f"{swap.unrouted / cfg.steps:g} attention calls per step bypassed the swap; "
+                                   f"{calls:g} routed of {work.expected_calls} expected")
+    info = swap.backend.base_info() | {"e2e": e2e}
+    nan = not bool(torch.isfinite(out).all())
+    if nan:
+        status, reason = "nan", "non-finite values in the model output"
+    return Record(spec=spec, status=status, reason=reason, info=info, samples_ms=samples, **stats,
+                  iters_per_s=1e3 / total if total else None, **base), (None if nan else out)
+
+
+def _spec(swap: AttnSwap | None, pass_: str) -> AttnSpec:
+    """The most frequent attention call of the run (a placeholder spec when nothing was called)."""
+    if swap is not None and swap.shapes:
+        return swap.shapes.most_common(1)[0][0].replace(pass_=pass_)
+    if swap is not None and swap.last_spec is not None:
+        return swap.last_spec.replace(pass_=pass_)
+    return AttnSpec(batch=1, seqlens_q=(1,), heads_q=1, head_dim=1, dtype="fp32", pass_=pass_)

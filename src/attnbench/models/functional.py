@@ -1,0 +1,119 @@
+"""Backends as plain attention functions, for models that call attention with their own tensors.
+
+``Backend.prepare`` builds a zero-argument closure over fixed inputs, which is what kernel timing
+needs. A model calls attention with new tensors every layer, so the swap needs the *function* a
+backend wraps: ``functional(backend, spec)`` returns ``fn(q_bshd, k_bshd, v_bshd) -> out_bshd`` for
+calls shaped like ``spec``, differentiable where the backend has a backward.
+
+How the function is found, in order:
+
+1. The backend defines the optional method ``functional(spec)`` (same contract as above). This is the
+   clean extension point for adapters: the forward they already build inside ``prepare``, without the
+   closure over fixed inputs. ``flex-sparse`` implements it.
+2. The torch-only built-ins (``naive``, ``sdpa-*``) are built here from their module-level pieces, so
+   their adapter files stay as they are.
+3. Any other backend falls back to ``prepare`` on every call (forward only, no gradients): correct,
+   but the backend's preparation lands inside the timed attention region; the e2e record says so
+   (``info["e2e"]["functional"] == "prepare-per-call"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.backends import registry
+from attnbench.backends.base import Backend, BackendUnavailable, expand_kv_heads
+from attnbench.inputs import AttnInputs
+from attnbench.spec import AttnSpec, normalize_dtype
+
+# Captured at import, before any swap patches F: the swap's own SDPA kernels must never route to itself.
+ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+BshdFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+SDPA_KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+                "sdpa-cudnn": "CUDNN_ATTENTION"}
+
+
+def call_spec(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, *, causal: bool,
+              scale: float | None, needs_grad: bool) -> AttnSpec:
+    """The AttnSpec of one model attention call on (B, H, S, D) tensors."""
+    return AttnSpec(batch=q_bhsd.shape[0], seqlens_q=(q_bhsd.shape[2],), seqlens_k=(k_bhsd.shape[2],),
+                    heads_q=q_bhsd.shape[1], heads_kv=k_bhsd.shape[1], head_dim=q_bhsd.shape[3],
+                    head_dim_v=v_bhsd.shape[3], dtype=normalize_dtype(str(q_bhsd.dtype).removeprefix("torch.")),
+                    causal=causal, scale=scale, layout="bhsd", pass_="fwd_bwd" if needs_grad else "fwd")
+
+
+def functional(backend: str | Backend, spec: AttnSpec, device: str | torch.device) -> tuple[BshdFn, str]:
+    """``(fn, how)``: the attention function of ``backend`` for calls like ``spec`` and which path built it.
+
+    Raises BackendUnavailable with the backend's own reason when it cannot run ``spec`` on ``device``.
+    """
+    if isinstance(backend, str):
+        backend = registry.get(backend)
+    reason = backend.supports(spec, device)
+    if reason:
+        raise BackendUnavailable(f"{backend.name}: {reason}")
+    if callable(getattr(backend, "functional", None)):
+        return backend.functional(spec), "backend.functional"
+    if backend.name == "naive":
+        return _naive(spec), "builtin"
+    if backend.name in SDPA_KERNELS:
+        return _sdpa(SDPA_KERNELS[backend.name], spec), "builtin"
+    if spec.pass_ != "fwd":
+        raise BackendUnavailable(f"{backend.name}: no functional form (Backend.functional), so no gradients "
+                                 "through the model; use --mode prefill")
+    return _via_prepare(backend, spec), "prepare-per-call"
+
+
+def _naive(spec: AttnSpec) -> BshdFn:
+    from attnbench.backends.naive import naive_attention
+
+    def fn(q, k, v):
+        return naive_attention(q, k, v, causal=spec.causal, window=None, scale=spec.softmax_scale)
+    return fn
+
+
+def _sdpa(kernel: str, spec: AttnSpec) -> BshdFn:
+    """One forced SDPA kernel; GQA native where the kernel takes it, else K/V heads expanded."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, kernel)
+    groups = spec.heads_q // spec.heads_kv
+    sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+    mask, is_causal = None, spec.causal and sq == sk
+    state = {"native_gqa": groups > 1}
+
+    def call(q, k, v, native_gqa: bool):
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if groups > 1 and not native_gqa:
+            k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
+        attn_mask = mask
+        if spec.causal and sq != sk:
+            from torch.nn.attention.bias import causal_lower_right
+            attn_mask = causal_lower_right(sq, sk)
+        kw = {"enable_gqa": True} if native_gqa and groups > 1 else {}
+        with sdpa_kernel([backend]):
+            out = ORIGINAL_SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=spec.softmax_scale, **kw)
+        return out.transpose(1, 2)
+
+    def fn(q, k, v):
+        if state["native_gqa"]:
+            try:
+                return call(q, k, v, True)
+            except RuntimeError:  # this kernel has no native GQA in this torch: expand from now on
+                state["native_gqa"] = False
+        return call(q, k, v, False)
+    return fn
+
+
+def _via_prepare(backend: Backend, spec: AttnSpec) -> BshdFn:
+    """Forward through ``prepare`` on every call (backends without a functional form)."""
+    prep_spec = spec.replace(layout="bshd")
+
+    def fn(q, k, v):
+        inputs = AttnInputs(q=q, k=k, v=v, dout=q.new_empty(0), max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
+        return backend.prepare(prep_spec, inputs).fn().out
+    return fn

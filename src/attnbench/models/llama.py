@@ -1,0 +1,184 @@
+"""A Llama-3-style decoder in one readable file: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Random (seeded) weights, no downloads. Used for prefill (a forward over a whole prompt) and a
+training step (next-token cross-entropy + backward). Attention goes through the one swap point,
+``attnbench.models.swap.attention``, so ``AttnSwap`` decides which kernel runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnbench.models import swap
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaConfig:
+    """Shape of the model."""
+
+    n_layers: int
+    """Decoder blocks."""
+    dim: int
+    """Model (residual) width."""
+    n_heads: int
+    """Query heads; head size = dim / n_heads."""
+    n_kv_heads: int
+    """Key/value heads (GQA when fewer than n_heads)."""
+    ffn_dim: int
+    """Hidden width of the SwiGLU MLP."""
+    vocab_size: int
+    """Token vocabulary."""
+    rope_theta: float = 500000.0
+    """RoPE base frequency (Llama 3)."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    max_seq_len: int = 8192
+    """Longest sequence the RoPE table covers."""
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"dim ({self.dim}) must divide by n_heads ({self.n_heads}) and n_heads by "
+                             f"n_kv_heads ({self.n_kv_heads})")
+        if self.n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+CONFIGS: dict[str, LlamaConfig] = {
+    "llama3-8b": LlamaConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256),
+    "llama-tiny": LlamaConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=257,
+                              max_seq_len=1024),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_table(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
+    """(max_seq_len, head_dim / 2, 2) cos and sin of each position and frequency, fp32."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), freqs)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x_bshd: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs of x (B, S, H, D) by the angles of positions 0..S-1."""
+    x = x_bshd.float().unflatten(-1, (-1, 2))
+    cos, sin = table[: x.shape[1], None, :, 0], table[: x.shape[1], None, :, 1]
+    out = torch.stack([x[..., 0] * cos - x[..., 1] * sin, x[..., 1] * cos + x[..., 0] * sin], dim=-1)
+    return out.flatten(-2).type_as(x_bshd)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
+        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
+        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
+        out_bhsd = swap.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return self.wo(out_bhsd.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps), RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention, self.feed_forward = Attention(cfg), FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Token ids (B, S) -> logits (B, S, vocab)."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("rope", rope_table(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+        x = self.tok_embeddings(tokens)
+        for i, layer in enumerate(self.layers):
+            with swap.nvtx_range(f"layer{i}", x.is_cuda):
+                x = layer(x, self.rope)
+        return self.output(self.norm(x))
+
+
+def train_loss(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy (fp32) of a batch of token ids (B, S)."""
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+
+
+def build_llama(name: str, *, layers: int | None = None, device: str | torch.device = "cpu",
+                dtype: torch.dtype = torch.bfloat16, seed: int = 0, max_seq_len: int | None = None) -> Llama:
+    """Model ``name`` from CONFIGS with seeded N(0, 0.02) weights (RMSNorm weights 1), on ``device``."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
+    cfg = CONFIGS[name]
+    changes = {k: v for k, v in (("n_layers", layers), ("max_seq_len", max_seq_len)) if v is not None}
+    cfg = dataclasses.replace(cfg, **changes)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build in the compute dtype: no fp32 copy of an 8B model
+    try:
+        with torch.device(device):
+            model = Llama(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if not pname.endswith("norm.weight"):
+                nn.init.normal_(p, std=0.02, generator=gen)
+    return model
+
+
+def random_tokens(batch: int, seq_len: int, vocab_size: int, device, seed: int = 0) -> torch.Tensor:
+    """Seeded token ids (B, S)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, seq_len), generator=gen, device=device)

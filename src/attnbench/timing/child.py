@@ -1,0 +1,60 @@
+"""Run cases' closures under an external profiler: ``python -m attnbench.timing.child JOB.json``.
+
+The parent (``external.py``) writes a job file: device, seed, warm-up, whether to flush the L2, and
+a list of cases (spec, backend name, calls). For each case the child prepares the backend and warms
+up outside any range, then launches the marked sequence (``marked.py``) inside the NVTX/roctx range
+``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range. It
+writes what each backend reported (``Prepared.info``) or why it failed to the job's result file.
+Nothing is printed on stdout: the profiler's report goes there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def run_job(job: dict) -> list[dict]:
+    from attnbench.backends import registry
+    from attnbench.inputs import make_inputs
+    from attnbench.spec import AttnSpec
+    from attnbench.timing.events import L2Flusher
+    from attnbench.timing.marked import TIMED_RANGE, Marker, launch_marked
+    from attnbench.timing.nvtx import nvtx_range
+
+    device = torch.device(job["device"])
+    flush = L2Flusher(device) if job.get("cold_l2") else None
+    marker = Marker(device)
+    results = []
+    for case in job["cases"]:
+        spec = AttnSpec.from_dict(case["spec"])
+        backend = registry.get(case["backend"])
+        inputs = make_inputs(spec, device, job.get("seed", 0))
+        prepared = backend.prepare(spec, inputs)
+        for _ in range(max(1, job.get("warmup", 1))):
+            prepared.fn()
+        torch.cuda.synchronize(device)
+        with nvtx_range(TIMED_RANGE, device):
+            launch_marked(prepared.fn, case["iterations"], marker, flush)
+            torch.cuda.synchronize(device)
+        results.append({"backend": backend.name, "info": prepared.info})
+        del prepared, inputs
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m attnbench.timing.child JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    results = run_job(job)
+    Path(job["result"]).write_text(json.dumps(results, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

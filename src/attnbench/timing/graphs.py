@@ -1,0 +1,109 @@
+"""CUDA-graph timing for small kernels: many calls captured in one graph, replayed as one launch.
+
+Launch overhead disappears, which is what makes 10-50 us kernels measurable; the price is that the
+L2 cannot be flushed between the calls inside a graph. So the calls rotate over several copies of
+the inputs (each prepared by the backend on its own copy): with enough copies every call reads
+inputs that were evicted by the calls before it. When memory or the copy cap does not allow enough
+copies, the record says the data may have been partly L2-resident (``graph_cold: false``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+from attnbench.timing.events import L2Flusher, time_events
+
+MAX_CALLS_PER_GRAPH = 1000
+
+
+class GraphCaptureError(RuntimeError):
+    """The closure cannot be captured (CPU synchronisation, unsupported op...)."""
+
+
+def copies_for(bytes_per_call: float, l2_bytes: int, *, max_copies: int, copy_bytes: int,
+               free_bytes: int | None = None) -> tuple[int, bool]:
+    """Input copies to rotate and whether that is enough for cold inputs.
+
+    Between two uses of a copy the other copies move (copies - 1) * bytes_per_call through the cache;
+    at least 2x the L2 size evicts it. Extra copies may use at most a quarter of the free memory.
+    """
+    want = max(2, math.ceil(2 * l2_bytes / max(bytes_per_call, 1.0)) + 1)
+    cap = max_copies
+    if free_bytes is not None and copy_bytes > 0:
+        cap = min(cap, max(1, int(free_bytes // 4 // copy_bytes)))
+    n = max(1, min(want, cap))
+    return n, n >= want
+
+
+def clone_inputs(inputs):
+    """A copy of AttnInputs with fresh storage for q, k, v and dout (strides kept)."""
+    return dataclasses.replace(inputs, q=inputs.q.clone(), k=inputs.k.clone(), v=inputs.v.clone(),
+                               dout=inputs.dout.clone())
+
+
+def _warm_on_side_stream(fns: Sequence[Callable[[], object]], rounds: int, device: torch.device) -> None:
+    # Capture needs lazily created handles/workspaces to exist already; warm up off the default stream.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+
+def _capture(fns: Sequence[Callable[[], object]], calls: int, device: torch.device) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fns[i % len(fns)]()
+    except Exception as exc:  # capture refused: report why and let the caller fall back
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            pass
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphCaptureError(f"{type(exc).__name__}: {text}"[:300]) from None
+    return graph
+
+
+def time_graph(fns: Sequence[Callable[[], object]], *, warmup: int, repeat: int, cold_l2: bool,
+               device: torch.device, target_ms: float = 2.0, policy=None) -> tuple[list[float], dict]:
+    """Per-call ms from replays of a graph of many calls rotating over ``fns`` (one per input copy).
+
+    Each replay gives one sample (its time / calls in the graph). ``policy`` (a TimingConfig) decides
+    how many replays; the L2 is flushed before each replay when ``cold_l2``.
+    """
+    from attnbench.timing.config import TimingConfig
+    fns = list(fns)
+    policy = policy or TimingConfig(repeat=repeat)
+    with torch.cuda.device(device):
+        _warm_on_side_stream(fns, max(warmup, 2), device)
+        estimate = statistics.median(time_events(fns[0], warmup=0, repeat=3, cold_l2=cold_l2, device=device))
+        calls = min(MAX_CALLS_PER_GRAPH, max(len(fns), math.ceil(target_ms / max(estimate, 1e-4))))
+        calls = math.ceil(calls / len(fns)) * len(fns)
+        graph = _capture(fns, calls, device)
+        flush = L2Flusher(device) if cold_l2 else None
+        graph.replay()  # first replay uploads the graph
+        torch.cuda.synchronize(device)
+        replay_ms: list[float] = []
+        while (count := policy.samples_wanted(replay_ms, "cuda")) > 0:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(count)]
+            for start, end in events:
+                if flush is not None:
+                    flush()
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize(device)
+            replay_ms += [s.elapsed_time(e) for s, e in events]
+        del graph
+    return [r / calls for r in replay_ms], {"graph_calls": calls, "graph_copies": len(fns)}

@@ -1,0 +1,87 @@
+"""`attnbench dist` end to end on gloo: torchrun output in seed 001's format, records, failures, rejections."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cp_workers import free_port
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+SMALL = ["--device", "cpu", "--seq-lens", "64", "--q-heads", "4", "--kv-heads", "2", "--head-size", "16",
+         "--dtype", "fp32", "--warmup", "0", "--repeat", "2"]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def test_torchrun_two_ranks(tmp_path):
+    db = tmp_path / "r.db"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "attnbench", "dist", "--method", "zigzag,torch-cp", "--kernel", "math", *SMALL, "--causal",
+           "--pass", "fwd_bwd", "--db", str(db)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    for rank in (0, 1):
+        assert f"rank {rank} out (distributed) - out_ref (non-distributed) diff: " in out
+        assert f"Rank[{rank}] max " in out
+    assert "dq diff:" in out and "dk diff:" in out and "dv diff:" in out
+    assert "verdict: pass" in out
+    assert ("| batch_size | seq_len | nheads | head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | "
+            "peak memory(MB/device) | speed(TFLOPS) |") in out
+    assert "| 1 | 64 | 4 | 16 | False |" in out
+    assert out.count("unsupported: torch native context parallel (torch-cp) runs on CUDA only") == 1  # rank 0 prints
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT backend, status, reason, info, accuracy, tflops, median_ms FROM records").fetchall()
+    by_backend = {r[0]: r for r in rows}
+    assert set(by_backend) == {"cp-zigzag:math", "cp-torch-cp:math"}
+    zig = by_backend["cp-zigzag:math"]
+    assert zig[1] == "ok" and zig[5] > 0 and zig[6] > 0
+    info, accuracy = json.loads(zig[3]), json.loads(zig[4])
+    assert info["method"] == "zigzag" and info["world_size"] == 2 and info["layout"] == "zigzag"
+    assert len(info["per_rank_diffs"]) == 2 and set(info["per_rank_diffs"][1]) == {"out", "dq", "dk", "dv"}
+    assert accuracy["verdict"] == "pass" and len(accuracy["per_rank"]) == 2
+    assert by_backend["cp-torch-cp:math"][1] == "unsupported" and "CUDA" in by_backend["cp-torch-cp:math"][2]
+
+
+def test_failing_rank_ends_the_job_without_hanging(tmp_path):
+    port = free_port()
+    procs = []
+    start = time.monotonic()
+    for rank in (0, 1):
+        env = _env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), ATTNBENCH_DIST_FAIL_RANK="1")
+        cmd = [sys.executable, "-m", "attnbench", "dist", "--method", "ring", *SMALL, "--timeout", "10",
+               "--db", str(tmp_path / "f.db")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert time.monotonic() - start < 120
+    assert [p.returncode for p in procs] == [1, 1]
+    assert "attnbench: error: rank 1: RuntimeError: injected failure" in outs[1][1]
+    assert outs[0][1].startswith("attnbench: error: rank 0: ")  # the peer sees the failure and stops too
+    with sqlite3.connect(tmp_path / "f.db") as conn:
+        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 0
+        assert conn.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+
+
+def test_rejects_length_not_divisible_before_starting(tmp_path):
+    db = tmp_path / "r.db"
+    cmd = [sys.executable, "-m", "attnbench", "dist", "--method", "zigzag", *SMALL, "--seq-lens", "66", "--causal",
+           "--db", str(db)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(WORLD_SIZE="2", RANK="0"), timeout=120)
+    assert res.returncode == 2
+    assert "sequence length 66 is not a multiple of 4" in res.stderr and "64 or 68" in res.stderr
+    assert res.stderr.count("\n") == 1  # one line, no traceback
+    assert not db.exists()

@@ -1,0 +1,169 @@
+"""Pieces of context parallelism that need no process group: layouts, merge, kernels, block plans."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from attnbench.distributed import kernels as kmod
+from attnbench.distributed import layout as lay
+from attnbench.distributed.bench import _default_ulysses
+from attnbench.distributed.kernels import KernelUnavailable, get_kernel
+from attnbench.distributed.reference import exact_attention
+from attnbench.distributed.ring import DIAG, FULL, KV_FRONT, Q_BACK, SKIP, block_kind, merge
+from attnbench.distributed.ulysses import check_heads
+from attnbench.spec import AttnSpec
+
+
+def test_zigzag_positions_balance_causal_work():
+    assert lay.positions(8, "zigzag", 0, 2).tolist() == [0, 1, 6, 7]
+    assert lay.positions(8, "zigzag", 1, 2).tolist() == [2, 3, 4, 5]
+    # every rank attends the same number of causal pairs
+    work = [int((lay.positions(64, "zigzag", r, 4) + 1).sum()) for r in range(4)]
+    assert len(set(work)) == 1
+
+
+def test_usp_positions_nest_zigzag_over_ring_then_split_over_ulysses():
+    got = [lay.positions(16, "zigzag", r, 4, ulysses_degree=2).tolist() for r in range(4)]
+    assert got == [[0, 1, 2, 3], [12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_shard_unshard_roundtrip_odd_chunks():
+    x = torch.randn(2, 68, 3, 5)  # zigzag chunks of 17
+    shards = [lay.zigzag_shard(x, r, 2) for r in range(2)]
+    assert shards[0].shape == (2, 34, 3, 5)
+    assert torch.equal(lay.zigzag_unshard(shards), x)
+    idx = [lay.positions(68, "contiguous", r, 4) for r in range(4)]
+    assert torch.equal(lay.unshard([lay.shard(x, i) for i in idx], idx), x)
+
+
+def test_check_seq_len_suggests_neighbours():
+    with pytest.raises(ValueError, match=r"100 is not a multiple of 8 .* 96 or 104"):
+        lay.check_seq_len(100, "zigzag", 4)
+    with pytest.raises(ValueError, match=r"use e.g. 4"):
+        lay.check_seq_len(3, "contiguous", 4)
+    lay.check_seq_len(96, "zigzag", 4)
+    assert lay.natural_block("zigzag", 4, ulysses_degree=2) == 4  # lcm(2*2, 2*2)
+    assert lay.natural_block("zigzag", 8, ulysses_degree=4) == 8  # lcm(2*2, 2*4)
+
+
+def test_block_plan():
+    assert block_kind(2, 2, True, True) == DIAG
+    assert block_kind(2, 1, True, True) == KV_FRONT
+    assert block_kind(1, 2, True, True) == Q_BACK
+    assert block_kind(1, 2, True, False) == SKIP
+    assert block_kind(2, 1, True, False) == FULL
+    assert block_kind(0, 3, False, True) == FULL
+
+
+def _rand(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("kernel_name", ["math", "cpu-flash"])
+def test_merge_of_key_blocks_equals_full_attention(kernel_name):
+    # Three key blocks merged in the log-sigmoid form give full attention, in any order; the backward
+    # of each block given the merged out/lse sums to the full gradients (what the ring relies on).
+    kernel = get_kernel(kernel_name)
+    q, k, v, do = _rand(2, 24, 4, 8), _rand(2, 30, 2, 8), _rand(2, 30, 2, 8), _rand(2, 24, 4, 8)
+    full = exact_attention(q, k, v, do, causal=False, scale=0.3)
+    blocks = [slice(0, 10), slice(10, 17), slice(17, 30)]
+    for order in ([0, 1, 2], [2, 0, 1]):
+        out = lse = None
+        for i in order:
+            bo, bl = kernel.fwd(q, k[:, blocks[i]], v[:, blocks[i]], False, 0.3)
+            if out is None:
+                out, lse = bo.double(), bl.transpose(1, 2).unsqueeze(-1).double()
+            else:
+                out, lse = merge(out, lse, bo, bl)
+        torch.testing.assert_close(out, full["out"], atol=1e-12, rtol=0)
+    lse_bhs = lse.squeeze(-1).transpose(1, 2)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for b in blocks:
+        bdq, bdk, bdv = kernel.bwd(do, q, k[:, b], v[:, b], out, lse_bhs, False, 0.3)
+        dq += bdq
+        dk[:, b] += bdk
+        dv[:, b] += bdv
+    for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(got, full[name], atol=1e-12, rtol=0)
+
+
+def test_merge_survives_huge_lse():
+    out = torch.ones(1, 2, 1, 4)
+    lse = torch.full((1, 2, 1, 1), 1e4)
+    block_out, block_lse = torch.zeros(1, 2, 1, 4), torch.full((1, 1, 2), 1e4)
+    new_out, new_lse = merge(out, lse, block_out, block_lse)
+    assert torch.isfinite(new_out).all() and torch.allclose(new_out, torch.full_like(new_out, 0.5))
+    assert torch.allclose(new_lse, torch.full_like(new_lse, 1e4 + 0.6931471805599453))
+
+
+def test_kernels_without_lse_are_refused():
+    with pytest.raises(KernelUnavailable, match="log-sum-exp"):
+        get_kernel("sdpa")
+    with pytest.raises(KernelUnavailable, match="unknown kernel"):
+        get_kernel("nope")
+    assert "runs on cuda" in get_kernel("flash").reason("cpu", "bf16")
+    assert "takes fp16, bf16" in get_kernel("cudnn").reason("cuda", "fp32")
+    assert get_kernel("math").reason("cpu", "bf16") is None
+
+
+def test_fa2_adapter_needs_the_package_or_says_so():
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(KernelUnavailable, match="flash-attn"):
+            get_kernel("fa2")
+
+
+def test_call_with_follows_the_flash_attn_signatures():
+    seen = {}
+
+    def fa2_27(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_right, softcap,
+               alibi_slopes, return_softmax):  # flash-attn 2.6.3+/2.7 _flash_attn_forward
+        seen.update(locals())
+        return "out", "lse", None, None
+
+    def fa2_25(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_softmax):
+        seen.update(locals())
+        return ("out", None, None, None, None, "lse", None, None)
+
+    values = {"dropout_p": 0.0, "window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1,
+              "softcap": 0.0, "alibi_slopes": None, "softmax_scale": 0.1, "causal": True, "return_softmax": False}
+    assert kmod._call_with(fa2_27, values, (1, 2, 3))[:2] == ("out", "lse")
+    assert seen["window_size_left"] == -1 and seen["causal"] is True and seen["q"] == 1
+    kmod._call_with(fa2_25, values, (1, 2, 3))
+    assert seen["window_size"] == (-1, -1)
+
+    def needs_more(q, k, v, mystery):
+        return None
+
+    with pytest.raises(KernelUnavailable, match="mystery"):
+        kmod._call_with(needs_more, values, (1, 2, 3))
+
+
+def test_aten_op_schemas_match_the_adapters():
+    # The argument order the CUDA adapters use, checked against this torch's registered schemas.
+    ops = torch.ops.aten
+    names = lambda op: [a.name for a in op.default._schema.arguments]  # noqa: E731
+    assert names(ops._scaled_dot_product_flash_attention_backward)[:15] == [
+        "grad_out", "query", "key", "value", "out", "logsumexp", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
+        "dropout_p", "is_causal", "philox_seed", "philox_offset", "scale"]
+    assert names(ops._scaled_dot_product_efficient_attention_backward)[4:12] == [
+        "attn_bias", "out", "logsumexp", "philox_seed", "philox_offset", "dropout_p", "grad_input_mask", "is_causal"]
+    assert names(ops._scaled_dot_product_cudnn_attention_backward)[4:15] == [
+        "out", "logsumexp", "philox_seed", "philox_offset", "attn_bias", "cum_seq_q", "cum_seq_k", "max_q", "max_k",
+        "dropout_p", "is_causal"]
+    assert names(ops._scaled_dot_product_cudnn_attention)[3:8] == [
+        "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "return_debug_mask"]
+    assert "attn_mask" in names(ops._scaled_dot_product_flash_attention_for_cpu_backward)
+    assert inspect.signature(kmod.math_bwd).parameters.keys() == inspect.signature(kmod.cpu_flash_bwd).parameters.keys()
+
+
+def test_ulysses_head_check_and_default_degree():
+    with pytest.raises(ValueError, match=r"kv-heads \(2\) is not a multiple of 4"):
+        check_heads(8, 2, 4)
+    check_heads(8, 4, 4)
+    assert _default_ulysses(8, AttnSpec(heads_q=32, heads_kv=8)) == 8
+    assert _default_ulysses(4, AttnSpec(heads_q=6, heads_kv=6)) == 2

@@ -1,0 +1,115 @@
+"""End-to-end models with the attention swap: every call routed, backends agree, records written."""
+
+import sys
+
+import pytest
+import torch
+
+from attnbench.backends.base import BackendUnavailable
+from attnbench.models import llama
+from attnbench.models.bench import E2EConfig, run_e2e
+from attnbench.models.swap import AttnSwap, attention
+from attnbench.results.store import ResultStore
+
+
+def _records(cfg):
+    return {r.backend: r for r in run_e2e(cfg, run_id="t")}
+
+
+@pytest.mark.parametrize("mode", ["prefill", "train"])
+def test_tiny_llama_two_backends_agree_and_every_call_routed(mode):
+    steps, layers = 3, 3
+    cfg = E2EConfig(model="llama-tiny", backends=("naive", "sdpa-math"), mode=mode, layers=layers, steps=steps,
+                    dtype="fp32", seq_len=37)
+    recs = _records(cfg)
+    for r in recs.values():
+        e2e = r.info["e2e"]
+        assert r.status == "ok", r.reason
+        assert e2e["calls"] == layers and e2e["expected_calls"] == layers and e2e["unrouted"] == 0
+        assert r.n == steps and 0 < e2e["attn_ms"] < e2e["total_ms"] * 1.5
+        assert r.spec.seqlens_q == (37,) and r.spec.heads_kv == 2 and r.spec.causal
+        assert r.spec.pass_ == ("fwd_bwd" if mode == "train" else "fwd")
+        assert (e2e["attn_bwd_ms"] > 0) == (mode == "train")
+    other = recs["sdpa-math"].info["e2e"]
+    assert other["cosine"] > 1 - 1e-9 and other["rel_l1"] < 1e-5
+    assert recs["naive"].info["e2e"]["rel_l1"] == 0.0
+
+
+def test_swap_counts_calls_across_steps_and_restores():
+    model = llama.build_llama("llama-tiny", layers=4, dtype=torch.float32)
+    tokens = llama.random_tokens(1, 19, model.cfg.vocab_size, "cpu")
+    with torch.no_grad():
+        plain = model(tokens)
+        with AttnSwap("naive") as swap:
+            for _ in range(5):
+                routed = model(tokens)
+    assert swap.calls == 4 * 5 and swap.unrouted == 0
+    torch.testing.assert_close(routed, plain, rtol=1e-5, atol=1e-5)
+    q = torch.randn(1, 2, 5, 8)
+    assert torch.equal(attention(q, q, q), torch.nn.functional.scaled_dot_product_attention(q, q, q))
+
+
+def test_patch_torch_routes_sdpa_and_counts_unrouted_masks():
+    q = torch.randn(1, 2, 9, 8)
+    original = torch.nn.functional.scaled_dot_product_attention
+    with AttnSwap("naive", patch_torch=True) as swap:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(9, 9, dtype=torch.bool))
+    assert (swap.calls, swap.unrouted) == (1, 1)
+    assert torch.nn.functional.scaled_dot_product_attention is original
+
+
+def test_unsupported_backend_is_a_record_not_a_crash():
+    cfg = E2EConfig(model="llama-tiny", backends=("naive", "sdpa-cudnn"), layers=1, steps=1, dtype="fp32")
+    recs = _records(cfg)
+    assert recs["naive"].status == "ok"
+    assert recs["sdpa-cudnn"].status == "unsupported" and "cpu" in recs["sdpa-cudnn"].reason
+    assert recs["sdpa-cudnn"].spec.heads_q == 4  # the call's real shape, even though it never ran
+
+
+def test_swap_raises_backend_reason():
+    q = torch.randn(1, 2, 9, 8)
+    with AttnSwap("sdpa-cudnn"), pytest.raises(BackendUnavailable, match="sdpa-cudnn"):
+        attention(q, q, q)
+
+
+def test_records_go_to_the_store(tmp_path):
+    cfg = E2EConfig(model="llama-tiny", backends=("sdpa-math",), layers=1, steps=2, dtype="fp32")
+    with ResultStore(tmp_path / "r.db") as store:
+        run_e2e(cfg, run_id="run1", sink=store.write)
+        (rec,) = store.records("run1")
+    assert rec.timing_mode == "e2e" and rec.info["e2e"]["model"] == "llama-tiny" and rec.samples_ms
+
+
+# ---- diffusers models (skipped where diffusers is not installed) ------------------------------------
+@pytest.mark.parametrize("model,per_block", [("cogvideox-tiny", 1), ("wan-tiny", 2)])
+def test_tiny_dit_two_backends_every_call_routed(model, per_block):
+    pytest.importorskip("diffusers")
+    steps, layers = 2, 3
+    cfg = E2EConfig(model=model, backends=("naive", "sdpa-math"), layers=layers, steps=steps)
+    recs = _records(cfg)
+    for r in recs.values():
+        assert r.status == "ok", r.reason
+        assert r.info["e2e"]["calls"] == layers * per_block and r.info["e2e"]["unrouted"] == 0
+        assert not r.spec.causal
+    assert recs["sdpa-math"].info["e2e"]["rel_l1"] < 1e-5
+
+
+def test_dit_patches_are_undone():
+    pytest.importorskip("diffusers")
+    from attnbench.models import dit
+    dit.build_dit("wan-tiny", layers=1)
+    processor = sys.modules["diffusers.models.attention_processor"]
+    registry = sys.modules["diffusers.models.attention_dispatch"]._AttentionBackendRegistry
+    before = dict(registry._backends)
+    with AttnSwap("naive"):
+        assert processor.F is not torch.nn.functional
+        assert registry._backends != before
+    assert processor.F is torch.nn.functional and registry._backends == before
+
+
+def test_cogvideox_train_step_routes_backward():
+    pytest.importorskip("diffusers")
+    cfg = E2EConfig(model="cogvideox-tiny", backends=("naive",), mode="train", layers=2, steps=1)
+    (rec,) = run_e2e(cfg, run_id="t")
+    assert rec.status == "ok" and rec.info["e2e"]["attn_bwd_ms"] > 0

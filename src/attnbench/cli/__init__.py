@@ -13,7 +13,8 @@ import sys
 import typer
 
 from attnbench.cli import calibrate as calibrate_cmd
-from attnbench.cli import common, info
+from attnbench.cli import common, info, view
+from attnbench.cli import compare as compare_cmd
 from attnbench.cli import dist as dist_cmd
 from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
@@ -34,6 +35,11 @@ app.command("env")(info.env)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("e2e")(e2e_cmd.e2e)
 app.command("dist")(dist_cmd.dist)
+app.command("plot")(view.plot)
+app.command("report")(view.report)
+app.command("export")(view.export)
+app.command("compare")(compare_cmd.compare)
+app.command("merge")(compare_cmd.merge)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics
 from attnbench.backends import registry
-from attnbench.cli import common, timing_opts
+from attnbench.cli import common, sharding, timing_opts
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
@@ -176,17 +176,21 @@ def run(
     check: Annotated[bool, typer.Option(
         "--check/--no-check", help="Compare each case's first call with the exact reference (status mismatch on "
         "failure).")] = True,
+    shard: sharding.ShardOpt = None,
+    run_id: sharding.RunIdOpt = None,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
     if plan.profiler == "nsys":
         timing_opts.run_nsys(plan.db)
         return
+    plan, run_id, hint = sharding.apply(plan, shard, run_id)
+    quiet = quiet or sharding.rank() > 0  # one rank prints
     checker = None
     if plan.config.get("check", True):
         from attnbench.accuracy.check import AccuracyChecker
         checker = AccuracyChecker()
-    run_id, records, phases = execute(plan, quiet=quiet, checker=checker)
+    run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:
@@ -196,3 +200,5 @@ def run(
         spent = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
         common.console.print(f"{ok}/{len(records)} cases ok; wall time: {spent}; results in {plan.db}"
                              + (f" and {plan.output}" if plan.output else ""), highlight=False)
+        if hint:
+            common.console.print(hint, highlight=False, markup=False)

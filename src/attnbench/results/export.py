@@ -1,12 +1,14 @@
-"""Write records as JSON or CSV (the flat columns of the store; nested values stay JSON)."""
+"""Write records as JSON, CSV or Parquet (the flat columns of the store; nested values stay JSON), and
+read such files back into the same rows."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
-from attnbench.results.record import Record
+from attnbench.results.record import COLUMNS, Record
 
 # Columns written to CSV/JSON exports (raw samples and the full spec stay in the store).
 EXPORT_COLUMNS = (
@@ -15,7 +17,8 @@ EXPORT_COLUMNS = (
     "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
     "bytes", "tflops", "gbps", "peak_mem_bytes", "accuracy", "info", "seed", "env_id", "case_id",
 )
-FORMATS = ("json", "csv")
+FORMATS = ("json", "csv", "parquet")
+JSON_COLUMNS = ("accuracy", "info", "window")
 
 
 def export_rows(rows: list[dict]) -> list[dict]:
@@ -23,7 +26,7 @@ def export_rows(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         item = {c: row.get(c) for c in EXPORT_COLUMNS}
-        for c in ("accuracy", "info", "window"):
+        for c in JSON_COLUMNS:
             if isinstance(item[c], str):
                 item[c] = json.loads(item[c])
         out.append(item)
@@ -34,23 +37,96 @@ def format_for(path: Path) -> str:
     """json or csv from the file suffix; ValueError for anything else."""
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in FORMATS:
-        raise ValueError(f"cannot tell the output format of {str(path)!r}: use a .json or .csv file name")
+        raise ValueError(f"cannot tell the output format of {str(path)!r}: use a .json, .csv or .parquet file name")
+    if suffix == "parquet":  # say so before a run starts, not after it
+        _require_pyarrow()
     return suffix
 
 
 def write(records: list[Record] | list[dict], path: Path, fmt: str | None = None) -> None:
-    """Write records (Record objects or store rows) to ``path`` as JSON or CSV."""
+    """Write records (Record objects or store rows) to ``path`` as JSON, CSV or Parquet."""
     rows = [r.to_row() if isinstance(r, Record) else r for r in records]
     fmt = fmt or format_for(path)
     items = export_rows(rows)
+    if fmt == "parquet":
+        _require_pyarrow()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "json":
+    if fmt == "parquet":
+        _parquet_frame(items).to_parquet(path, index=False)
+    elif fmt == "json":
         path.write_text(json.dumps(items, indent=1, default=str) + "\n")
     elif fmt == "csv":
         with path.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=EXPORT_COLUMNS)
             writer.writeheader()
             for item in items:
-                writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in item.items()})
+                writer.writerow(_flat(item))
     else:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+
+def dumps(records: list[Record] | list[dict], fmt: str) -> str:
+    """JSON or CSV text of ``records`` (for writing to stdout)."""
+    rows = [r.to_row() if isinstance(r, Record) else r for r in records]
+    items = export_rows(rows)
+    if fmt == "json":
+        return json.dumps(items, indent=1, default=str) + "\n"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=EXPORT_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(_flat(item) for item in items)
+        return buf.getvalue()
+    raise ValueError(f"{fmt} cannot be written as text; give an output file with -o")
+
+
+def read(path: Path, fmt: str | None = None) -> list[dict]:
+    """Rows of an exported file, typed as ``export_rows`` returns them (JSON columns decoded)."""
+    fmt = fmt or format_for(path)
+    if fmt == "json":
+        return json.loads(path.read_text())
+    if fmt == "parquet":
+        import pandas as pd
+
+        _require_pyarrow()
+        raw = pd.read_parquet(path).astype(object).where(lambda f: f.notna(), None).to_dict("records")
+    else:
+        with path.open(newline="") as fh:
+            raw = list(csv.DictReader(fh))
+    return [_typed(row) for row in raw]
+
+
+def _flat(item: dict) -> dict:
+    """Nested values as JSON text (CSV, Parquet)."""
+    return {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in item.items()}
+
+
+def _typed(row: dict) -> dict:
+    out = {}
+    for col in EXPORT_COLUMNS:
+        value = row.get(col)
+        if value == "" or value is None:
+            value = None
+        elif col in JSON_COLUMNS:
+            value = json.loads(value) if isinstance(value, str) else value
+        elif COLUMNS.get(col, "").startswith("INTEGER"):
+            value = int(value)
+        elif COLUMNS.get(col, "").startswith("REAL"):
+            value = float(value)
+        else:
+            value = str(value)
+        out[col] = value
+    return out
+
+
+def _parquet_frame(items: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame([_flat(item) for item in items], columns=list(EXPORT_COLUMNS))
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ValueError("Parquet export needs pyarrow, which is not installed: pip install pyarrow") from None

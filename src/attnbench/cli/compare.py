@@ -1,0 +1,91 @@
+"""`attnbench compare RUN_A RUN_B` (speed ratios with confidence intervals, CI gate) and `merge`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.cli.view import open_store, resolve_run
+from attnbench.results import compare as cmp
+from attnbench.results import merge as mergemod
+
+VERDICT_STYLE = {"regression": "bold red", "slower": "yellow", "same": "dim", "faster": "green", "no-ci": "dim",
+                 "status": "magenta"}
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def comparison_table(result: cmp.Comparison, run_a: str, run_b: str) -> Table:
+    pct = round(result.confidence * 100)
+    table = Table(title=f"B = {run_b} vs A = {run_a} (time ratio B/A, > 1 = B slower; {pct}% bootstrap CI)",
+                  header_style="bold")
+    for name, justify in (("backend", "left"), ("case", "left"), ("pass", "left"), ("A ms", "right"),
+                          ("B ms", "right"), ("B/A", "right"), (f"{pct}% CI", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "case")
+    order = {"regression": 0, "slower": 1, "status": 2, "no-ci": 3, "same": 4, "faster": 5}
+    for c in sorted(result.cases, key=lambda c: (order[c.verdict], -(c.ratio or 0))):
+        ci = "-" if c.low is None else f"{c.low:.3f}–{c.high:.3f}"
+        verdict = c.verdict if c.verdict != "status" else f"{c.status_a} → {c.status_b}"
+        table.add_row(escape(c.backend), escape(c.label), c.pass_, _fmt(c.a_ms, ".4f"), _fmt(c.b_ms, ".4f"),
+                      _fmt(c.ratio, ".3f"), ci, f"[{VERDICT_STYLE[c.verdict]}]{escape(verdict)}[/]")
+    return table
+
+
+def compare(
+    run_a: Annotated[str, typer.Argument(help="Baseline run id (or unique prefix).")],
+    run_b: Annotated[str, typer.Argument(help="Run to compare with the baseline.")],
+    db: common.Db = None,
+    fail_on_regression: Annotated[str | None, typer.Option(
+        "--fail-on-regression", help="Exit 1 when a case is clearly slower by more than this, e.g. 5%.")] = None,
+    confidence: Annotated[float, typer.Option("--confidence", help="Confidence level of the intervals.")] = 0.95,
+) -> None:
+    """Per-case speed of run B against run A, with bootstrap confidence intervals from the raw samples."""
+    try:
+        threshold = cmp.parse_threshold(fail_on_regression if fail_on_regression is not None else "5%")
+        with open_store(db) as store:
+            a, b = resolve_run(store, run_a), resolve_run(store, run_b)
+            rows_a, rows_b = store.rows(a), store.rows(b)
+        result = cmp.compare(rows_a, rows_b, threshold=threshold, confidence=confidence)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not result.cases:
+        raise UserError(f"runs {a} and {b} have no case in common (cases match by spec, backend and timing mode)")
+    common.console.print(comparison_table(result, a, b))
+    counts = {v: sum(c.verdict == v for c in result.cases) for v in VERDICT_STYLE}
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    extra = f"; only in A: {len(result.only_a)}, only in B: {len(result.only_b)}" if result.only_a or result.only_b else ""
+    common.console.print(f"{len(result.cases)} cases: {summary} (regression = CI above +{threshold:.0%}){extra}",
+                         highlight=False, markup=False)
+    if fail_on_regression is not None and result.regressions:
+        worst = max(result.regressions, key=lambda c: c.low)
+        common.err_console.print(
+            f"attnbench: {len(result.regressions)} regression(s) beyond {threshold:.0%}; worst: {worst.backend} "
+            f"{worst.label} {worst.pass_} x{worst.ratio:.3f} (CI {worst.low:.3f}–{worst.high:.3f})",
+            highlight=False, markup=False)
+        raise SystemExit(1)
+
+
+def merge(
+    output: Annotated[Path, typer.Argument(help="Database to write (created, or added to).")],
+    inputs: Annotated[list[Path], typer.Argument(help="Databases to copy in, e.g. the rank files of a sweep.")],
+) -> None:
+    """Combine result databases (e.g. one per GPU of a sharded sweep) into one."""
+    missing = [str(p) for p in inputs if not p.is_file()]
+    if missing:
+        raise UserError(f"no such database: {', '.join(missing)}")
+    try:
+        summary = mergemod.merge(output, inputs)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    runs = ", ".join(f"{r} ({n} file{'s' if n > 1 else ''})" for r, n in summary.runs.items()) or "none"
+    dup = f"; {summary.duplicates} already present" if summary.duplicates else ""
+    common.console.print(f"merged {summary.records} records into {output}{dup}; runs: {runs}",
+                         highlight=False, markup=False)

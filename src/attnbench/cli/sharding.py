@@ -1,0 +1,67 @@
+"""`attnbench run --shard I/N --run-id ID` and torchrun: narrow a RunPlan to this process's share."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from attnbench import shard as shardmod
+from attnbench.cli.common import UserError
+from attnbench.results.store import ResultStore, new_run_id
+
+ShardOpt = Annotated[str | None, typer.Option(
+    "--shard", help="Run only shard I of N (I/N) of the sweep, into its own DB file; set by torchrun too.")]
+RunIdOpt = Annotated[str | None, typer.Option(
+    "--run-id", help="Id of the new run (default: time + random); shards of one sweep share it.")]
+
+
+def resolve(shard_text: str | None) -> shardmod.Shard | None:
+    """--shard wins over torchrun's environment; None when the sweep is not split."""
+    try:
+        part = shardmod.parse(shard_text) if shard_text else shardmod.from_env()
+        if part is not None and shard_text:
+            env = shardmod.from_env()
+            if env is not None:  # --shard under torchrun: keep the GPU mapping of the launcher
+                part = dataclasses.replace(part, local_rank=env.local_rank)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return part
+
+
+def apply(plan, shard_text: str | None, run_id: str | None):
+    """(plan narrowed to this shard, run id, merge hint or None). The run id must be new in the DB file."""
+    part = resolve(shard_text)
+    if run_id is not None and not run_id.strip():
+        raise UserError("--run-id is empty")
+    template = plan.db
+    db = shardmod.db_path(plan.db, part)
+    device = shardmod.device_for(plan.options.device, part)
+    output = shardmod.db_path(plan.output, part) if plan.output is not None else None
+    plan = dataclasses.replace(plan, specs=shardmod.select(plan.specs, part), db=db, output=output,
+                               options=dataclasses.replace(plan.options, device=device))
+    try:
+        run_id = shardmod.shared_run_id(part, run_id, new_run_id)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if db.exists():
+        with ResultStore(db, create=False) as store:
+            if store.run(run_id) is not None:
+                raise UserError(f"run {run_id} already exists in {db}; choose another --run-id")
+    return plan, run_id, merge_hint(template, part)
+
+
+
+def merge_hint(db_template, part: shardmod.Shard | None) -> str | None:
+    """What to run once every shard is done (printed by rank 0)."""
+    if part is None or not part.active:
+        return None
+    files = " ".join(str(shardmod.db_path(db_template, dataclasses.replace(part, index=i))) for i in range(part.count))
+    return f"shard {part.index}/{part.count} done; when all are: attnbench merge MERGED.db {files}"
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 otherwise)."""
+    part = shardmod.from_env()
+    return 0 if part is None else part.index

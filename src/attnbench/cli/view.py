@@ -1,0 +1,153 @@
+"""`attnbench plot`, `report` and `export`: look at what is in the results store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+from attnbench.results import export as exportmod
+from attnbench.results.record import STATUSES
+from attnbench.results.store import DEFAULT_DB, ResultStore
+
+Runs = Annotated[list[str] | None, typer.Option(
+    "--run", help="Run id(s) or unique prefixes; 'latest' = the newest run [default: latest].")]
+BackendFilter = Annotated[list[str] | None, typer.Option(
+    "--backend", "--backends", help="Only these backends (comma separated or repeated).")]
+PassFilter = Annotated[list[str] | None, typer.Option("--pass", help="Only these passes: fwd, bwd, fwd_bwd.")]
+
+
+def open_store(db: Path | None) -> ResultStore:
+    path = Path(db or DEFAULT_DB)
+    if not path.is_file():
+        raise UserError(f"no results database at {path}: run `attnbench run` first or give --db")
+    return ResultStore(path, create=False)
+
+
+def resolve_run(store: ResultStore, text: str) -> str:
+    """A run id from an exact id, a unique prefix, or 'latest'; UserError naming recent runs otherwise."""
+    runs = [r["run_id"] for r in store.runs()]
+    if text == "latest":
+        if not runs:
+            raise UserError(f"{store.path} holds no runs")
+        return runs[-1]
+    if text in runs:
+        return text
+    matches = [r for r in runs if r.startswith(text)]
+    if len(matches) == 1:
+        return matches[0]
+    recent = ", ".join(runs[-5:]) or "none"
+    if matches:
+        raise UserError(f"run id {text!r} is ambiguous in {store.path}: {', '.join(matches[:5])}")
+    raise UserError(f"no run {text!r} in {store.path}; most recent: {recent}")
+
+
+def resolve_runs(store: ResultStore, runs: list[str] | None) -> list[str]:
+    items = [part.strip() for item in runs or ["latest"] for part in str(item).split(",") if part.strip()]
+    return list(dict.fromkeys(resolve_run(store, r) for r in items or ["latest"]))
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [p.strip() for v in values or [] for p in str(v).split(",") if p.strip()]
+
+
+def select_rows(store: ResultStore, run_ids: list[str], backends: list[str] | None = None,
+                passes: list[str] | None = None, statuses: list[str] | None = None) -> list[dict]:
+    """Rows of ``run_ids`` filtered by backend, pass and status (unknown statuses are an error)."""
+    backends, passes, statuses = _split(backends), _split(passes), _split(statuses)
+    bad = [s for s in statuses if s not in STATUSES]
+    if bad:
+        raise UserError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}")
+    rows = [r for run_id in run_ids for r in store.rows(run_id)]
+    return [r for r in rows if (not backends or r["backend"] in backends) and (not passes or r["pass"] in passes)
+            and (not statuses or r["status"] in statuses)]
+
+
+def plot(
+    x: Annotated[str, typer.Option("--x", help="seq_len, num_seqs, head_size, emb_dim, heads or sparsity.")],
+    y: Annotated[list[str], typer.Option("--y", help="ms, tflops, gbps or mem (repeatable: one figure each).")],
+    run: Runs = None,
+    db: common.Db = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="FILE.png or FILE.svg; any other name writes NAME.png and NAME.svg.")] = None,
+    backend: BackendFilter = None,
+    pass_: PassFilter = None,
+    logy: Annotated[bool, typer.Option("--logy", help="Logarithmic y axis.")] = False,
+    title: Annotated[str | None, typer.Option("--title", help="Figure title.")] = None,
+) -> None:
+    """Draw one metric against one sweep axis: a line per backend, a panel per pass and causal setting."""
+    from attnbench.report import plots
+
+    ys = _split(y)
+    try:
+        for item in ys:
+            plots.check_axes(x, item)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    with open_store(db) as store:
+        run_ids = resolve_runs(store, run)
+        rows = select_rows(store, run_ids, backend, pass_)
+        folder = store.path.parent / "plots"
+    if not rows:
+        raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
+    written = []
+    for item in ys:
+        if output is None:
+            out = folder / f"{'+'.join(run_ids)}-{item}-vs-{x}"
+        else:
+            out = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
+        try:
+            written += plots.save(rows, x, item, out, logy=logy, title=title)
+        except ValueError as exc:
+            raise UserError(f"cannot plot {item} vs {x} for run {', '.join(run_ids)}: {exc}") from None
+    for path in written:
+        common.console.print(f"wrote {path}", highlight=False, markup=False)
+
+
+def report(
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
+    run: Runs = None,
+    db: common.Db = None,
+) -> None:
+    """Write one self-contained HTML report (environment, tables, plots, accuracy, skipped cases)."""
+    from attnbench.report import html
+
+    with open_store(db) as store:
+        run_ids = resolve_runs(store, run)
+        text = html.build(store, run_ids)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",
+                         highlight=False, markup=False)
+
+
+def export(
+    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, json or parquet.")] = "csv",
+    run: Runs = None,
+    all_runs: Annotated[bool, typer.Option("--all-runs", help="Every run in the database.")] = False,
+    backend: BackendFilter = None,
+    status: Annotated[list[str] | None, typer.Option("--status", help="Only these statuses (ok, error, ...).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write [default: stdout].")] = None,
+    db: common.Db = None,
+) -> None:
+    """Write records of a run as CSV, JSON or Parquet (to a file, or to stdout for CSV and JSON)."""
+    fmt = fmt.lower()
+    if fmt not in exportmod.FORMATS:
+        raise UserError(f"bad --format {fmt!r}; allowed: {', '.join(exportmod.FORMATS)}")
+    if output is None and fmt == "parquet":
+        raise UserError("--format parquet needs an output file: -o FILE.parquet")
+    with open_store(db) as store:
+        run_ids = [r["run_id"] for r in store.runs()] if all_runs else resolve_runs(store, run)
+        rows = select_rows(store, run_ids, backend, None, status)
+    try:
+        if output is None:
+            sys.stdout.write(exportmod.dumps(rows, fmt))
+            return
+        exportmod.write(rows, output, fmt)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    common.err_console.print(f"wrote {len(rows)} records to {output}", highlight=False, markup=False)

@@ -1,0 +1,239 @@
+"""Charts from store rows: one line per backend, one panel per (causal, pass), units on the axes.
+
+Works on record rows as ``ResultStore.rows`` returns them (flat columns, JSON text in ``info``).
+Figures are drawn on matplotlib's Agg canvas without pyplot, so nothing global changes and no
+display is needed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import defaultdict
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# --x name -> (store column or None for a computed value, axis label)
+X_AXES: dict[str, tuple[str | None, str]] = {
+    "seq_len": ("seq_len", "sequence length (tokens)"),
+    "num_seqs": ("num_seqs", "sequences per group"),
+    "head_size": ("head_dim", "head size"),
+    "emb_dim": ("emb_dim", "embedding dim (heads × head size)"),
+    "heads": ("heads_q", "query heads"),
+    "sparsity": (None, "sparsity (fraction of attention skipped)"),
+}
+# --y name -> (store column, axis label, scale applied to the stored value)
+Y_AXES: dict[str, tuple[str, str, float]] = {
+    "ms": ("median_ms", "median time per call (ms)", 1.0),
+    "tflops": ("tflops", "throughput (TFLOP/s)", 1.0),
+    "gbps": ("gbps", "bandwidth (GB/s)", 1.0),
+    "mem": ("peak_mem_bytes", "peak memory (MiB)", 1.0 / 2**20),
+}
+LOG2_X = ("seq_len", "num_seqs")
+"""Always on a log2 axis; other integer axes are log2 when they span 8x or more."""
+PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
+LEGEND_COLUMNS = 4
+# Columns that, when they vary beyond the x axis, split a backend's points into several lines.
+# Columns that may change along each x axis without making a new line (see _series_columns).
+ALONG_X: dict[str, set[str]] = {
+    "seq_len": {"seq_len_k", "num_seqs"}, "num_seqs": {"seq_len", "seq_len_k"},
+    "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
+    "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(),
+}
+# In order of preference when naming lines.
+SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "batch": "b{}", "heads_q": "h{}",
+                  "head_dim": "d{}", "dtype": "{}", "heads_kv": "kv{}", "head_dim_v": "dv{}", "emb_dim": "e{}",
+                  "seq_len_k": "sk{}", "window": "win{}", "timing_mode": "{}", "flops_convention": "{}"}
+
+
+def sparsity(row: dict) -> float | None:
+    """Sparsity a sparse backend recorded in ``info`` (``sparsity`` or ``target_sparsity``)."""
+    info = row.get("info")
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    info = info or {}
+    value = info.get("sparsity", info.get("target_sparsity"))
+    return None if value is None else float(value)
+
+
+def x_value(row: dict, x: str) -> float | None:
+    column = X_AXES[x][0]
+    return sparsity(row) if column is None else row.get(column)
+
+
+def y_value(row: dict, y: str) -> float | None:
+    column, _, scale = Y_AXES[y]
+    value = row.get(column)
+    return None if value is None else value * scale
+
+
+def check_axes(x: str, y: str) -> None:
+    if x not in X_AXES:
+        raise ValueError(f"unknown --x {x!r}; allowed: {', '.join(X_AXES)}")
+    if y not in Y_AXES:
+        raise ValueError(f"unknown --y {y!r}; allowed: {', '.join(Y_AXES)}")
+
+
+def points(rows: list[dict], x: str, y: str) -> list[dict]:
+    """Rows that can be drawn (status ok, x and y known), each with ``_x`` and ``_y`` added.
+
+    Raises ValueError saying why when nothing can be drawn."""
+    check_axes(x, y)
+    ok = [r for r in rows if r.get("status") == "ok"]
+    if not ok:
+        raise ValueError("no successful (status ok) records to plot")
+    with_x = [dict(r, _x=x_value(r, x)) for r in ok]
+    with_x = [r for r in with_x if r["_x"] is not None]
+    if not with_x:
+        why = " (only sparse backends record one)" if x == "sparsity" else ""
+        raise ValueError(f"no record has a value for --x {x}{why}")
+    out = [dict(r, _y=y_value(r, y)) for r in with_x]
+    out = [r for r in out if r["_y"] is not None]
+    if not out:
+        why = " (peak memory is not measured on CPU)" if y == "mem" else ""
+        raise ValueError(f"no record has a value for --y {y}{why}")
+    return out
+
+
+def _series_columns(pts: list[dict], x: str) -> list[str]:
+    """Columns that split one backend's points into several lines, fewest needed.
+
+    A column that may change along x (``ALONG_X``: e.g. head size when x is heads at a fixed embedding
+    dim) splits lines only where it takes several values at one x; any other column splits them as soon
+    as it varies. A column is kept only when it separates points the columns kept before it do not (so
+    heads_kv is not named when it always equals heads_q)."""
+    along = ALONG_X[x] | {X_AXES[x][0], "run_id"}
+    kept: list[str] = []
+
+    def groups(cols: list[str], at_x: bool) -> int:
+        return len({(p["backend"], p["pass"], p["causal"], p["_x"] if at_x else None,
+                     *(str(p.get(c)) for c in cols)) for p in pts})
+
+    for col in SERIES_COLUMNS:
+        if col == X_AXES[x][0]:
+            continue
+        at_x = col in along
+        if groups([*kept, col], at_x) > groups(kept, at_x):
+            kept.append(col)
+    return kept
+
+
+def series_label(p: dict, extra: list[str]) -> str:
+    parts = [p["backend"]] + [SERIES_COLUMNS[c].format(p.get(c)) for c in extra]
+    return " ".join(parts)
+
+
+def panels(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple[float, float]]]]:
+    """(causal, pass) -> series label -> sorted (x, y) points."""
+    extra = _series_columns(pts, x)
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for p in pts:
+        out[(int(p["causal"]), p["pass"])][series_label(p, extra)].append((p["_x"], p["_y"]))
+    return {k: {label: sorted(v) for label, v in series.items()} for k, series in out.items()}
+
+
+def _tick_label(value: float) -> str:
+    if float(value).is_integer():
+        v = int(value)
+        return f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v)
+    return f"{value:g}"
+
+
+def _style_x(ax, x: str, xs: list[float]) -> None:
+    values = sorted(set(xs))
+    integer = all(float(v).is_integer() for v in values)
+    geometric = integer and values[0] > 0 and values[-1] >= 8 * values[0]
+    if x in LOG2_X or geometric:
+        ax.set_xscale("log", base=2)
+    if integer and len(values) <= 12:
+        ax.set_xticks(values)
+        ax.set_xticklabels([_tick_label(v) for v in values])
+        ax.minorticks_off()
+
+
+def _styles(labels: list[str]) -> dict[str, dict]:
+    """Colour per backend (the first word of a label); marker and dash per variant of it."""
+    backends = list(dict.fromkeys(label.split(" ", 1)[0] for label in labels))
+    variants = list(dict.fromkeys(label.partition(" ")[2] for label in labels))
+    markers, dashes = "osD^v<>ph*", ("-", "--", ":", "-.")
+    out = {}
+    for label in labels:
+        b, v = backends.index(label.split(" ", 1)[0]), variants.index(label.partition(" ")[2])
+        out[label] = {"color": f"C{b % 10}", "marker": markers[v % len(markers)],
+                      "linestyle": dashes[(v // len(markers) + b // 10) % len(dashes)]}
+    return out
+
+
+def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool = False):
+    """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    pts = points(rows, x, y)
+    data = panels(pts, x)
+    causals = sorted({c for c, _ in data})
+    passes = [p for p in PASS_ORDER if any(k[1] == p for k in data)] + \
+        sorted({p for _, p in data} - set(PASS_ORDER))
+    labels = sorted({label for series in data.values() for label in series})
+    style = _styles(labels)
+    legend_rows = -(-len(labels) // LEGEND_COLUMNS)
+    width, height = 4.4 * len(passes) + 1.0, 3.3 * len(causals) + 0.8 + 0.22 * legend_rows
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    # Fixed margins in inches (a layout engine costs a second full draw of every figure).
+    fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, top=1 - 0.6 / height,
+                        bottom=(0.55 + 0.22 * legend_rows) / height, wspace=0.28, hspace=0.3)
+    axes = fig.subplots(len(causals), len(passes), squeeze=False, sharex=True)
+    for i, causal in enumerate(causals):
+        for j, pass_ in enumerate(passes):
+            ax = axes[i][j]
+            series = data.get((causal, pass_), {})
+            for label, xy in sorted(series.items()):
+                ax.plot([a for a, _ in xy], [b for _, b in xy], ms=4, label=label, **style[label])
+            ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}", fontsize=10)
+            ax.grid(True, which="major", alpha=0.3)
+            if logy:
+                ax.set_yscale("log")
+            else:  # tiny (CPU) or huge values: 1.2e-4 style with the power on top, not 0.000120
+                ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
+            if i == len(causals) - 1:
+                ax.set_xlabel(X_AXES[x][1])
+            if j == 0:
+                ax.set_ylabel(Y_AXES[y][1])
+            if series:
+                _style_x(ax, x, [a for xy in series.values() for a, _ in xy])
+            else:
+                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+    handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), LEGEND_COLUMNS),
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01))
+    fig.suptitle(title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}", fontsize=11, y=1 - 0.12 / height, va="top")
+    return fig
+
+
+def render(rows: list[dict], x: str, y: str, fmt: str = "png", dpi: int = 110, **kwargs) -> bytes:
+    """The figure as PNG or SVG bytes."""
+    fig = figure(rows, x, y, **kwargs)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    return buf.getvalue()
+
+
+def output_paths(out: Path) -> list[Path]:
+    """FILE.png or FILE.svg -> that file; any other name -> NAME.png and NAME.svg."""
+    if out.suffix.lower() in (".png", ".svg"):
+        return [out]
+    return [out.with_name(out.name + ".png"), out.with_name(out.name + ".svg")]
+
+
+def save(rows: list[dict], x: str, y: str, out: Path, **kwargs) -> list[Path]:
+    """Draw once and write every file ``output_paths(out)`` names; returns the paths written."""
+    paths = output_paths(out)
+    fig = figure(rows, x, y, **kwargs)
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        log.info("wrote %s", path)
+    return paths

@@ -1,0 +1,87 @@
+"""Join result databases (e.g. the per-rank files of a sharded sweep) into one.
+
+Every record row is copied as it is (its run id included), environments are copied, and the run rows
+of one run id found in several files become one run: earliest start, latest finish, status ``done``
+only when every part is done. Copying the same file twice adds nothing: a record already present
+(same run, case and creation time) is not copied again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnbench.results.record import COLUMNS
+from attnbench.results.store import ResultStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class MergeSummary:
+    """What a merge copied."""
+
+    records: int = 0
+    """Record rows copied."""
+    duplicates: int = 0
+    """Rows already present in the output (not copied again)."""
+    runs: dict[str, int] = field(default_factory=dict)
+    """Run id -> number of input files holding it."""
+
+
+def _combine_runs(old: dict | None, new: dict) -> dict:
+    if old is None:
+        return dict(new)
+    out = dict(old)
+    out["created_at"] = min(x for x in (old["created_at"], new["created_at"]) if x is not None)
+    finished = [x for x in (old["finished_at"], new["finished_at"]) if x is not None]
+    both_done = old["status"] == "done" and new["status"] == "done"
+    out["finished_at"] = max(finished) if both_done and finished else None
+    if not both_done:
+        out["status"] = next(s for s in (old["status"], new["status"]) if s != "done")
+    return out
+
+
+def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
+    """Copy every run, environment and record of ``inputs`` into ``out_path`` (created if needed)."""
+    out_resolved = Path(out_path).resolve()
+    for path in inputs:
+        if Path(path).resolve() == out_resolved:
+            raise ValueError(f"{path} is both an input and the output; write the merge to a new file")
+    summary = MergeSummary()
+    runs: dict[str, dict] = {}
+    names = list(COLUMNS)
+    cols = ", ".join(f'"{n}"' for n in names)
+    with ResultStore(out_path) as out:
+        for row in out.runs():
+            runs[row["run_id"]] = row
+        existing = {(r[0], r[1], r[2]) for r in out.conn.execute("SELECT run_id, case_id, created_at FROM records")}
+        for path in inputs:
+            with ResultStore(path, create=False) as src:
+                for env_row in src.conn.execute("SELECT env_id, data FROM envs"):
+                    out.add_env(env_row[0], json.loads(env_row[1]))
+                for run in src.runs():
+                    summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
+                    runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run)
+                rows = src.rows()
+            fresh = []
+            for row in rows:
+                key = (row["run_id"], row["case_id"], row["created_at"])
+                if key in existing:
+                    summary.duplicates += 1
+                    continue
+                existing.add(key)
+                fresh.append([row[n] for n in names])
+            with out.conn:
+                out.conn.executemany(f"INSERT INTO records ({cols}) VALUES ({', '.join('?' * len(names))})", fresh)
+            summary.records += len(fresh)
+            log.info("merged %d records from %s", len(fresh), path)
+        run_cols = ("run_id", "created_at", "finished_at", "status", "command", "config", "env_id",
+                    "attnbench_version")
+        with out.conn:
+            out.conn.executemany(
+                f"INSERT OR REPLACE INTO runs ({', '.join(run_cols)}) VALUES ({', '.join('?' * len(run_cols))})",
+                [[run.get(c) for c in run_cols] for run in runs.values()])
+    return summary

@@ -1,0 +1,98 @@
+"""`attnbench compare`: ratios, bootstrap intervals and the exit codes a CI gate relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from results_fixtures import attnbench, cli, synthetic_record
+
+from attnbench.results import compare as cmp
+from attnbench.results.record import Record
+from attnbench.results.store import ResultStore
+from attnbench.spec import AttnSpec
+
+SPECS = [AttnSpec(seqlens_q=(s,), heads_q=8, head_dim=128, dtype="bf16", causal=c, pass_="fwd")
+         for s in (577, 2048) for c in (False, True)]
+BASE_MS = [1.0, 2.0, 3.0, 4.0]
+
+
+def _write_run(store: ResultStore, run_id: str, factor: float, seed: int, noise: float = 0.01,
+               factors: dict[int, float] | None = None, n: int = 40) -> None:
+    """One run of SPECS for backend 'fast': lognormal-ish samples around BASE_MS * factor."""
+    rng = np.random.default_rng(seed)
+    store.start_run(run_id, command="synthetic", config={}, env_id=None, version="test")
+    for i, (spec, base) in enumerate(zip(SPECS, BASE_MS, strict=True)):
+        f = (factors or {}).get(i, factor)
+        samples = base * f * np.exp(rng.normal(0, noise, n))
+        store.write(synthetic_record(run_id, spec, "fast", list(samples)))
+    store.finish_run(run_id)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("compare") / "runs.db"
+    with ResultStore(path) as store:
+        _write_run(store, "base", 1.0, seed=1)
+        _write_run(store, "noise", 1.0, seed=2)
+        _write_run(store, "slow", 1.0, seed=3, factors={2: 1.25})  # one case 25% slower
+        _write_run(store, "slightly", 1.02, seed=4, noise=0.002)  # clearly slower, but by 2% only
+        _write_run(store, "fast", 0.8, seed=5)
+        # 10% slower in one case, but 6 samples with 30% spread cannot tell that apart from noise
+        _write_run(store, "noisy-slow", 1.0, seed=6, noise=0.3, factors={0: 1.1}, n=6)
+        spec = AttnSpec(seqlens_q=(4096,), heads_q=8, head_dim=128, dtype="bf16", pass_="fwd")
+        store.write(Record(run_id="slow", backend="fast", spec=spec, status="oom", reason="out of memory"))
+    return path
+
+
+def test_bootstrap_interval_holds_the_true_ratio():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1.0, 0.02, 50), rng.normal(1.1, 0.02, 50)
+    ratio, low, high = cmp.bootstrap_ratio(a, b, seed=3)
+    assert low < ratio < high and low < 1.1 < high and high - low < 0.05
+    assert cmp.bootstrap_ratio(a, b, seed=3) == (ratio, low, high)  # seeded: reproducible
+    assert cmp.bootstrap_ratio([1.0], [2.0]) == (2.0, None, None)
+
+
+def test_thresholds_and_verdicts():
+    assert cmp.parse_threshold("5%") == pytest.approx(0.05) and cmp.parse_threshold("12.5") == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="percentage"):
+        cmp.parse_threshold("five")
+    assert cmp.verdict(1.06, 1.2, 0.05) == "regression"
+    assert cmp.verdict(1.01, 1.2, 0.05) == "slower"
+    assert cmp.verdict(0.9, 1.1, 0.05) == "same"
+    assert cmp.verdict(0.7, 0.9, 0.05) == "faster"
+
+
+@pytest.mark.parametrize("run_b, code, verdicts", [
+    ("noise", 0, {"same"}),
+    ("slow", 1, {"regression", "same"}),
+    ("slightly", 0, {"slower"}),
+    ("fast", 0, {"faster"}),
+    ("noisy-slow", 0, {"same"}),
+])
+def test_exit_codes(db, run_b, code, verdicts):
+    with ResultStore(db) as store:
+        result = cmp.compare(store.rows("base"), store.rows(run_b), threshold=0.05)
+    assert {c.verdict for c in result.cases} == verdicts
+    res = cli("compare", "base", run_b, "--db", db, "--fail-on-regression", "5%")
+    assert res.returncode == code, res.stdout + res.stderr
+    assert "B/A" in res.stdout and "95% CI" in res.stdout
+    if code:
+        assert "regression(s) beyond 5%" in res.stderr and "s2048" in res.stderr
+
+
+def test_regression_found_only_above_the_threshold(db):
+    with ResultStore(db) as store:
+        result = cmp.compare(store.rows("base"), store.rows("slow"), threshold=0.05)
+    (reg,) = result.regressions
+    assert reg.label == "b1 s2048 h8 d128 bf16" and reg.ratio == pytest.approx(1.25, rel=0.02)
+    assert result.only_b and result.only_b[0]["status"] == "oom"
+    assert cli("compare", "base", "slow", "--db", db, "--fail-on-regression", "30%").returncode == 0
+    assert cli("compare", "base", "slow", "--db", db).returncode == 0  # no gate asked for
+
+
+def test_bad_run_ids_exit_2_in_one_line(db):
+    res = attnbench("compare", "base", "nope", "--db", db)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "no run 'nope'" in res.stderr and "most recent: " in res.stderr
+    assert cli("compare", "base", "slow", "--db", db, "--fail-on-regression", "lots").returncode == 2

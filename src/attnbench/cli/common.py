@@ -192,6 +192,56 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         raise UserError(str(exc)) from None
 
 
+MAX_REPEAT = 100_000
+"""Largest --warmup / --repeat: more would look like a hang."""
+MAX_SEED = 2**63 - 1
+"""Seeds are stored as SQLite INTEGERs."""
+
+
+def flag_name(name: str) -> str:
+    """Parameter name -> the flag a user types (``pass_`` -> ``--pass``)."""
+    return "--" + name.rstrip("_").replace("_", "-")
+
+
+def option_text(opts: dict, name: str) -> str | None:
+    """One scalar option value as text (None if unset); UserError for a list or a mapping."""
+    value = opts.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise UserError(f"bad {flag_name(name)} {value!r}: expected one value, not a {type(value).__name__}")
+
+
+def option_int(opts: dict, name: str, lo: int, hi: int, *, default: int) -> int:
+    """An integer option in lo..hi (YAML may give a string like '16k'); UserError otherwise."""
+    value = opts.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}")
+    if isinstance(value, str):
+        try:
+            value = 0 if value.strip() == "0" else parse_int(value, flag_name(name))
+        except ValueError:
+            raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}") from None
+    if not lo <= value <= hi:
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}")
+    return value
+
+
+def option_bool(opts: dict, name: str) -> bool:
+    """A flag's value (false if unset); UserError unless it is true or false."""
+    value = opts.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected true or false")
+    return value
+
+
 def positive_int(value, name: str) -> int:
     try:
         n = parse_int(str(value), name)

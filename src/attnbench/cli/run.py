@@ -14,13 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics
 from attnbench.backends import registry
-from attnbench.cli import common
+from attnbench.cli import common, control
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
-from attnbench.runner import Runner, RunOptions
+from attnbench.runner import RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 
@@ -37,6 +37,12 @@ class RunPlan:
     db: Path
     output: Path | None
     config: dict
+    isolate: bool = False
+    """Run each case in a worker subprocess (implied by case_timeout)."""
+    case_timeout: float | None = None
+    """Seconds after which an isolated case is killed and recorded as an error."""
+    resume: str | None = None
+    """Id of the run being resumed (its recorded cases are skipped)."""
 
 
 def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
@@ -68,44 +74,57 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
 
 
 def build_plan(ctx: typer.Context) -> RunPlan:
-    """Validate every option (config file merged) into a RunPlan; raises UserError."""
+    """Validate every option (config file merged, or a resumed run's stored options) into a RunPlan."""
+    if ctx.params.get("resume") is not None:
+        return plan_from_options(control.resumed_options(ctx))
     config = common.load_config(ctx.params.get("config"))
-    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config"})
-    device = common.resolve_device(opts.get("device"))
+    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config", "resume"})
+    return plan_from_options(opts)
+
+
+def plan_from_options(opts: dict) -> RunPlan:
+    """Merged option values -> RunPlan; raises UserError naming the bad value."""
+    device = common.resolve_device(common.option_text(opts, "device"))
+    opts["device"] = device  # stored resolved, so --resume runs on the same device
     sweep = common.build_sweep(opts, device)
     cpu = device == "cpu"
+    text = common.option_text
     try:
-        timing = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
-                              repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
-                              cold_l2=not opts.get("warm_l2", False))
-        convention = opts.get("flops_convention") or "exact"
+        timing = TimingConfig(
+            warmup=common.option_int(opts, "warmup", 0, common.MAX_REPEAT, default=2 if cpu else 10),
+            repeat=common.option_int(opts, "repeat", 1, common.MAX_REPEAT, default=5 if cpu else 30),
+            cold_l2=not common.option_bool(opts, "warm_l2"))
+        convention = text(opts, "flops_convention") or "exact"
         if convention not in metrics.CONVENTIONS:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
-        profiler = opts.get("profiler") or "none"
+        profiler = text(opts, "profiler") or "none"
         if profiler != "none":
-            raise ValueError(f"--profiler {profiler}: only 'none' (CUDA events) is available in this version")
+            raise ValueError(f"bad --profiler {profiler!r}: only 'none' (CUDA events) is available in this version")
         specs = sweep.specs()
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    backends = resolve_backends(common._as_list(opts.get("backends")), opts.get("impl"), device)
-    output = opts.get("output")
+    backends = resolve_backends(common._as_list(opts.get("backends")), text(opts, "impl"), device)
+    output = text(opts, "output")
     if output is not None:
         try:
             export.format_for(Path(output))
         except ValueError as exc:
             raise UserError(str(exc)) from None
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
-                         seed=opts.get("seed") or 0)
-    db = Path(opts.get("db") or DEFAULT_DB)
+                         seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0))
+    db = Path(text(opts, "db") or DEFAULT_DB)
+    timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
-                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()})
+                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
+                   isolate=common.option_bool(opts, "isolate") or timeout is not None, case_timeout=timeout,
+                   resume=opts.get("resume"))
 
 
 def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) -> tuple[str, list]:
     """Run the plan, writing each record to the store as it is measured."""
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
-    run_id = run_id or new_run_id()
+    run_id = plan.resume or run_id or new_run_id()
     store = ResultStore(plan.db)
     store.add_env(env_id, env)
     store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config, env_id=env_id,
@@ -119,18 +138,25 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False) ->
         records.append(record)
         progress.advance(task)
 
-    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id))
+    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id))
     cases = runner.cases(plan.specs)
     status = "interrupted"
     try:
-        with progress:
+        with progress, control.stop_on_sigint(runner):
             task = progress.add_task("measuring", total=len(cases))
             runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
             runner.run(plan.specs)
-        status = "done"
+        status = "done" if len(records) == len(cases) else "interrupted"
+    except KeyboardInterrupt:
+        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False)
+        raise
     finally:
         store.finish_run(run_id, status)
         store.close()
+    if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
+        common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases; "
+                                 f"{control.resume_hint(run_id, plan.db)}", markup=False, highlight=False)
+        raise typer.Exit(130)
     return run_id, records, runner.clock.seconds
 
 
@@ -160,10 +186,20 @@ def run(
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", metavar="RUN_ID", help="Run only the cases of run RUN_ID that have no record yet.")] = None,
+    isolate: Annotated[bool, typer.Option(
+        "--isolate", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
+    case_timeout: Annotated[float | None, typer.Option(
+        "--case-timeout", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
+    quiet = common.option_bool(plan.config, "quiet")
     run_id, records, phases = execute(plan, quiet=quiet)
+    if plan.resume:  # show and export the whole run, not only the cases run now
+        with ResultStore(plan.db) as store:
+            records = store.records(run_id)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from attnbench.cli.common import UserError
+from attnbench.cli.common import UserError, check_db_path
 from attnbench.results.store import DEFAULT_DB, ResultStore
 
 RESUME_OVERRIDES = ("db", "quiet", "isolate", "case_timeout", "output", "resume")
@@ -40,7 +40,7 @@ def resumed_options(ctx: typer.Context) -> dict:
     if given:
         raise UserError(f"--resume {run_id} re-runs that run's stored options: drop {', '.join(given)} "
                         f"(allowed with --resume: {', '.join(_flag(n) for n in RESUME_OVERRIDES[:-1])})")
-    db = Path(ctx.params.get("db") or DEFAULT_DB)
+    db = check_db_path(Path(ctx.params.get("db") or DEFAULT_DB))
     if not db.is_file():
         raise UserError(f"--resume {run_id}: no results database at {db} (use --db PATH)")
     with ResultStore(db, create=False) as store:

@@ -99,20 +99,21 @@ def plan_from_options(opts: dict) -> RunPlan:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
         profiler = text(opts, "profiler") or "none"
         if profiler != "none":
-            raise ValueError(f"bad --profiler {profiler!r}: only 'none' (CUDA events) is available in this version")
+            raise ValueError(f"bad --profiler {profiler!r}; allowed: none (CUDA events; the only one in this version)")
         specs = sweep.specs()
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    backends = resolve_backends(common._as_list(opts.get("backends")), text(opts, "impl"), device)
+    backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device)
     output = text(opts, "output")
     if output is not None:
         try:
             export.format_for(Path(output))
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        common.check_output_path(Path(output))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0))
-    db = Path(text(opts, "db") or DEFAULT_DB)
+    db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench import metrics
+from attnbench import memory, metrics
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
 from attnbench.inputs import AttnInputs, make_inputs
@@ -80,6 +80,8 @@ class Runner:
         self.sink, self.checker, self.on_case = sink, checker, on_case
         self.skip = skip or set()
         self.clock = PhaseClock()
+        self.stop_requested = False
+        """Set (e.g. by a SIGINT handler) to stop after the case in flight."""
         self.backends = [registry.get(name) for name in options.backends]
         self.clocks = ClockMonitor(self.device)
 
@@ -96,22 +98,41 @@ class Runner:
         records: list[Record] = []
         inputs, inputs_key = None, None
         for i, (spec, backend) in enumerate(self.cases(specs)):
+            if self.stop_requested:
+                break
             if self.on_case:
                 self.on_case(spec, backend.name)
             if i and self.options.cooldown_s > 0:
                 with self.clock.phase("cooldown"):
                     time.sleep(self.options.cooldown_s)
             if spec.shape_key() != inputs_key:
-                inputs = None
+                inputs, inputs_key = None, spec.shape_key()
                 _free(self.device)
                 with self.clock.phase("inputs"):
-                    inputs = make_inputs(spec, self.device, self.options.seed)
-                inputs_key = spec.shape_key()
-            with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
-                record = self.run_case(spec, backend, inputs, check=self.checker is not None)
+                    inputs = self._make_inputs(spec)
+            if isinstance(inputs, AttnInputs):
+                with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
+                    record = self.run_case(spec, backend, inputs, check=self.checker is not None)
+            else:  # the shape's inputs could not be made: every backend that supports it gets that status
+                unsupported = backend.supports(spec, self.device)
+                status, reason = ("unsupported", unsupported) if unsupported else inputs
+                record = self._record(spec, backend, status=status, reason=reason, info=backend.base_info())
             self.sink(record)
             records.append(record)
         return records
+
+    def _make_inputs(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
+        """The case's inputs, or (status, reason) when they cannot be made (too large for the device)."""
+        reason = memory.guard(spec, None, self.device, inputs_allocated=False)
+        if reason:
+            return "oom", "inputs: " + reason
+        try:
+            return make_inputs(spec, self.device, self.options.seed)
+        except torch.OutOfMemoryError as exc:
+            _free(self.device)
+            return "oom", f"inputs: {_first_line(exc)}"
+        except (RuntimeError, ValueError) as exc:  # e.g. a shape too large to index
+            return "error", f"inputs: {type(exc).__name__}: {_first_line(exc)}"
 
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,
@@ -124,6 +145,9 @@ class Runner:
         if reason:
             return self._record(spec, backend, status="unsupported", reason=reason, info=backend.base_info())
         info: dict = backend.base_info()
+        too_big = memory.guard(spec, backend, self.device)
+        if too_big:
+            return self._record(spec, backend, status="oom", reason=too_big, info=info)
         try:
             return self._measure_case(spec, backend, inputs, info, check)
         except BackendUnavailable as exc:
@@ -208,6 +232,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _free(device: torch.device) -> None:
-    gc.collect()
+    # Only device memory needs the help: on CPU a full collection per shape (~30-100 ms with torch
+    # loaded) dominated small sweeps, and reference counting already frees the tensors.
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()

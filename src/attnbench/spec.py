@@ -27,6 +27,8 @@ DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32
 PASSES = ("fwd", "bwd", "fwd_bwd")
 LAYOUTS = ("bshd", "bhsd")
 MAX_HEAD_DIM = 512
+MAX_TOKENS = 2**31 - 1
+"""Most tokens in one case (batch x summed lengths): kernels and cu_seqlens use int32 offsets."""
 
 
 def normalize_dtype(name: str) -> str:
@@ -90,6 +92,10 @@ class AttnSpec:
             raise ValueError(
                 f"seqlens_k has {len(self.seqlens_k)} values but seqlens_q has {len(self.seqlens_q)}; "
                 "give one key length per sequence")
+        for name, lengths in (("query", self.seqlens_q), ("key", self.seqlens_k)):
+            if (tokens := self.batch * sum(lengths)) > MAX_TOKENS:
+                raise ValueError(f"batch x {name} sequence lengths is {tokens} tokens; at most {MAX_TOKENS} "
+                                 "(int32 offsets): use a smaller batch or shorter sequences")
         if self.heads_q % self.heads_kv:
             raise ValueError(
                 f"q-heads ({self.heads_q}) must be a multiple of kv-heads ({self.heads_kv}) for GQA/MQA")

@@ -13,19 +13,25 @@ from dataclasses import dataclass, fields
 
 from attnbench.spec import PASSES, AttnSpec, normalize_dtype
 
-_NUM = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
-_RANGE = re.compile(r"^(?P<lo>[^.]+)\.\.(?P<hi>[^:]+)(?::(?P<op>[x*+])(?P<step>\d+))?$")
+_NUM = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$", re.ASCII)
+_RANGE = re.compile(r"^(?P<lo>[^.]+)\.\.(?P<hi>[^:]+)(?::(?P<op>[x*+])(?P<step>\d+))?$", re.ASCII)
 MAX_RANGE_VALUES = 4096
+MAX_INT = 2**31 - 1
+"""Largest size of any axis: kernels index with int32."""
+MAX_CASES = 100_000
+"""Largest sweep; a bigger product of axes is an error before anything is expanded."""
 
 
 def parse_int(text: str, what: str = "value") -> int:
     """'512' -> 512, '16k' -> 16384, '1m' -> 1048576; ValueError otherwise."""
     m = _NUM.match(str(text))
-    if not m:
+    if not m or len(m.group(1)) > 30:
         raise ValueError(f"bad {what} {text!r}: expected a positive integer like 512 or 16k")
     value = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 ** 2}[m.group(2).lower()]
     if value < 1:
-        raise ValueError(f"bad {what} {text!r}: must be positive")
+        raise ValueError(f"bad {what} {text!r}: must be a positive integer")
+    if value > MAX_INT:
+        raise ValueError(f"bad {what} {text!r}: at most {MAX_INT}")
     return value
 
 
@@ -44,7 +50,7 @@ def parse_range(text: str, what: str = "value") -> list[int]:
     while value <= hi:
         out.append(value)
         if len(out) > MAX_RANGE_VALUES:
-            raise ValueError(f"range {text!r} expands to more than {MAX_RANGE_VALUES} values")
+            raise ValueError(f"bad range {text!r}: expands to more than {MAX_RANGE_VALUES} values; give a larger step")
         value = value * step if op in "x*" else value + step
     return out
 
@@ -61,7 +67,7 @@ def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
         if "," in value:
             cases.append(tuple(parse_int(part, "sequence length") for part in value.split(",") if part.strip()))
             if not cases[-1]:
-                raise ValueError(f"bad --seq-lens value {value!r}: no lengths in it")
+                raise ValueError(f"bad --seq-lens value {value!r}: no lengths in it; give lengths like 128,128")
         else:
             cases.extend((n,) for n in parse_range(value, "sequence length"))
     if not cases:
@@ -133,8 +139,17 @@ class Sweep:
             out.append(emb // q_heads)
         return out
 
+    def count(self) -> int:
+        """Number of cases, computed without expanding them."""
+        head_sizes = len(self.emb_dims) if self.emb_dims is not None else len(self.head_sizes)
+        return (len(self.dtypes) * len(self.batch_sizes) * len(self.q_heads) * len(self.seq_lens)
+                * len(self.kv_heads or (1,)) * head_sizes * len(self.causal) * len(self.passes))
+
     def specs(self) -> list[AttnSpec]:
         """Every case, shape-major (cases sharing inputs are adjacent), validated."""
+        if (n := self.count()) > MAX_CASES:
+            raise ValueError(f"the sweep has {n} cases, more than the {MAX_CASES} allowed: "
+                             "give fewer values per axis or split it into several runs")
         out = []
         for dtype, batch, hq, seqs in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, self.seq_lens):
             for hkv, d in itertools.product(self.kv_heads or (hq,), self._head_sizes(hq)):

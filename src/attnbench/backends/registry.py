@@ -1,18 +1,25 @@
 """Name -> backend. Built-in adapters are listed here explicitly; third-party packages add theirs
 through the ``attnbench.backends`` entry point group (the entry point names a Backend subclass or a
-zero-argument factory returning a Backend instance)."""
+zero-argument factory returning a Backend instance).
+
+``ATTNBENCH_PLUGINS=pkg.mod1,pkg.mod2`` names modules imported (once) the first time backends are
+listed or looked up; they call ``register()`` at import. It reaches every process attnbench starts,
+isolated workers included, without installing a package (handy for private or test backends).
+A module that fails to import is logged and skipped, like a broken entry point."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
 import logging
+import os
 
 from attnbench.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "attnbench.backends"
+PLUGINS_ENV = "ATTNBENCH_PLUGINS"
 
 # name -> "module:Class"; modules are imported only when the backend is asked for.
 BUILTIN: dict[str, str] = {
@@ -45,6 +52,20 @@ BUILTIN: dict[str, str] = {
 }
 
 _extra: dict[str, object] = {}
+_plugins_loaded: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import the modules named in ``$ATTNBENCH_PLUGINS`` (comma separated) not imported yet."""
+    for module in os.environ.get(PLUGINS_ENV, "").split(","):
+        module = module.strip()
+        if not module or module in _plugins_loaded:
+            continue
+        _plugins_loaded.add(module)
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a broken plug-in must not break the other backends
+            log.warning("%s: cannot import %s: %s: %s", PLUGINS_ENV, module, type(exc).__name__, exc)
 
 
 def register(name: str, factory) -> None:
@@ -62,11 +83,13 @@ def _entry_points() -> dict[str, object]:
 
 def names() -> list[str]:
     """Every known backend name: built-ins, registered and entry points (in that order)."""
+    load_plugins()
     return list(dict.fromkeys([*BUILTIN, *_extra, *_entry_points()]))
 
 
 def get(name: str) -> Backend:
     """Instantiate backend ``name``; ValueError naming the known backends if it does not exist."""
+    load_plugins()
     if name in _extra:
         target = _extra[name]
     elif name in BUILTIN:

@@ -101,9 +101,12 @@ def load_config(path: Path | None) -> dict:
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise UserError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise UserError(f"--config {path}: cannot read it as UTF-8 text ({type(exc).__name__}); "
+                        "expected a YAML file") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -127,7 +130,8 @@ def merge_options(ctx: typer.Context, config: dict, allowed: set[str]) -> dict:
         source = ctx.get_parameter_source(name)
         explicit = source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
         if explicit or name not in merged:
-            merged[name] = value
+            # an option not given is unset (None), whatever empty default the parser filled in
+            merged[name] = value if explicit or not isinstance(value, (list, tuple)) or value else None
     return merged
 
 
@@ -163,28 +167,54 @@ def parse_window(value) -> tuple[int, int] | None:
     return left, right
 
 
+def axis_values(opts: dict, name: str, *, groups: bool = False) -> list | None:
+    """The values of a sweep axis (None if unset): a scalar or a list of scalars; with ``groups``
+    an inner list is one grouped batch (``[[128, 128], 256]``). UserError for empty or nested values."""
+    value = opts.get(name)
+    if value is None:
+        return None
+    out = []
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if groups and isinstance(item, (list, tuple)) and item and all(_is_scalar(x) for x in item):
+            out.append(",".join(str(x) for x in item))
+        elif _is_scalar(item):
+            out.append(item)
+        else:
+            raise UserError(f"bad {flag_name(name)} {value!r}: expected a value or a list of values")
+    if not out:
+        raise UserError(f"bad {flag_name(name)} {value!r}: empty; give at least one value")
+    return out
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
 def build_sweep(opts: dict, device: str) -> Sweep:
     """Turn merged option values into a Sweep; missing axes come from the device's default sweep."""
     base = GPU_DEFAULT if device.startswith("cuda") else CPU_DEFAULT
     try:
-        seq = _as_list(opts.get("seq_lens"))
-        emb = _as_list(opts.get("emb_dim"))
-        heads = _as_list(opts.get("q_heads"))
-        kv = _as_list(opts.get("kv_heads"))
+        seq = axis_values(opts, "seq_lens", groups=True)
+        emb = axis_values(opts, "emb_dim")
+        heads = axis_values(opts, "q_heads")
+        kv = axis_values(opts, "kv_heads")
+        batch = axis_values(opts, "batch_size")
+        head_size = axis_values(opts, "head_size")
+        dtypes = axis_values(opts, "dtype")
+        passes = axis_values(opts, "pass_")
+        layout = option_text(opts, "layout")
         return Sweep(
-            batch_sizes=tuple(parse_int_list(v, "batch size")[0] for v in _as_list(opts.get("batch_size")) or [])
-            or base.batch_sizes,
+            batch_sizes=tuple(parse_int_list(batch, "batch size")) if batch else base.batch_sizes,
             seq_lens=tuple(parse_seq_lens([str(s) for s in seq])) if seq else base.seq_lens,
             q_heads=tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads,
             kv_heads=tuple(parse_int_list(kv, "kv-heads")) if kv else None,
-            head_sizes=tuple(parse_int_list(_as_list(opts.get("head_size")), "head size"))
-            if opts.get("head_size") else base.head_sizes,
+            head_sizes=tuple(parse_int_list(head_size, "head size")) if head_size else base.head_sizes,
             emb_dims=tuple(parse_int_list(emb, "emb_dim")) if emb else None,
-            dtypes=tuple(_as_list(opts.get("dtype")) or base.dtypes),
+            dtypes=tuple(str(d) for d in dtypes) if dtypes else base.dtypes,
             causal=parse_causal(opts.get("causal_mode")) or base.causal,
-            passes=tuple(_as_list(opts.get("pass_")) or base.passes),
+            passes=tuple(str(p) for p in passes) if passes else base.passes,
             window=parse_window(opts.get("window")),
-            layout=opts.get("layout") or base.layout,
+            layout=layout or base.layout,
         )
     except UserError:
         raise
@@ -198,6 +228,74 @@ def positive_int(value, name: str) -> int:
     except ValueError:
         raise UserError(f"bad {name} {value!r}: expected a positive integer") from None
     return n
+
+
+MAX_REPEAT = 100_000
+"""Largest --warmup / --repeat: more would look like a hang."""
+MAX_SEED = 2**63 - 1
+"""Seeds are stored as SQLite INTEGERs."""
+
+
+def check_db_path(path: Path) -> Path:
+    """--db must be a SQLite file or a path where one can be created."""
+    if path.is_dir():
+        raise UserError(f"bad --db {str(path)!r}: it is a directory; give a file path like results.db")
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise UserError(f"bad --db {str(path)!r}: not a SQLite database; give a new path or an attnbench .db")
+    return path
+
+
+def check_output_path(path: Path) -> Path:
+    """--output's folder must exist (checked before running, not after)."""
+    if path.is_dir() or not path.parent.is_dir():
+        raise UserError(f"bad --output {str(path)!r}: expected a file in an existing folder")
+    return path
+
+
+def flag_name(name: str) -> str:
+    """Parameter name -> the flag a user types (``pass_`` -> ``--pass``)."""
+    return "--" + name.rstrip("_").replace("_", "-")
+
+
+def option_text(opts: dict, name: str) -> str | None:
+    """One scalar option value as text (None if unset); UserError for a list or a mapping."""
+    value = opts.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise UserError(f"bad {flag_name(name)} {value!r}: expected one value, not a {type(value).__name__}")
+
+
+def option_int(opts: dict, name: str, lo: int, hi: int, *, default: int) -> int:
+    """An integer option in lo..hi (YAML may give a string like '16k'); UserError otherwise."""
+    value = opts.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}")
+    if isinstance(value, str):
+        try:
+            value = 0 if value.strip() == "0" else parse_int(value, flag_name(name))
+        except ValueError:
+            raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}") from None
+    if not lo <= value <= hi:
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected an integer in {lo}..{hi}")
+    return value
+
+
+def option_bool(opts: dict, name: str) -> bool:
+    """A flag's value (false if unset); UserError unless it is true or false."""
+    value = opts.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise UserError(f"bad {flag_name(name)} {value!r}: expected true or false")
+    return value
 
 
 # ---- reusable option declarations (one place for names, aliases and help) -----------------------

@@ -14,13 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics
 from attnbench.backends import registry
-from attnbench.cli import common, sharding, timing_opts
+from attnbench.cli import common, control, sharding, timing_opts
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
-from attnbench.runner import Runner, RunOptions
+from attnbench.runner import RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
 
@@ -38,6 +38,13 @@ class RunPlan:
     output: Path | None
     config: dict
     profiler: str = "none"
+    """External profiler the run is re-executed under (nsys), or none/torch/ncu/rocprof."""
+    isolate: bool = False
+    """Run each case in a worker subprocess (implied by case_timeout)."""
+    case_timeout: float | None = None
+    """Seconds after which an isolated case is killed and recorded as an error."""
+    resume: str | None = None
+    """Id of the run being resumed (its recorded cases are skipped)."""
 
 
 def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
@@ -52,7 +59,7 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
                             f"use --backends with one of: {alternatives}")
         names = [*(names or []), target]
     if not names:
-        return tuple(registry.available(device, default_only=True))
+        return tuple(registry.available(device))
     out = []
     known = registry.names()
     for item in names:
@@ -69,44 +76,59 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
 
 
 def build_plan(ctx: typer.Context) -> RunPlan:
-    """Validate every option (config file merged) into a RunPlan; raises UserError."""
+    """Validate every option (config file merged, or a resumed run's stored options) into a RunPlan."""
+    if ctx.params.get("resume") is not None:
+        return plan_from_options(control.resumed_options(ctx))
     config = common.load_config(ctx.params.get("config"))
-    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config"})
-    device = common.resolve_device(opts.get("device"))
+    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config", "resume"})
+    return plan_from_options(opts)
+
+
+def plan_from_options(opts: dict) -> RunPlan:
+    """Merged option values -> RunPlan; raises UserError naming the bad value."""
+    device = common.resolve_device(common.option_text(opts, "device"))
+    opts["device"] = device  # stored resolved, so --resume runs on the same device
     sweep = common.build_sweep(opts, device)
+    text = common.option_text
+    cpu = device == "cpu"
+    # Bounded here (huge values must fail before anything runs), then the timing options proper.
+    opts["warmup"] = common.option_int(opts, "warmup", 0, common.MAX_REPEAT, default=2 if cpu else 10)
+    opts["repeat"] = common.option_int(opts, "repeat", 1, common.MAX_REPEAT, default=5 if cpu else 30)
+    opts["warm_l2"] = common.option_bool(opts, "warm_l2")
     timing, profiler = timing_opts.resolve(opts, device)
     extra = timing_opts.run_options(opts)
     try:
-        convention = opts.get("flops_convention") or "exact"
+        convention = text(opts, "flops_convention") or "exact"
         if convention not in metrics.CONVENTIONS:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
         specs = sweep.specs()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    try:
         from attnbench.backends import options as backend_options
         backend_options.apply(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    backends = resolve_backends(common._as_list(opts.get("backends")), opts.get("impl"), device)
-    output = opts.get("output")
+    backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device)
+    output = text(opts, "output")
     if output is not None:
         try:
             export.format_for(Path(output))
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        common.check_output_path(Path(output))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
-                         seed=opts.get("seed") or 0, **extra)
-    db = Path(opts.get("db") or DEFAULT_DB)
+                         seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), **extra)
+    db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
+    timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
-                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}, profiler=profiler)
+                   config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
+                   isolate=common.option_bool(opts, "isolate") or timeout is not None, case_timeout=timeout,
+                   resume=opts.get("resume"))
 
 
 def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, checker=None) -> tuple[str, list]:
     """Run the plan, writing each record to the store as it is measured (checked by ``checker`` if given)."""
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
-    run_id = run_id or new_run_id()
+    run_id = plan.resume or run_id or new_run_id()
     store = ResultStore(plan.db)
     store.add_env(env_id, env)
     store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config, env_id=env_id,
@@ -120,19 +142,26 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         records.append(record)
         progress.advance(task)
 
-    runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id),
-                    checker=checker)
+    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id),
+                                 checker=checker)
     cases = runner.cases(plan.specs)
     status = "interrupted"
     try:
-        with progress:
+        with progress, control.stop_on_sigint(runner):
             task = progress.add_task("measuring", total=len(cases))
             runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
             runner.run(plan.specs)
-        status = "done"
+        status = "done" if len(records) == len(cases) else "interrupted"
+    except KeyboardInterrupt:
+        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False)
+        raise
     finally:
         store.finish_run(run_id, status)
         store.close()
+    if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
+        common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases; "
+                                 f"{control.resume_hint(run_id, plan.db)}", markup=False, highlight=False)
+        raise typer.Exit(130)
     return run_id, records, runner.clock.seconds
 
 
@@ -178,6 +207,12 @@ def run(
         "failure).")] = True,
     shard: sharding.ShardOpt = None,
     run_id: sharding.RunIdOpt = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", metavar="RUN_ID", help="Run only the cases of run RUN_ID that have no record yet.")] = None,
+    isolate: Annotated[bool, typer.Option(
+        "--isolate", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
+    case_timeout: Annotated[float | None, typer.Option(
+        "--case-timeout", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
     plan = build_plan(ctx)
@@ -185,12 +220,15 @@ def run(
         timing_opts.run_nsys(plan.db)
         return
     plan, run_id, hint = sharding.apply(plan, shard, run_id)
-    quiet = quiet or sharding.rank() > 0  # one rank prints
+    quiet = common.option_bool(plan.config, "quiet") or sharding.rank() > 0  # one rank prints
     checker = None
-    if plan.config.get("check", True):
+    if plan.config.get("check", True) is not False:
         from attnbench.accuracy.check import AccuracyChecker
         checker = AccuracyChecker()
     run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
+    if plan.resume:  # show and export the whole run, not only the cases run now
+        with ResultStore(plan.db) as store:
+            records = store.records(run_id)
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:

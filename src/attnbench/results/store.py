@@ -16,30 +16,56 @@ from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
 
 DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS envs (env_id TEXT PRIMARY KEY, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
-    config TEXT, env_id TEXT, attnbench_version TEXT);
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    {", ".join(f'"{name}" {kind}' for name, kind in COLUMNS.items())});
-CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id);
-"""
-
-# Version n -> n + 1, applied in order to older files (a new file is created at 1 and migrated too).
-# Each step is additive, so an older attnbench's records stay readable as they were.
-_MIGRATIONS: dict[int, str] = {
-    # 2: peaks measured by `attnbench calibrate` (matmul TFLOP/s, copy GB/s) per device and environment.
-    1: """
-CREATE TABLE IF NOT EXISTS peaks (
+# Peaks measured by `attnbench calibrate` (matmul TFLOP/s, copy GB/s) per device and environment.
+_PEAKS = """CREATE TABLE IF NOT EXISTS peaks (
     device_name TEXT NOT NULL, env_id TEXT NOT NULL, kind TEXT NOT NULL, value REAL NOT NULL,
     unit TEXT NOT NULL, measured_at REAL NOT NULL, details TEXT,
-    PRIMARY KEY (device_name, env_id, kind));
-""",
-}
+    PRIMARY KEY (device_name, env_id, kind))"""
+_RECORDS_COLUMNS = ", ".join(f'"{name}" {kind}' for name, kind in COLUMNS.items())
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)",
+    "CREATE TABLE IF NOT EXISTS envs (env_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
+        config TEXT, env_id TEXT, attnbench_version TEXT)""",
+    f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {_RECORDS_COLUMNS})",
+    "CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id)",
+    _PEAKS,
+]
+"""The current schema (version ``SCHEMA_VERSION``), one statement each."""
 
+
+# ---- migrations ---------------------------------------------------------------------------------
+def _v0_to_v1(conn: sqlite3.Connection) -> None:
+    """v0 = the layout before versioning: no meta table, records possibly missing later columns."""
+    for statement in _SCHEMA:
+        conn.execute(statement)
+    have = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+    for name, kind in COLUMNS.items():
+        if name not in have:  # ADD COLUMN cannot add NOT NULL without a default; old rows hold NULL
+            conn.execute(f'ALTER TABLE records ADD COLUMN "{name}" {kind.replace(" NOT NULL", "")}')
+
+
+def _v1_to_v2(conn: sqlite3.Connection) -> None:
+    """v2 adds the ``peaks`` table (additive: v1 records stay as they were)."""
+    conn.execute(_PEAKS)
+
+
+MIGRATIONS: list = [_v0_to_v1, _v1_to_v2]
+"""``MIGRATIONS[n]`` upgrades a database from schema version n to n + 1 (one transaction each).
+
+To change the schema: bump ``SCHEMA_VERSION`` (results/record.py), update ``_SCHEMA`` to the new
+layout and append a function doing the same to an existing database of the previous version."""
+
+
+def schema_version(conn: sqlite3.Connection) -> int | None:
+    """Version of the open database: None when empty, 0 when it predates versioning."""
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "meta" in tables:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is not None:
+            return int(row[0])
+    return 0 if tables & {"records", "runs"} else None
 
 def new_run_id() -> str:
     """Sortable, unique run id: UTC time plus a random suffix."""
@@ -58,24 +84,38 @@ class ResultStore:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        with self.conn:
-            self.conn.executescript(_SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', '1')")
-        self._check_version()
+        self._upgrade()
 
-    def _check_version(self) -> None:
-        found = int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
-        if found > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has schema version {found}; this attnbench reads up to "
-                               f"{SCHEMA_VERSION}: upgrade attnbench")
-        for version in range(found, SCHEMA_VERSION):
-            with self.conn:
-                self.conn.executescript(_MIGRATIONS[version])
-                self.conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version + 1),))
+    def _upgrade(self) -> None:
+        """Create the schema, or migrate an older one step by step; readers of a current file write nothing."""
+        while (found := schema_version(self.conn)) != SCHEMA_VERSION:
+            if found is not None and found > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} has schema version {found}; this attnbench reads up to "
+                                   f"{SCHEMA_VERSION}: upgrade attnbench")
+            self.conn.execute("BEGIN IMMEDIATE")  # take the write lock, then look again: another process may have
+            try:
+                found = schema_version(self.conn)
+                if found is None:
+                    for statement in _SCHEMA:
+                        self.conn.execute(statement)
+                    target = SCHEMA_VERSION
+                elif found < SCHEMA_VERSION:
+                    MIGRATIONS[found](self.conn)
+                    target = found + 1
+                else:
+                    target = found
+                self.conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
+                self.conn.commit()
+            except BaseException as exc:
+                self.conn.rollback()
+                if found is None or found >= SCHEMA_VERSION or not isinstance(exc, Exception):
+                    raise
+                raise RuntimeError(f"{self.path}: migrating the schema from version {found} to {found + 1} failed "
+                                   f"({type(exc).__name__}: {exc}); the database is unchanged") from exc
 
     @property
     def schema_version(self) -> int:
-        return int(self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0])
+        return schema_version(self.conn)
 
     def close(self) -> None:
         self.conn.close()

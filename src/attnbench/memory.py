@@ -1,0 +1,132 @@
+"""Memory guard: skip a case that cannot fit in free device memory instead of running it into an OOM.
+
+The estimate is deliberately simple and errs low (a case the guard lets through may still run out of
+memory; that real OOM is caught by the runner as before). For one call of a case, in bytes:
+
+- inputs: q, k, v and dout in the case's dtype;
+- outputs: out, plus the fp32 log-sum-exp (4 bytes per query row and head);
+- grads (bwd and fwd_bwd): dq, dk, dv, the size of q, k, v;
+- workspace: what the backend allocates beyond that. Backends that materialise the score matrix
+  (``naive``, ``sdpa-math``) need Hq·Sq·Sk·bytes per sequence (B·Hq·Sq·Sk for a dense batch: one
+  batched matmul); for a backward pass ×3 (scores, probabilities and their gradient live together).
+  A varlen forward needs only the largest sequence's scores (they are freed one by one); a varlen
+  backward keeps every sequence's. Fused kernels need O(inputs) and get no workspace. A backend can
+  declare its own by defining ``workspace_bytes(spec) -> int``.
+
+Free memory = ``torch.cuda.mem_get_info`` free bytes + memory PyTorch's caching allocator holds but
+does not use. The guard only acts on CUDA/ROCm devices; on CPU it never skips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.spec import AttnSpec
+
+SCORE_MATERIALIZING = ("naive", "sdpa-math")
+"""Backends whose default workspace is the full score matrix (unless they define workspace_bytes)."""
+BACKWARD_SCORE_COPIES = 3
+"""Score-sized tensors alive at once in a backward: scores, probabilities, their gradient."""
+LSE_BYTES = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryEstimate:
+    """Bytes one call of a case needs on the device, by kind."""
+
+    inputs: int
+    """q, k, v and dout."""
+    outputs: int
+    """out and the fp32 LSE."""
+    grads: int
+    """dq, dk, dv (0 for fwd)."""
+    workspace: int
+    """Backend-specific temporaries (e.g. the score matrix)."""
+
+    @property
+    def total(self) -> int:
+        return self.inputs + self.outputs + self.grads + self.workspace
+
+    @property
+    def beyond_inputs(self) -> int:
+        """What the case needs once its inputs exist (inputs are shared by the backends of a shape)."""
+        return self.total - self.inputs
+
+
+def _tokens(spec: AttnSpec) -> tuple[int, int]:
+    seqs = spec.sequences
+    return sum(s for s, _ in seqs), sum(s for _, s in seqs)
+
+
+def score_bytes(spec: AttnSpec, elem: int | None = None) -> int:
+    """Bytes of the score matrices one call materialises (see module doc)."""
+    elem = elem or spec.torch_dtype.itemsize
+    per_seq = [spec.heads_q * sq * sk * elem for sq, sk in spec.sequences]
+    backward = spec.pass_ != "fwd"
+    if not spec.is_varlen:
+        scores = sum(per_seq)  # one batched matmul holds every sequence's scores
+    else:
+        scores = sum(per_seq) if backward else max(per_seq)
+    return scores * (BACKWARD_SCORE_COPIES if backward else 1)
+
+
+def workspace_bytes(spec: AttnSpec, backend) -> int:
+    """The backend's declared workspace, or the default rule of the module doc."""
+    declared = getattr(backend, "workspace_bytes", None)
+    if callable(declared):
+        return int(declared(spec))
+    if getattr(backend, "name", "") not in SCORE_MATERIALIZING:
+        return 0
+    extra = 0
+    if spec.gqa:  # K and V are expanded to the query heads first
+        _, tk = _tokens(spec)
+        extra = tk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
+    return score_bytes(spec) + extra
+
+
+def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
+    """Device bytes of one call of ``spec`` on ``backend`` (None = a fused kernel, no workspace)."""
+    elem = spec.torch_dtype.itemsize
+    tq, tk = _tokens(spec)
+    q = tq * spec.heads_q * spec.head_dim * elem
+    k = tk * spec.heads_kv * spec.head_dim * elem
+    v = tk * spec.heads_kv * spec.head_dim_v * elem
+    out = tq * spec.heads_q * spec.head_dim_v * elem
+    return MemoryEstimate(inputs=q + k + v + out, outputs=out + tq * spec.heads_q * LSE_BYTES,
+                          grads=(q + k + v) if spec.pass_ != "fwd" else 0,
+                          workspace=workspace_bytes(spec, backend) if backend is not None else 0)
+
+
+def available_bytes(device: str | torch.device) -> int | None:
+    """Bytes a new allocation can get on ``device``; None where unknown (CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free) + max(int(cached), 0)
+
+
+def format_bytes(n: float) -> str:
+    """1.5 GiB, 12.0 MiB, 512 B (binary units)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def guard(spec: AttnSpec, backend, device: str | torch.device, *, inputs_allocated: bool = True) -> str | None:
+    """Why the case cannot fit (a reason for status "oom"), or None to run it.
+
+    With ``inputs_allocated`` the inputs already sit on the device, so only the rest must fit.
+    """
+    free = available_bytes(device)
+    if free is None:
+        return None
+    est = estimate(spec, backend)
+    need = est.beyond_inputs if inputs_allocated else est.total
+    if need <= free:
+        return None
+    return f"needs {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"

@@ -1,0 +1,266 @@
+"""Property-based: every invalid command line or YAML config is one line on stderr, exit status 2,
+naming the bad value, with no traceback and nothing written to the store.
+
+``attnbench.cli.main`` is called in-process (fast); ``run``'s execution is replaced by a sentinel so
+an input that is accepted by mistake fails the test instead of starting a benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from attnbench import cli
+from attnbench.cli import run as run_cmd
+
+# Derandomized: CI sees the same examples every time; ATTNBENCH_FUZZ=N explores N fresh ones locally.
+_N = int(os.environ.get("ATTNBENCH_FUZZ", "0"))
+FUZZ = settings(max_examples=_N or 25, derandomize=not _N, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+WORK = Path(tempfile.mkdtemp(prefix="attnbench-fuzz-"))
+DB = WORK / "never.db"
+BASE = ["--device", "cpu", "--db", str(DB), "--quiet"]
+BASE_CFG = ["--db", str(DB)]  # config tests: only --db (never written) overrides the file
+HINTS = ("allowed", "expected", "give", "use ", "must", "known", "at most", "no such", "not a valid", "invalid",
+         "requires", "got unexpected", "drop ", "missing", "is empty", "below start", "not valid yaml",
+         "divisible", "multiple of", "step", "a positive")
+
+
+LAST_PLAN: list = []
+
+
+class Accepted(BaseException):
+    """Raised instead of running a plan: the input was accepted."""
+
+
+@pytest.fixture(autouse=True)
+def _no_execution(monkeypatch):
+    def refuse(plan, **kwargs):
+        raise Accepted(plan)
+    monkeypatch.setattr(run_cmd, "execute", refuse)
+
+
+def invoke(argv, capsys) -> tuple[int | None, str]:
+    capsys.readouterr()
+    try:
+        cli.main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    except Accepted as exc:
+        code = "accepted"
+        LAST_PLAN[:] = [exc.args[0]]
+    return code, capsys.readouterr().err
+
+
+def assert_rejected(argv, capsys, *needles) -> str:
+    code, err = invoke(argv, capsys)
+    assert code == 2, f"{argv!r}: exit {code!r}, stderr {err!r}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"{argv!r}: {err!r}"
+    line = lines[0]
+    assert line.startswith("attnbench") and "Traceback" not in err
+    for needle in needles:
+        assert " ".join(needle.split()) in line, f"{needle!r} not named in {line!r}"
+    assert any(h in line.lower() for h in HINTS), f"no hint of what is allowed in {line!r}"
+    assert not DB.exists(), "an invalid input wrote the store"
+    return line
+
+
+def shown(value: str) -> str:
+    """How a message shows a bad value: its repr, unless it is a plain word."""
+    return repr(value)[1:-1]
+
+
+# ---- strategies of invalid values ---------------------------------------------------------------
+junk = st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith("-") and s.strip() and "\x00" not in s)
+negative_or_zero = st.integers(max_value=0).map(str)
+huge = st.integers(min_value=2**31, max_value=10**40).map(str)
+not_a_number = junk.filter(lambda s: not re.fullmatch(r"\s*\d+\s*[kKmM]?\s*", s, re.ASCII) and ".." not in s
+                           and "," not in s)
+bad_int = st.one_of(negative_or_zero, huge, not_a_number,
+                    st.floats(allow_nan=True).map(repr), st.sampled_from(["1.5", "1e3", "0x10", "1_000", "١٢", "１６"]))
+bad_range = st.one_of(
+    st.builds(lambda a, b: f"{a}..{b}", st.integers(2, 10**6), st.integers(1, 10**6)).filter(
+        lambda s: int(s.split("..")[0]) > int(s.split("..")[1])),
+    st.builds(lambda a, step: f"{a}..{a * 4}:x{step}", st.integers(1, 100), st.sampled_from(["0", "1"])),
+    st.builds(lambda a: f"{a}..{a * 4}:+0", st.integers(1, 100)),
+    st.builds(lambda a, op: f"{a}..{a * 4}:{op}2", st.integers(1, 100), st.sampled_from(["y", "/", "-", "^"])),
+    st.sampled_from(["..", "1..", "..5", "1...5", "1..5:", "1..5:x", "k..m", "1..1m:+1", "16..16m:+3", "1..8:x2:x2"]),
+)
+SCALAR_FLAGS = {  # flag -> strategy of values it must reject
+    "--dtype": junk.filter(lambda s: s.strip().lower() not in {
+        "fp16", "bf16", "fp32", "fp64", "float16", "half", "bfloat16", "float32", "float", "float64", "double"}),
+    "--pass": junk.filter(lambda s: s.strip() not in {"fwd", "bwd", "fwd_bwd"}),
+    "--backends": junk.filter(lambda s: s.strip(", ") and not set(map(str.strip, s.split(","))) <= {
+        "naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", ""}),
+    "--device": junk.filter(lambda s: s.strip() not in {"cpu", "cpu:0"}),
+    "--window": junk.filter(lambda s: not re.fullmatch(r"-?\d+,-?\d+", s.strip()) and s.strip() not in ("none", "")),
+    "--flops-convention": junk.filter(lambda s: s not in {"exact", "dense"}),
+    "--impl": junk.filter(lambda s: s.lower() not in {"pytorch", "flash2"}),
+    "--profiler": junk.filter(lambda s: s != "none"),
+    "--output": junk.filter(lambda s: not s.lower().endswith((".json", ".csv", ".parquet"))),
+}
+INT_AXES = ["--batch-size", "--q-heads", "--kv-heads", "--head-size", "--emb-dim"]
+
+
+@FUZZ
+@given(flag=st.sampled_from(sorted(SCALAR_FLAGS)), data=st.data())
+def test_run_rejects_bad_scalar_values(capsys, flag, data):
+    value = data.draw(SCALAR_FLAGS[flag])
+    assume(not value.startswith("-"))
+    assert_rejected(["run", *BASE, flag, value], capsys)
+
+
+@FUZZ
+@given(flag=st.sampled_from(INT_AXES), value=bad_int)
+def test_run_rejects_bad_integer_axes(capsys, flag, value):
+    line = assert_rejected(["run", *BASE, flag, value], capsys)
+    assert shown(value.strip()) in line or value.strip() in line
+
+
+@FUZZ
+@given(value=st.one_of(bad_int, bad_range, st.sampled_from(["", " ", ",", ",,", "1,,x", "16,-4", "0,16"])))
+def test_run_rejects_bad_seq_lens(capsys, value):
+    assert_rejected(["run", *BASE, "--seq-lens", value], capsys)
+
+
+@FUZZ
+@given(flag=st.sampled_from(["--warmup", "--repeat", "--seed", "--case-timeout"]),
+       value=st.one_of(st.integers(max_value=-1).map(str), st.integers(min_value=2**63, max_value=10**30).map(str),
+                       st.sampled_from(["abc", "1.5x", "nan", "inf", "-inf", "", "0x", "１"])))
+def test_run_rejects_bad_numbers(capsys, flag, value):
+    assume(not (flag == "--case-timeout" and value.isdigit() and int(value) > 0))
+    assume(not (flag in ("--warmup", "--repeat", "--seed") and value in ("１",)))
+    assert_rejected(["run", *BASE, f"{flag}={value}"], capsys)
+
+
+def test_huge_but_valid_values_fail_fast_instead_of_hanging(capsys):
+    for argv, needle in [(["--seq-lens", "1..1m:+1"], "1..1m:+1"),
+                         (["--seq-lens", "1..4k:+1", "--head-size", "1..64:+1"], "cases"),
+                         (["--batch-size", "99999999999999999999"], "99999999999999999999"),
+                         (["--repeat", "10000000000"], "10000000000"),
+                         (["--seq-lens", "2147483647", "--batch-size", "2"], "tokens")]:
+        assert_rejected(["run", *BASE, *argv], capsys, needle)
+
+
+# ---- YAML configs -------------------------------------------------------------------------------
+KEYS = ["device", "backends", "batch_size", "q_heads", "kv_heads", "head_size", "emb_dim", "dtype", "causal",
+        "window", "pass", "seq_lens", "warmup", "repeat", "warm_l2", "flops_convention", "profiler", "impl",
+        "output", "seed", "isolate", "case_timeout", "quiet"]
+yaml_scalar = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
+                        st.text(max_size=8))
+yaml_value = st.recursive(yaml_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=2)), max_leaves=5)
+
+
+def write_yaml(data) -> Path:
+    path = WORK / "config.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    return path
+
+
+def looks_valid(key, value) -> bool:
+    """Values a config may legitimately hold (the property only concerns the others)."""
+    if value is None:
+        return True
+    if key in ("warm_l2", "isolate", "quiet"):
+        return isinstance(value, bool)
+    return False
+
+
+@FUZZ
+@given(key=st.sampled_from(KEYS), value=yaml_value)
+def test_run_config_with_a_wrong_value_is_rejected(capsys, key, value):
+    assume(not looks_valid(key, value))
+    code, err = invoke(["run", *BASE_CFG, "--config", str(write_yaml({key: value}))], capsys)
+    if code == "accepted":  # a value that is fine after all (e.g. dtype: fp16, seq_lens: 128)
+        return
+    assert code == 2, f"{key}: {value!r}: exit {code!r}, stderr {err!r}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert not DB.exists()
+
+
+@FUZZ
+@given(data=st.one_of(st.lists(yaml_scalar, max_size=3), yaml_scalar.filter(lambda v: v is not None),
+                      st.dictionaries(st.text(min_size=1, max_size=8).filter(
+                          lambda k: k.replace("-", "_") not in KEYS + ["seq_len", "num_heads", "repeats", "passes"]),
+                          yaml_scalar, min_size=1, max_size=3)))
+def test_run_config_of_the_wrong_shape_is_rejected(capsys, data):
+    assert_rejected(["run", *BASE, "--config", str(write_yaml(data))], capsys)
+
+
+@FUZZ
+@given(text=st.sampled_from(["seq_lens: [", "a: b: c", "{", "- x\n y: 1", "q_heads: *alias", "!!python/object:os.system {}",
+                             "\t\tbad", "key: 'unterminated"]))
+def test_run_config_that_is_not_yaml_is_rejected(capsys, text):
+    path = WORK / "broken.yaml"
+    path.write_text(text)
+    assert_rejected(["run", *BASE, "--config", str(path)], capsys)
+
+
+# ---- backends / env / unknown options -----------------------------------------------------------
+@FUZZ
+@given(command=st.sampled_from(["backends", "env"]), value=SCALAR_FLAGS["--device"])
+def test_info_commands_reject_bad_devices(capsys, command, value):
+    assert_rejected([command, "--device", value], capsys)
+
+
+@FUZZ
+@given(command=st.sampled_from(["run", "backends", "env"]),
+       flag=st.from_regex(r"--[a-z][a-z0-9-]{0,12}", fullmatch=True), extra=st.lists(junk, max_size=2))
+def test_unknown_options_are_rejected(capsys, command, flag, extra):
+    import typer
+
+    from attnbench.cli import app
+    command_obj = typer.main.get_command(app).commands[command]
+    known = {opt for p in command_obj.params for opt in p.opts} | {"--help", "--causal", "--no-causal",
+                                                                   "--num_heads", "--seq_len", "--batch_size"}
+    assume(flag not in known)
+    assume(not any(k.startswith(flag) for k in known))  # click accepts no abbreviations, but be safe
+    assert_rejected([command, flag, *extra], capsys, flag)
+
+
+def test_resume_errors(capsys, tmp_path):
+    line = assert_rejected(["run", "--resume", "nosuch", "--db", str(DB)], capsys, "nosuch")
+    assert "no results database" in line
+    from attnbench.results.store import ResultStore
+    db = tmp_path / "r.db"
+    with ResultStore(db) as store:
+        store.start_run("r1", command="x", config={}, env_id=None, version="0")
+    line = assert_rejected(["run", "--resume", "r2", "--db", str(db)], capsys, "r2")
+    assert "r1" in line
+    assert_rejected(["run", "--resume", "r1", "--db", str(db), "--seq-lens", "16"], capsys, "--seq-lens")
+
+
+def test_bad_paths_are_rejected_before_running(capsys, tmp_path):
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("hello")
+    line = assert_rejected(["run", "--device", "cpu", "--db", str(not_db)], capsys, "not a SQLite database")
+    assert not_db.read_text() == "hello"
+    assert_rejected(["run", *BASE, "--output", str(tmp_path / "missing" / "out.json")], capsys, "existing folder")
+    binary = tmp_path / "cfg.yaml"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    assert_rejected(["run", *BASE, "--config", str(binary)], capsys, "UTF-8")
+    empty = WORK / "empty.yaml"
+    empty.write_text("dtype: []\n")
+    assert_rejected(["run", *BASE, "--config", str(empty)], capsys, "--dtype []")
+    assert line
+
+
+def test_yaml_inner_lists_are_grouped_batches(capsys):
+    cfg = WORK / "groups.yaml"
+    cfg.write_text("seq_lens: [[16, 16], 32]\nbatch_size: [1, 2]\npass: fwd\ncausal: false\n")
+    code, err = invoke(["run", *BASE, "--config", str(cfg)], capsys)
+    assert code == "accepted", err
+    plan = LAST_PLAN[0]
+    assert sorted({(s.batch, s.seqlens_q) for s in plan.specs}) == [(1, (16, 16)), (1, (32,)), (2, (16, 16)),
+                                                                      (2, (32,))]

@@ -1,0 +1,56 @@
+"""Ctrl-C stops cleanly after the case in flight; --resume runs exactly the cases still missing."""
+
+import signal
+import time
+
+from reliability_helpers import TINY, attnbench, popen, query
+
+SEQ = ["--seq-lens", "16..45:+1"]  # 30 cases
+
+
+def wait_for_records(db, n, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if db.exists() and query(db, "SELECT COUNT(*) FROM sqlite_master WHERE name='records'")[0][0]:
+            if query(db, "SELECT COUNT(*) FROM records")[0][0] >= n:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no {n} records in time; process exit {proc.poll()}")
+
+
+def test_sigint_stops_after_the_case_in_flight_then_resume_completes(tmp_path):
+    db = tmp_path / "r.db"
+    proc = popen("run", *TINY, *SEQ, "--backends", "test-sleep", "--db", str(db), ATTNBENCH_TEST_SLEEP_S="0.15")
+    wait_for_records(db, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    [(run_id, status)] = query(db, "SELECT run_id, status FROM runs")
+    assert status == "interrupted"
+    done = query(db, "SELECT case_id FROM records")
+    assert 3 <= len(done) < 30
+    assert f"--resume {run_id}" in err and "interrupted after" in err and "Traceback" not in err
+    res = attnbench("run", "--resume", run_id, "--db", str(db), "--quiet", ATTNBENCH_TEST_SLEEP_S="0.001")
+    assert res.returncode == 0, res.stderr
+    ids = [r[0] for r in query(db, "SELECT case_id FROM records")]
+    assert len(ids) == len(set(ids)) == 30 and set(r[0] for r in done) <= set(ids)
+    assert query(db, "SELECT status FROM runs") == [("done",)]
+    assert {r[0] for r in query(db, "SELECT seq_len FROM records")} == set(range(16, 46))
+    res = attnbench("run", "--resume", run_id, "--db", str(db), "--quiet")  # nothing left: a no-op
+    assert res.returncode == 0 and query(db, "SELECT COUNT(*) FROM records") == [(30,)]
+
+
+def test_second_sigint_aborts_a_hung_case(tmp_path):
+    db = tmp_path / "r.db"
+    proc = popen("run", *TINY, "--seq-lens", "17", "--backends", "naive,test-hang", "--db", str(db))
+    wait_for_records(db, 1, proc)
+    time.sleep(0.3)  # inside the hanging call now
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None  # the first Ctrl-C waits for the case in flight
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    assert query(db, "SELECT backend, status FROM records") == [("naive", "ok")]
+    assert "--resume" in err and "Traceback" not in err

@@ -1,0 +1,111 @@
+"""Memory guard: the estimate, the message, and the runner skipping (not running) what cannot fit."""
+
+import pytest
+import torch
+
+from attnbench import memory
+from attnbench.backends import registry
+from attnbench.backends.base import Backend, Capabilities, Outputs, Prepared
+from attnbench.runner import Runner, RunOptions
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig
+
+GiB = 1 << 30
+
+
+def fake_cuda(monkeypatch, free: int, reserved: int = 0, allocated: int = 0):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+
+
+def test_naive_scores_dominate_and_scale_with_pass():
+    spec = AttnSpec(batch=2, seqlens_q=(4096,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
+    naive = registry.get("naive")
+    est = memory.estimate(spec, naive)
+    assert est.workspace == 2 * 16 * 4096 * 4096 * 2  # B*H*Sq*Sk*bytes
+    assert est.inputs == 4 * 2 * 4096 * 16 * 128 * 2  # q, k, v, dout
+    assert est.grads == 0
+    bwd = memory.estimate(spec.replace(pass_="fwd_bwd"), naive)
+    assert bwd.workspace == 3 * est.workspace and bwd.grads == 3 * 2 * 4096 * 16 * 128 * 2
+    fused = memory.estimate(spec, registry.get("sdpa-flash"))
+    assert fused.workspace == 0 and fused.total < est.total / 5
+
+
+def test_varlen_forward_needs_only_the_largest_sequence():
+    spec = AttnSpec(seqlens_q=(100, 300, 17), heads_q=4, head_dim=8, dtype="fp32", pass_="fwd")
+    assert memory.score_bytes(spec) == 4 * 300 * 300 * 4
+    assert memory.score_bytes(spec.replace(pass_="bwd")) == 3 * 4 * (100**2 + 300**2 + 17**2) * 4
+
+
+def test_declared_workspace_wins():
+    class Declares(Backend):
+        name = "declares"
+
+        def workspace_bytes(self, spec):
+            return 12345
+    spec = AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=8)
+    assert memory.estimate(spec, Declares()).workspace == 12345
+
+
+def test_guard_message_and_cached_memory_counts_as_free(monkeypatch):
+    spec = AttnSpec(batch=8, seqlens_q=(32768,), heads_q=32, head_dim=128, dtype="bf16", pass_="fwd")
+    naive = registry.get("naive")
+    fake_cuda(monkeypatch, free=22 * GiB)
+    reason = memory.guard(spec, naive, "cuda")
+    need = memory.estimate(spec, naive).beyond_inputs
+    assert reason == f"needs {need / GiB:.1f} GiB, 22.0 GiB free (estimated; not run)"
+    assert memory.guard(spec, registry.get("sdpa-flash"), "cuda") is None
+    # memory held by the caching allocator but unused is free for the case
+    fake_cuda(monkeypatch, free=1 * GiB, reserved=need + GiB, allocated=GiB)
+    assert memory.guard(spec, naive, "cuda") is None
+    assert memory.guard(spec, naive, "cpu") is None  # unknown on CPU: never skips
+    assert memory.format_bytes(34.1 * GiB) == "34.1 GiB" and memory.format_bytes(3 << 20) == "3.0 MiB"
+
+
+class Records(Backend):
+    name = "test-records-prepare"
+    capabilities = Capabilities()
+    prepared: list = []
+
+    def prepare(self, spec, inputs):
+        self.prepared.append(spec)
+        return Prepared(fn=lambda: Outputs(out=inputs.q.clone()))
+
+
+@pytest.mark.parametrize("free, inputs_fit", [(10 << 20, True), (10, False)])
+def test_runner_skips_cases_that_cannot_fit(monkeypatch, free, inputs_fit):
+    registry.register(Records.name, Records)
+    Records.prepared.clear()
+    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
+    specs = [AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=8, dtype="fp32") for s in (16, 2048)]
+    out = []
+    runner = Runner(RunOptions(device="cpu", backends=("naive", Records.name), timing=TimingConfig(warmup=0, repeat=1)),
+                    run_id="r", env_id=None, sink=out.append)
+    runner.run(specs)
+    by = {(r.backend, r.spec.seqlens_q[0]): r for r in out}
+    big = by[("naive", 2048)]  # scores 2*2048*2048*4 = 32 MiB > 10 MiB
+    assert big.status == "oom" and "needs " in big.reason and "free" in big.reason
+    if inputs_fit:
+        assert by[("naive", 16)].status == "ok" and by[(Records.name, 2048)].status == "ok"
+        assert [s.seqlens_q[0] for s in Records.prepared] == [16, 2048]
+    else:  # not even the inputs fit: nothing is prepared, every case says so
+        assert all(r.status == "oom" and r.reason.startswith("inputs: needs") for r in out)
+        assert Records.prepared == []
+
+
+def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
+    import attnbench.runner as runner_mod
+    real = runner_mod.make_inputs
+
+    def flaky(spec, device, seed):
+        if spec.seqlens_q[0] == 33:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 99 GiB")
+        return real(spec, device, seed)
+    monkeypatch.setattr(runner_mod, "make_inputs", flaky)
+    out = []
+    specs = [AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=8, dtype="fp32") for s in (17, 33, 65)]
+    Runner(RunOptions(device="cpu", backends=("naive",), timing=TimingConfig(warmup=0, repeat=1)), run_id="r",
+           env_id=None, sink=out.append).run(specs)
+    assert [r.status for r in out] == ["ok", "oom", "ok"]
+    assert "99 GiB" in out[1].reason

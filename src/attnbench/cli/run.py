@@ -59,7 +59,7 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
                             f"use --backends with one of: {alternatives}")
         names = [*(names or []), target]
     if not names:
-        return tuple(registry.available(device))
+        return tuple(registry.available(device, default_only=True))
     out = []
     known = registry.names()
     for item in names:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnbench.accuracy.compare import compare, tensor_metrics
-from attnbench.accuracy.tolerance import Tolerance, judge, unit_roundoff
+from attnbench.accuracy.tolerance import Tolerance, floor, judge, unit_roundoff
 
 
 def test_metrics_of_a_known_error():
@@ -116,3 +116,16 @@ def test_approximate_backends_use_cosine_and_rel_l1():
 def test_tolerance_validates():
     with pytest.raises(ValueError, match="k >= 1"):
         Tolerance(k=0.5)
+
+
+def test_fp32_floor_allows_reordered_fp32_sums_but_not_bugs():
+    # Seen on an H200: sdpa-efficient fp32 dq max error 2.9e-6 at S=577 vs 2 x math 9.2e-7.
+    base = {"dq": {"max_abs": 9.15e-7, "mean_abs": 1e-7, "rel_l2": 2e-7}}
+    got = {"dq": {"max_abs": 2.89e-6, "mean_abs": 2e-7, "rel_l2": 4e-7, "ref_max_abs": 5.8, "ref_mean_abs": 0.8}}
+    assert judge(got, base, "fp32", exact=True, reduction=577)["verdict"] == "pass"
+    assert judge(got, base, "fp32", exact=True, reduction=1)["verdict"] == "fail"
+    wrong = {"dq": dict(got["dq"], max_abs=1e-3)}  # a real bug is orders of magnitude off
+    assert judge(wrong, base, "fp32", exact=True, reduction=577)["verdict"] == "fail"
+    # 16-bit dtypes: their own round-off dominates, the accumulation term changes nothing
+    assert floor("max_abs", {"ref_max_abs": 1.0}, "bf16", Tolerance(), 16384) == floor(
+        "max_abs", {"ref_max_abs": 1.0}, "bf16", Tolerance(), 1)

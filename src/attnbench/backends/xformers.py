@@ -17,7 +17,7 @@ import importlib
 
 import torch
 
-from attnbench.backends.base import Capabilities, Prepared, autograd_closure
+from attnbench.backends.base import Capabilities, Prepared, autograd_closure, expand_kv_heads
 from attnbench.backends.kernel import KernelBackend, accepts, effective_window, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -64,11 +64,17 @@ class Xformers(KernelBackend):
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn, bias = self.kernel(), attn_bias_for(spec, inputs)
         groups = spec.heads_q // spec.heads_kv
+        # xformers 0.0.35 has no backward operator for the 5-D (BMGHK) GQA form (seen on an H200:
+        # "No operator found for memory_efficient_attention_backward"), so with gradients the K/V
+        # heads are expanded here instead, outside the timed region.
+        five_d = groups > 1 and spec.pass_ == "fwd"
 
         def pre(q, k, v):
             if inputs.varlen:
                 q, k, v = (t.unsqueeze(0) for t in (q, k, v))
-            if groups > 1:
+            if groups > 1 and not five_d:
+                k, v = expand_kv_heads(k, groups), expand_kv_heads(v, groups)
+            elif five_d:
                 b, sq, sk, hkv = q.shape[0], q.shape[1], k.shape[1], spec.heads_kv
                 q = q.reshape(b, sq, hkv, groups, q.shape[-1])
                 k = k.unsqueeze(3).expand(b, sk, hkv, groups, k.shape[-1])
@@ -77,11 +83,11 @@ class Xformers(KernelBackend):
 
         def forward(q, k, v):
             out = fn(q, k, v, attn_bias=bias, scale=spec.softmax_scale)
-            if groups > 1:
+            if five_d:
                 out = out.flatten(2, 3)
             return out[0] if inputs.varlen else out
         info = self.base_info() | {"attn_bias": type(bias).__name__ if bias is not None else "none",
-                                   "gqa": "5-D BMGHK" if groups > 1 else "none",
+                                   "gqa": "none" if groups == 1 else ("5-D BMGHK" if five_d else "expanded"),
                                    "operator": _dispatched_op(fn, spec, inputs, pre, bias)}
         return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)
 

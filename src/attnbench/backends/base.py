@@ -144,7 +144,7 @@ class Backend:
         if self.package is None:
             return torch.__version__
         found = _dist_version(self.distribution or self.package)
-        if found is None and self.unavailable_reason() is None:  # source builds, renamed wheels
+        if found is None and _import_reason(self.package) is None:  # source builds, renamed wheels
             found = getattr(importlib.import_module(self.package), "__version__", None)
         return found
 

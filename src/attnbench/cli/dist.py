@@ -119,7 +119,7 @@ def dist(
 
 
 def _plan(ctx: typer.Context) -> dict:
-    opts = dict(ctx.params)
+    opts = common.merge_options(ctx, {}, allowed=set(ctx.params))  # unset list options become None
     dev = "cpu" if opts.get("device") == "cpu" else common.resolve_device(opts.get("device"))
     methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
     if opts["ring_comm"] not in ("p2p", "allgather"):

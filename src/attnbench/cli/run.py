@@ -90,10 +90,11 @@ def plan_from_options(opts: dict) -> RunPlan:
     opts["device"] = device  # stored resolved, so --resume runs on the same device
     sweep = common.build_sweep(opts, device)
     text = common.option_text
-    cpu = device == "cpu"
-    # Bounded here (huge values must fail before anything runs), then the timing options proper.
-    opts["warmup"] = common.option_int(opts, "warmup", 0, common.MAX_REPEAT, default=2 if cpu else 10)
-    opts["repeat"] = common.option_int(opts, "repeat", 1, common.MAX_REPEAT, default=5 if cpu else 30)
+    # Given values are bounded here (huge ones must fail before anything runs); absent ones stay
+    # absent, so the stored options (and `verify`) can tell given from default.
+    for name, lo in (("warmup", 0), ("repeat", 1)):
+        if opts.get(name) is not None:
+            opts[name] = common.option_int(opts, name, lo, common.MAX_REPEAT, default=0)
     opts["warm_l2"] = common.option_bool(opts, "warm_l2")
     timing, profiler = timing_opts.resolve(opts, device)
     extra = timing_opts.run_options(opts)

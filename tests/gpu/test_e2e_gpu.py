@@ -15,7 +15,8 @@ def test_cogvideox_tiny_on_cuda_flash_matches_math():
     recs = {r.backend: r for r in run_e2e(cfg, run_id="gpu")}
     assert recs["sdpa-flash"].status == "ok" and recs["sdpa-flash"].info["e2e"]["calls"] == 2
     assert recs["sdpa-flash"].info["e2e"]["cosine"] > 0.999
-    assert recs["flex-sparse"].status == "ok"  # sparse: deviates by design, but runs through the swap
+    # the tiny model's head size (8) is below FlexAttention's CUDA minimum (16): recorded, not crashed
+    assert recs["flex-sparse"].status == "unsupported" and "head size" in recs["flex-sparse"].reason
 
 
 def test_llama_train_step_on_cuda_times_backward():

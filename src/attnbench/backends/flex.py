@@ -112,6 +112,15 @@ def _cxx_compiler() -> str | None:
     return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
 
 
+FLEX_MIN_HEAD_DIM = 16
+"""The compiled CUDA kernel refuses smaller head sizes (seen with torch 2.11: "NYI: embedding
+dimension of the query, key, and value must be at least 16")."""
+
+
+def flex_head_dim_reason() -> str:
+    return f"head size < {FLEX_MIN_HEAD_DIM} not supported by the compiled CUDA kernel"
+
+
 class FlexBackend(Backend):
     """FlexAttention. ``compile=False`` runs it eagerly; ``compile_backend`` / ``mode`` go to torch.compile;
     ``cpu=True`` also offers it on CPU (off by default: inductor takes 20-40 s per shape there, which
@@ -137,6 +146,8 @@ class FlexBackend(Backend):
         dev = torch.device(device).type
         if dev == "cuda" and spec.dtype == "fp64":
             return "dtype fp64 not supported by the compiled CUDA kernel (fp16/bf16/fp32)"
+        if dev == "cuda" and min(spec.head_dim, spec.head_dim_v) < FLEX_MIN_HEAD_DIM:
+            return flex_head_dim_reason()
         if dev == "cpu" and spec.pass_ != "fwd":
             return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
         if dev == "cpu" and self.compile and self.compile_backend == "inductor" and _cxx_compiler() is None:

@@ -29,6 +29,7 @@ import torch
 
 from attnbench import metrics
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure
+from attnbench.backends.flex import FLEX_MIN_HEAD_DIM, flex_head_dim_reason
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
 
@@ -127,8 +128,11 @@ class FlexSparse(Backend):
         return None
 
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
-        if torch.device(device).type == "cpu" and spec.pass_ != "fwd":
+        dev = torch.device(device).type
+        if dev == "cpu" and spec.pass_ != "fwd":
             return "FlexAttention has no backward on CPU"
+        if dev == "cuda" and min(spec.head_dim, spec.head_dim_v) < FLEX_MIN_HEAD_DIM:
+            return flex_head_dim_reason()
         return None
 
     def block_mask(self, spec: AttnSpec, device):

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -42,6 +44,8 @@ from attnbench.distributed.usp import make_mesh, usp_attention
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, measure, summarize
+
+log = logging.getLogger(__name__)
 
 METHODS = ("ring", "zigzag", "ulysses", "usp", "torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
 VERDICT_K = 2.5
@@ -283,6 +287,8 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     result.info = {"method": method_name, "kernel": kernel_name, "world_size": ctx.world, "layout": method.layout,
                    "backend": ctx.backend, **method.info}
     idx = lay.positions(spec.seqlens_q[0], method.layout, ctx.rank, ctx.world, method.ulysses_degree)
+    wall = {}  # seconds per phase on this rank, recorded so a slow job shows where its time went
+    t0 = time.perf_counter()
     inputs = make_inputs(spec, ctx.device, seed)
     with method.context() if method.context else contextlib.nullcontext():
         if check:
@@ -290,10 +296,15 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             gathered = [None] * ctx.world
             dist.all_gather_object(gathered, mine)
             result.per_rank = gathered
+        wall["check_s"] = time.perf_counter() - t0
         shards = shard_inputs(inputs, idx)
         del inputs
         _free(ctx.device)
+        t0 = time.perf_counter()
         samples, result.peak_bytes = time_method(timed_closure(method, shards, spec.pass_), timing, ctx)
+        wall["timing_s"] = time.perf_counter() - t0
+    result.info["wall_s"] = wall
+    log.info("%s %s: %s", method_name, spec.label(), ", ".join(f"{k} {v:.1f}" for k, v in wall.items()))
     result.samples, result.stats = samples, summarize(samples)
     flop = metrics.flops(spec, convention=convention) / ctx.world
     result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])

@@ -17,7 +17,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from attnbench.backends.base import Capabilities, Prepared, autograd_closure
-from attnbench.backends.kernel import KernelBackend, Packed, effective_window, lse_if_shaped, packed
+from attnbench.backends.kernel import (
+    KernelBackend,
+    effective_window,
+    lse_if_shaped,
+    packed,
+    varlen_closure,
+    varlen_lse,
+)
 from attnbench.inputs import AttnInputs, pack_kv, pack_qkv
 from attnbench.spec import AttnSpec
 
@@ -89,11 +96,6 @@ class Fa2KVPacked(_Fa2):
         return Prepared(fn=closure, info=self._info(spec, packing="kv (B, Sk, 2, Hkv, D)"))
 
 
-def _varlen_lse(lse, p: Packed, heads: int):
-    total = sum(p.seqlens_q)
-    return p.unflatten_lse(lse_if_shaped(lse, (heads, total)))
-
-
 class Fa2Varlen(_Fa2):
     name = "fa2-varlen"
     description = "flash-attn 2 flash_attn_varlen_func (packed tokens + cu_seqlens)"
@@ -101,13 +103,7 @@ class Fa2Varlen(_Fa2):
     capabilities = replace(_DENSE, varlen=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, kwargs, p = self.kernel(), common_kwargs(spec), packed(spec, inputs)
-
-        def forward(q, k, v):
-            out, lse, *_ = fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
-                               max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs)
-            return p.unflatten(out), _varlen_lse(lse, p, spec.heads_q)
-        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v))))
+        closure, p = varlen_closure(spec, inputs, self.kernel(), common_kwargs(spec))
         return Prepared(fn=closure, info=self._info(spec, packing="thd + cu_seqlens",
                                                     flattened_dense=p.batch is not None))
 
@@ -123,7 +119,7 @@ class Fa2VarlenQKVPacked(_Fa2):
 
         def forward(qkv):
             out, lse, *_ = fn(qkv, cu_seqlens=p.cu_seqlens_q, max_seqlen=p.max_seqlen_q, **kwargs)
-            return p.unflatten(out), _varlen_lse(lse, p, spec.heads_q)
+            return p.unflatten(out), varlen_lse(lse, p, spec.heads_q)
 
         def pre(q, k, v):
             return (pack_qkv(*map(p.flatten, (q, k, v))),)

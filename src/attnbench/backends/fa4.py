@@ -18,8 +18,8 @@ from attnbench.backends.kernel import (
     effective_window,
     has_param,
     lse_if_shaped,
-    packed,
     split_result,
+    varlen_closure,
 )
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -73,13 +73,6 @@ class Fa4Varlen(_Fa4):
     capabilities = replace(_CAPS, varlen=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, p = self.kernel(), packed(spec, inputs)
-        kwargs = self.kwargs(spec, fn)
-        total = sum(p.seqlens_q)
-
-        def forward(q, k, v):
-            out, lse = split_result(fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
-                                       max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs))
-            return p.unflatten(out), p.unflatten_lse(lse_if_shaped(lse, (spec.heads_q, total)))
-        closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v))))
+        fn = self.kernel()
+        closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn))
         return Prepared(fn=closure, info=self._info(spec, flattened_dense=p.batch is not None))

@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from attnbench.backends.base import Backend
+from attnbench.backends.base import Backend, autograd_closure
 from attnbench.inputs import AttnInputs, cu_seqlens
 from attnbench.spec import AttnSpec
 
@@ -115,6 +116,23 @@ def packed(spec: AttnSpec, inputs: AttnInputs) -> Packed:
     device = inputs.q.device
     return Packed(cu_seqlens_q=cu_seqlens(lq, device), cu_seqlens_k=cu_seqlens(lk, device),
                   max_seqlen_q=max(lq), max_seqlen_k=max(lk), seqlens_q=lq, seqlens_k=lk, batch=spec.batch)
+
+
+def varlen_lse(lse: torch.Tensor | None, p: Packed, heads: int) -> torch.Tensor | None:
+    """A varlen kernel's (H, total_q) LSE in the layout of the case (see ``Packed.unflatten_lse``)."""
+    return p.unflatten_lse(lse_if_shaped(lse, (heads, sum(p.seqlens_q))))
+
+
+def varlen_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict) -> tuple[Callable, Packed]:
+    """Timed closure of a flash-attn style ``*_varlen_func(q, k, v, cu_seqlens_q=, cu_seqlens_k=,
+    max_seqlen_q=, max_seqlen_k=, **kwargs)`` (FA2, FA3, FA4): dense cases are flattened in prepare."""
+    p = packed(spec, inputs)
+
+    def forward(q, k, v):
+        out, lse = split_result(fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
+                                   max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs))
+        return p.unflatten(out), varlen_lse(lse, p, spec.heads_q)
+    return autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v)))), p
 
 
 def split_result(result) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from attnbench.backends.base import Capabilities, Prepared, autograd_closure
 from attnbench.backends.kernel import (
     KernelBackend,
+    dense_closure,
     effective_window,
     lse_if_shaped,
     packed,
@@ -54,13 +55,8 @@ class Fa2(_Fa2):
     function = "flash_attn_func"
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, kwargs = self.kernel(), common_kwargs(spec)
-        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
-
-        def forward(q, k, v):
-            out, lse, *_ = fn(q, k, v, **kwargs)
-            return out, lse_if_shaped(lse, lse_shape)
-        return Prepared(fn=autograd_closure(spec, inputs, forward), info=self._info(spec))
+        closure = dense_closure(spec, inputs, self.kernel(), common_kwargs(spec))
+        return Prepared(fn=closure, info=self._info(spec))
 
 
 class Fa2QKVPacked(_Fa2):

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attnbench.backends.base import Capabilities, Prepared, autograd_closure
+from attnbench.backends.base import Capabilities, Prepared
 from attnbench.backends.kernel import (
     KernelBackend,
+    dense_closure,
     effective_window,
     has_param,
-    lse_if_shaped,
-    split_result,
     varlen_closure,
 )
 from attnbench.inputs import AttnInputs
@@ -57,13 +56,7 @@ class Fa4(_Fa4):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        kwargs = self.kwargs(spec, fn)
-        lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
-
-        def forward(q, k, v):
-            out, lse = split_result(fn(q, k, v, **kwargs))
-            return out, lse_if_shaped(lse, lse_shape)
-        return Prepared(fn=autograd_closure(spec, inputs, forward), info=self._info(spec))
+        return Prepared(fn=dense_closure(spec, inputs, fn, self.kwargs(spec, fn)), info=self._info(spec))
 
 
 class Fa4Varlen(_Fa4):

@@ -118,6 +118,17 @@ def packed(spec: AttnSpec, inputs: AttnInputs) -> Packed:
                   max_seqlen_q=max(lq), max_seqlen_k=max(lk), seqlens_q=lq, seqlens_k=lk, batch=spec.batch)
 
 
+def dense_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict) -> Callable:
+    """Timed closure of a flash-attn style ``flash_attn_func(q, k, v, **kwargs)`` on bshd inputs
+    (FA2, FA3, FA4), keeping the (B, H, Sq) LSE when the kernel returns one."""
+    lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
+
+    def forward(q, k, v):
+        out, lse = split_result(fn(q, k, v, **kwargs))
+        return out, lse_if_shaped(lse, lse_shape)
+    return autograd_closure(spec, inputs, forward)
+
+
 def varlen_lse(lse: torch.Tensor | None, p: Packed, heads: int) -> torch.Tensor | None:
     """A varlen kernel's (H, total_q) LSE in the layout of the case (see ``Packed.unflatten_lse``)."""
     return p.unflatten_lse(lse_if_shaped(lse, (heads, sum(p.seqlens_q))))

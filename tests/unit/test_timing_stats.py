@@ -1,11 +1,14 @@
 """Statistics of samples (bootstrap CI, outliers) and the sampling policy (repeat + minimum time)."""
 
+import time
+
 import numpy as np
 import pytest
 
 from attnbench.timing import TimingConfig
+from attnbench.timing.config import MIN_SAMPLES
 from attnbench.timing.cpu import time_cpu
-from attnbench.timing.stats import bootstrap_median_ci, describe, outliers
+from attnbench.timing.stats import bootstrap_median_ci, bootstrap_medians, describe, outliers
 
 
 def test_bootstrap_ci_covers_true_median_at_about_nominal_rate():
@@ -33,6 +36,23 @@ def test_bootstrap_ci_is_seeded_ordered_and_narrows_with_more_samples():
         bootstrap_median_ci([])
 
 
+@pytest.mark.parametrize("n", [2, 7, 40, 41])
+def test_bootstrap_medians_match_brute_force_resampling(n):
+    # The order-statistic draw must have the distribution of medians of real resamples.
+    rng = np.random.default_rng(n)
+    x = np.round(rng.lognormal(0.0, 0.5, size=n), 3)  # rounded: ties included
+    fast = bootstrap_medians(x, resamples=40_000, seed=1)
+    brute = np.median(x[rng.integers(0, n, size=(40_000, n))], axis=1)
+    # Kolmogorov-Smirnov distance of the two (discrete) distributions; two-sample noise at 40k draws ~0.01.
+    grid = np.union1d(fast, brute)
+    cdf = [np.searchsorted(np.sort(d), grid, side="right") / d.size for d in (fast, brute)]
+    assert np.abs(cdf[0] - cdf[1]).max() < 0.015
+    # and a wrong order statistic (the upper middle for every n) is told apart by the same test
+    wrong = np.sort(x)[np.minimum((n * rng.beta(n // 2 + 1, n - n // 2, size=40_000)).astype(int), n - 1)]
+    if n % 2 == 0:
+        assert np.abs(np.searchsorted(np.sort(wrong), grid, side="right") / wrong.size - cdf[1]).max() > 0.05
+
+
 def test_outliers_counted_not_dropped():
     x = [1.0] * 20 + [1.1] * 20 + [5.0, 6.0] + [0.1]
     out = outliers(x)
@@ -55,8 +75,48 @@ def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
     assert default.samples_wanted([0.01] * 3, "cpu") == 0
 
 
+def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
+    cfg = TimingConfig(repeat=100, min_time_ms=200.0)              # GPU cap defaults to 1000 ms
+    assert cfg.max_time_for("cuda") == 1000.0 and cfg.max_time_for("cpu") == float("inf")
+    assert cfg.samples_wanted([], "cuda") == MIN_SAMPLES          # first learn the per-call time
+    assert cfg.samples_wanted([150.0] * MIN_SAMPLES, "cuda") == 0  # 1.5 s measured: enough
+    assert cfg.samples_wanted([150.0] * 3, "cuda") == MIN_SAMPLES - 3
+    assert cfg.samples_wanted([40.0] * 10, "cuda") == 15           # (1000 - 400) / 40
+    assert cfg.samples_wanted([1.0] * 10, "cuda") == 90            # fast: repeat is still the minimum
+    assert cfg.samples_wanted([], "cpu") == 100                    # no cap on CPU by default
+    assert cfg.samples_wanted([150.0] * 10, "cpu") == 90
+    # warm-up: about a quarter of the cap after the first call
+    assert TimingConfig(warmup=10).warmup_calls(100.0, "cuda") == 2
+    assert TimingConfig(warmup=10).warmup_calls(0.05, "cuda") == 9
+    assert TimingConfig(warmup=10).warmup_calls(100.0, "cpu") == 9
+    assert TimingConfig(warmup=0).warmup_calls(1.0, "cuda") == 0
+    # a minimum time above the default cap raises the cap with it
+    assert TimingConfig(min_time_ms=5000.0).max_time_for("cuda") == 5000.0
+
+
+def test_fixed_config_takes_exactly_warmup_and_repeat_calls():
+    # ranks of a distributed job: the same number of calls whatever each one measures
+    cfg = TimingConfig(warmup=5, repeat=20).fixed()
+    assert cfg.warmup_calls(500.0, "cuda") == 4
+    assert cfg.samples_wanted([], "cuda") == 20
+    assert cfg.samples_wanted([0.001] * 20, "cuda") == 0      # no minimum time
+    assert cfg.samples_wanted([900.0] * 12, "cuda") == 8      # no cap
+
+
+def test_cpu_timer_honours_an_explicit_time_cap():
+    calls = []
+
+    def slow():
+        calls.append(None)
+        time.sleep(0.02)
+    samples = time_cpu(slow, warmup=10, repeat=50, max_time_ms=100.0)
+    assert MIN_SAMPLES <= len(samples) < 50
+    assert len(calls) - len(samples) < 10                          # the warm-up was cut short too
+
+
 @pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(min_time_ms=-1.0), dict(repeat=5, max_repeat=2),
-                                    dict(graph_max_copies=0)])
+                                    dict(graph_max_copies=0), dict(max_time_ms=0.0),
+                                    dict(min_time_ms=10.0, max_time_ms=5.0)])
 def test_bad_timing_config(kwargs):
     with pytest.raises(ValueError):
         TimingConfig(**kwargs)

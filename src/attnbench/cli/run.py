@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -147,6 +148,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
                                  checker=checker)
     cases = runner.cases(plan.specs)
     status = "interrupted"
+    started = time.perf_counter()
     try:
         with progress, control.stop_on_sigint(runner):
             task = progress.add_task("measuring", total=len(cases))
@@ -159,11 +161,27 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     finally:
         store.finish_run(run_id, status)
         store.close()
+    phases = wall_breakdown(runner.clock.seconds, time.perf_counter() - started)
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
-        common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases; "
-                                 f"{control.resume_hint(run_id, plan.db)}", markup=False, highlight=False)
+        common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
+                                 f"({format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
+                                 markup=False, highlight=False)
         raise typer.Exit(130)
-    return run_id, records, runner.clock.seconds
+    return run_id, records, phases
+
+
+def wall_breakdown(phases: dict[str, float], total_s: float) -> dict[str, float]:
+    """The runner's per-phase seconds plus ``other`` (stores, statistics, progress) and ``total``."""
+    out = {k: v for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v > 0}
+    out["other"] = max(0.0, total_s - sum(out.values()))
+    out["total"] = total_s
+    return out
+
+
+def format_breakdown(phases: dict[str, float]) -> str:
+    """'wall time 12.3s: timing 8.0s, check 2.1s, ...'"""
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items() if k != "total")
+    return f"wall time {phases.get('total', 0.0):.1f}s: {parts}"
 
 
 def run(
@@ -193,6 +211,9 @@ def run(
         "--profiler", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
         "--min-time-ms", help="Sample until this much time is measured per case [default: 200 on GPU, 0 on CPU].")] = None,
+    max_time_ms: Annotated[float | None, typer.Option(
+        "--max-time-ms", help="Stop sampling a case once this much time is measured, even before --repeat "
+        "samples (at least 10) [default: 1000 on GPU, no cap on CPU].")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
@@ -225,7 +246,7 @@ def run(
     checker = None
     if plan.config.get("check", True) is not False:
         from attnbench.accuracy.check import AccuracyChecker
-        checker = AccuracyChecker()
+        checker = AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in plan.specs))
     run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
     if plan.resume:  # show and export the whole run, not only the cases run now
         with ResultStore(plan.db) as store:
@@ -236,8 +257,7 @@ def run(
         peaks = measured_peaks(plan.db, plan.options.device)
         common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
         ok = sum(r.status == "ok" for r in records)
-        spent = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
-        common.console.print(f"{ok}/{len(records)} cases ok; wall time: {spent}; results in {plan.db}"
+        common.console.print(f"{ok}/{len(records)} cases ok; {format_breakdown(phases)}; results in {plan.db}"
                              + (f" and {plan.output}" if plan.output else ""), highlight=False)
         if hint:
             common.console.print(hint, highlight=False, markup=False)

@@ -35,7 +35,8 @@ def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.
 def _events(fn, config: TimingConfig, device: torch.device) -> list[float]:
     from attnbench.timing.events import time_events
     return time_events(fn, warmup=config.warmup, repeat=config.repeat, cold_l2=config.cold_l2, device=device,
-                       min_time_ms=config.min_time_for("cuda"), max_repeat=config.max_repeat)
+                       min_time_ms=config.min_time_for("cuda"), max_repeat=config.max_repeat,
+                       max_time_ms=config.max_time_for("cuda"))
 
 
 def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], config: TimingConfig,
@@ -46,7 +47,8 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
     if device.type == "cpu":
         from attnbench.timing.cpu import time_cpu
         return Measurement(time_cpu(fns[0], warmup=config.warmup, repeat=config.repeat,
-                                    min_time_ms=config.min_time_for("cpu"), max_repeat=config.max_repeat))
+                                    min_time_ms=config.min_time_for("cpu"), max_repeat=config.max_repeat,
+                                    max_time_ms=config.max_time_ms))
     if config.mode == "graph":
         from attnbench.timing.graphs import GraphCaptureError, time_graph
         try:

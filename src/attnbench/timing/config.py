@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # In-process modes (timing.measure runs them) and modes that re-run the case under an external profiler.
 TIMING_MODES = ("events", "graph", "profiler")
 EXTERNAL_MODES = ("ncu", "rocprof")
 ALL_MODES = TIMING_MODES + EXTERNAL_MODES
 GPU_MIN_TIME_MS = 200.0
+GPU_MAX_TIME_MS = 1000.0
+MIN_SAMPLES = 10
+"""Fewest samples of a case, whatever the time cap (a median and its CI need a few)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +31,11 @@ class TimingConfig:
     from a re-run of the case under Nsight Compute / rocprofv3."""
     min_time_ms: float | None = None
     """Keep sampling until the samples add up to this many ms; None = 200 ms on GPU, 0 on CPU."""
+    max_time_ms: float | None = None
+    """Stop sampling once the samples add up to this many ms, even before ``repeat`` samples (but never
+    with fewer than MIN_SAMPLES); warm-up stops after about a quarter of it. None = 1000 ms on GPU (or
+    min_time_ms if larger), no cap on CPU; inf = no cap. Keeps slow kernels (naive or math attention at long
+    sequences, 100+ ms a call) from costing ``warmup + repeat`` calls each."""
     max_repeat: int = 10_000
     """Cap on the number of samples however fast the kernel is."""
     graph_target_ms: float = 2.0
@@ -44,10 +52,19 @@ class TimingConfig:
             raise ValueError(f"unknown timing mode {self.mode!r}; allowed: {', '.join(ALL_MODES)}")
         if self.min_time_ms is not None and not (self.min_time_ms >= 0 and math.isfinite(self.min_time_ms)):
             raise ValueError(f"min_time_ms must be a number >= 0, got {self.min_time_ms!r}")
+        if self.max_time_ms is not None and not self.max_time_ms > 0:  # inf = no cap
+            raise ValueError(f"max_time_ms must be a number > 0, got {self.max_time_ms!r}")
+        if self.max_time_ms is not None and self.min_time_ms is not None and self.max_time_ms < self.min_time_ms:
+            raise ValueError(f"max_time_ms ({self.max_time_ms}) must be >= min_time_ms ({self.min_time_ms})")
         if self.max_repeat < self.repeat:
             raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
         if self.graph_max_copies < 1:
             raise ValueError(f"graph_max_copies must be >= 1, got {self.graph_max_copies!r}")
+
+    def fixed(self) -> TimingConfig:
+        """The same config taking exactly ``warmup`` and ``repeat`` calls, whatever they measure: for
+        processes that must call in lockstep (ranks of a distributed job meet in collectives)."""
+        return replace(self, min_time_ms=0.0, max_time_ms=math.inf)
 
     @property
     def external(self) -> bool:
@@ -60,13 +77,34 @@ class TimingConfig:
             return float(self.min_time_ms)
         return 0.0 if device_type == "cpu" else GPU_MIN_TIME_MS
 
+    def max_time_for(self, device_type: str) -> float:
+        """The time cap in ms on a device type (inf = none)."""
+        if self.max_time_ms is not None:
+            return float(self.max_time_ms)
+        return math.inf if device_type == "cpu" else max(GPU_MAX_TIME_MS, self.min_time_for(device_type))
+
+    def warmup_calls(self, first_call_ms: float, device_type: str) -> int:
+        """Warm-up calls still to make after a first one that took ``first_call_ms`` (wall, synchronized)."""
+        budget = self.max_time_for(device_type) / 4
+        if self.warmup <= 1 or not math.isfinite(budget):
+            return max(self.warmup - 1, 0)
+        return int(min(self.warmup - 1, budget // max(first_call_ms, 1e-6)))
+
     def samples_wanted(self, samples_ms: list[float], device_type: str) -> int:
-        """How many more samples to take: 0 once both ``repeat`` and the minimum time are met (or the cap)."""
+        """How many more samples to take: 0 once both ``repeat`` and the minimum time are met, or the
+        samples reach the time cap (with at least MIN_SAMPLES), or ``max_repeat``."""
         n = len(samples_ms)
-        if n < self.repeat:
-            return self.repeat - n
-        total, floor = float(sum(samples_ms)), self.min_time_for(device_type)
-        if total >= floor or n >= self.max_repeat:
+        total, cap = float(sum(samples_ms)), self.max_time_for(device_type)
+        if n >= self.max_repeat or (n >= MIN_SAMPLES and total >= cap):
             return 0
-        per_call = max(sorted(samples_ms)[n // 2], 1e-6)
-        return int(min(max(math.ceil((floor - total) / per_call), 1), self.max_repeat - n))
+        per_call = max(sorted(samples_ms)[n // 2], 1e-6) if n else None
+        if n < self.repeat:
+            want = self.repeat - n
+            if math.isfinite(cap):  # first a few samples to learn the per-call time, then only what fits
+                want = min(want, MIN_SAMPLES) if per_call is None else \
+                    min(want, max(MIN_SAMPLES - n, math.ceil((cap - total) / per_call), 1))
+            return want
+        floor = self.min_time_for(device_type)
+        if total >= floor:
+            return 0
+        return int(min(max(math.ceil((min(floor, cap) - total) / per_call), 1), self.max_repeat - n))

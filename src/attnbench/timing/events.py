@@ -87,23 +87,34 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
 
 
 def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
-                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None) -> list[float]:
+                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None,
+                max_time_ms: float | None = None) -> list[float]:
     """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
 
-    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``).
+    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``);
+    fewer (but at least MIN_SAMPLES) once they add up to ``max_time_ms`` (None: the GPU default). The
+    warm-up stops early when its first call shows the rest would take over a quarter of that cap.
     """
     from attnbench.timing.config import TimingConfig
-    policy = TimingConfig(repeat=repeat, min_time_ms=min_time_ms, max_repeat=max(max_repeat or repeat, repeat))
+    policy = TimingConfig(warmup=warmup, repeat=repeat, min_time_ms=min_time_ms, max_time_ms=max_time_ms,
+                          max_repeat=max(max_repeat or repeat, repeat))
     flush = L2Flusher(device) if cold_l2 else None
     samples: list[float] = []
     with torch.cuda.device(device):
         host_ms = []
-        for _ in range(max(warmup, 1)):
+
+        def warm_call() -> None:
             t0 = time.perf_counter()
             if flush is not None:
                 flush()
             fn()
             host_ms.append((time.perf_counter() - t0) * 1e3)
+
+        t0 = time.perf_counter()
+        warm_call()
+        torch.cuda.synchronize(device)
+        for _ in range(policy.warmup_calls((time.perf_counter() - t0) * 1e3, "cuda")):
+            warm_call()
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01

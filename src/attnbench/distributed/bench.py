@@ -241,7 +241,9 @@ def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float]
         torch.cuda.synchronize(ctx.device)
         torch.cuda.reset_peak_memory_stats(ctx.device)
     dist.barrier()
-    samples = measure(fn, timing, ctx.device)
+    # Every rank must make the same number of calls (each call meets the others in collectives), so
+    # no time-based warm-up or sample count: exactly warmup + repeat calls.
+    samples = measure(fn, timing.fixed(), ctx.device)
     peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
     buf = torch.tensor([*samples, float(peak)], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(buf, op=dist.ReduceOp.MAX)

@@ -60,12 +60,16 @@ class PhaseClock:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, case: dict | None = None):
+        """Time the block into ``name`` (and into the case's own dict, when given)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.seconds[name] += dt
+            if case is not None:
+                case[name] = case.get(name, 0.0) + dt
 
 
 class Runner:
@@ -162,13 +166,15 @@ class Runner:
                                 info=info)
 
     def _measure_case(self, spec, backend, inputs, info, check) -> Record:
+        """Prepare, check, time; the case's wall seconds per phase go to ``info["wall_s"]``."""
+        wall = info["wall_s"] = {}
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             baseline = torch.cuda.memory_allocated(self.device)
         pre_peak = 0
-        with self.clock.phase("prepare"), nvtx_range("prepare", self.device):
+        with self.clock.phase("prepare", wall), nvtx_range("prepare", self.device):
             prepared = backend.prepare(spec, inputs)
             info.update(prepared.info)
             poison = getattr(self.checker, "poison", None) if check else None
@@ -181,12 +187,12 @@ class Runner:
             outputs = prepared.fn()
             if cuda:
                 torch.cuda.synchronize(self.device)
-        self._count_compile(info)
+        self._count_compile(info, wall)
         peak = max(pre_peak, torch.cuda.max_memory_allocated(self.device)) - baseline if cuda else None
         bad = _non_finite(outputs)
         accuracy = None
         if check and self.checker is not None:
-            with self.clock.phase("check"), nvtx_range("check", self.device):
+            with self.clock.phase("check", wall), nvtx_range("check", self.device):
                 accuracy = self.checker(spec, inputs, outputs, backend)
         del outputs
         if bad:
@@ -194,9 +200,10 @@ class Runner:
                                 peak_mem_bytes=peak, accuracy=accuracy)
         ctx = CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
                           trace_dir=self.options.trace_dir)
-        with self.clock.phase("timing"), nvtx_range("timing", self.device):
+        with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
             samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
         info.update(timing_info)
+        info["wall_s"] = {k: round(v, 4) for k, v in wall.items()}
         stats = summarize(samples)
         flop = metrics.flops(spec, convention=self.options.flops_convention)
         nbytes = metrics.bytes_moved(spec)
@@ -210,12 +217,13 @@ class Runner:
             flops=flop, bytes=nbytes, tflops=metrics.tflops_per_s(flop, stats["median_ms"]),
             gbps=metrics.gb_per_s(nbytes, stats["median_ms"]), peak_mem_bytes=peak, accuracy=accuracy)
 
-    def _count_compile(self, info: dict) -> None:
+    def _count_compile(self, info: dict, wall: dict) -> None:
         """Move a backend's reported compile time (info["compile_ms"]) from "prepare" to "compile"."""
         ms = info.get("compile_ms")
         if isinstance(ms, (int, float)) and ms > 0:
-            self.clock.seconds["compile"] += ms / 1e3
-            self.clock.seconds["prepare"] = max(0.0, self.clock.seconds["prepare"] - ms / 1e3)
+            for seconds in (self.clock.seconds, wall):
+                seconds["compile"] = seconds.get("compile", 0.0) + ms / 1e3
+                seconds["prepare"] = max(0.0, seconds.get("prepare", 0.0) - ms / 1e3)
 
 
 def _non_finite(outputs: Outputs) -> str | None:

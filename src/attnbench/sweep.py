@@ -160,7 +160,7 @@ class Sweep:
         return out
 
 
-GPU_DEFAULT = Sweep(batch_sizes=(2,), seq_lens=tuple((n,) for n in parse_range("512..16k:x2")), q_heads=(16,),
+GPU_DEFAULT = Sweep(batch_sizes=(2,), seq_lens=tuple((n,) for n in parse_range("128..16k:x2")), q_heads=(16,),
                     head_sizes=(128,), dtypes=("bf16",), causal=(False, True), passes=("fwd", "fwd_bwd"))
 """`attnbench run` with no arguments on a GPU."""
 

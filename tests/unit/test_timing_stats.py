@@ -71,27 +71,38 @@ def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
     assert cfg.samples_wanted([0.001] * 10, "cuda") == 490       # capped at max_repeat
     assert cfg.samples_wanted([0.001] * 500, "cuda") == 0
     default = TimingConfig(repeat=3)
-    assert default.min_time_for("cuda") == 200.0 and default.min_time_for("cpu") == 0.0
+    assert default.min_time_for("cuda") == 100.0 and default.min_time_for("cpu") == 0.0
     assert default.samples_wanted([0.01] * 3, "cpu") == 0
 
 
 def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
-    cfg = TimingConfig(repeat=100, min_time_ms=200.0)              # GPU cap defaults to 1000 ms
-    assert cfg.max_time_for("cuda") == 1000.0 and cfg.max_time_for("cpu") == float("inf")
+    cfg = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=1000.0)
+    assert TimingConfig().max_time_for("cuda") == 500.0 and cfg.max_time_for("cpu") == 1000.0
+    assert TimingConfig().max_time_for("cpu") == float("inf")
     assert cfg.samples_wanted([], "cuda") == MIN_SAMPLES          # first learn the per-call time
     assert cfg.samples_wanted([150.0] * MIN_SAMPLES, "cuda") == 0  # 1.5 s measured: enough
     assert cfg.samples_wanted([150.0] * 3, "cuda") == MIN_SAMPLES - 3
     assert cfg.samples_wanted([40.0] * 10, "cuda") == 15           # (1000 - 400) / 40
     assert cfg.samples_wanted([1.0] * 10, "cuda") == 90            # fast: repeat is still the minimum
-    assert cfg.samples_wanted([], "cpu") == 100                    # no cap on CPU by default
-    assert cfg.samples_wanted([150.0] * 10, "cpu") == 90
+    uncapped = TimingConfig(repeat=100, min_time_ms=200.0)
+    assert uncapped.samples_wanted([], "cpu") == 100               # no cap on CPU by default
+    assert uncapped.samples_wanted([150.0] * 10, "cpu") == 90
     # warm-up: about a quarter of the cap after the first call
-    assert TimingConfig(warmup=10).warmup_calls(100.0, "cuda") == 2
+    assert TimingConfig(warmup=10, max_time_ms=1000.0).warmup_calls(100.0, "cuda") == 2
     assert TimingConfig(warmup=10).warmup_calls(0.05, "cuda") == 9
     assert TimingConfig(warmup=10).warmup_calls(100.0, "cpu") == 9
     assert TimingConfig(warmup=0).warmup_calls(1.0, "cuda") == 0
     # a minimum time above the default cap raises the cap with it
     assert TimingConfig(min_time_ms=5000.0).max_time_for("cuda") == 5000.0
+
+
+def test_time_cap_counts_wall_time_of_host_bound_calls():
+    # 30 us kernels that cost 1 ms of wall each (Python launch overhead): the minimum time would ask
+    # for thousands of samples; the wall time spent caps them.
+    cfg = TimingConfig(repeat=100, min_time_ms=100.0, max_time_ms=500.0)
+    assert cfg.samples_wanted([0.03] * 100, "cuda", elapsed_ms=100.0) == 400   # (500 - 100) / 1 ms each
+    assert cfg.samples_wanted([0.03] * 500, "cuda", elapsed_ms=500.0) == 0
+    assert cfg.samples_wanted([0.03] * 100, "cuda") > 3000                       # device time alone
 
 
 def test_fixed_config_takes_exactly_warmup_and_repeat_calls():

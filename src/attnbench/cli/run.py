@@ -210,10 +210,10 @@ def run(
     profiler: Annotated[str | None, typer.Option(
         "--profiler", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
-        "--min-time-ms", help="Sample until this much time is measured per case [default: 200 on GPU, 0 on CPU].")] = None,
+        "--min-time-ms", help="Sample until this much time is measured per case [default: 100 on GPU, 0 on CPU].")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
-        "--max-time-ms", help="Stop sampling a case once this much time is measured, even before --repeat "
-        "samples (at least 10) [default: 1000 on GPU, no cap on CPU].")] = None,
+        "--max-time-ms", help="Stop sampling a case once this much time is measured or spent, even before "
+        "--repeat samples (at least 10) [default: 500 on GPU, no cap on CPU].")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 TIMING_MODES = ("events", "graph", "profiler")
 EXTERNAL_MODES = ("ncu", "rocprof")
 ALL_MODES = TIMING_MODES + EXTERNAL_MODES
-GPU_MIN_TIME_MS = 200.0
-GPU_MAX_TIME_MS = 1000.0
+GPU_MIN_TIME_MS = 100.0
+GPU_MAX_TIME_MS = 500.0
 MIN_SAMPLES = 10
 """Fewest samples of a case, whatever the time cap (a median and its CI need a few)."""
 
@@ -30,12 +30,13 @@ class TimingConfig:
     rotating input copies; profiler: device kernel time from torch.profiler; ncu / rocprof: kernel time
     from a re-run of the case under Nsight Compute / rocprofv3."""
     min_time_ms: float | None = None
-    """Keep sampling until the samples add up to this many ms; None = 200 ms on GPU, 0 on CPU."""
+    """Keep sampling until the samples add up to this many ms; None = 100 ms on GPU, 0 on CPU."""
     max_time_ms: float | None = None
-    """Stop sampling once the samples add up to this many ms, even before ``repeat`` samples (but never
-    with fewer than MIN_SAMPLES); warm-up stops after about a quarter of it. None = 1000 ms on GPU (or
-    min_time_ms if larger), no cap on CPU; inf = no cap. Keeps slow kernels (naive or math attention at long
-    sequences, 100+ ms a call) from costing ``warmup + repeat`` calls each."""
+    """Stop sampling once the samples add up to this many ms, or this much wall time went into sampling,
+    even before ``repeat`` samples (but never with fewer than MIN_SAMPLES); warm-up stops after about a
+    quarter of it. None = 500 ms on GPU (or min_time_ms if larger), no cap on CPU; inf = no cap. Keeps
+    slow kernels (naive or math attention at long sequences, 100+ ms a call) from costing
+    ``warmup + repeat`` calls each, and host-bound small ones from taking thousands of samples."""
     max_repeat: int = 10_000
     """Cap on the number of samples however fast the kernel is."""
     graph_target_ms: float = 2.0
@@ -90,21 +91,28 @@ class TimingConfig:
             return max(self.warmup - 1, 0)
         return int(min(self.warmup - 1, budget // max(first_call_ms, 1e-6)))
 
-    def samples_wanted(self, samples_ms: list[float], device_type: str) -> int:
+    def samples_wanted(self, samples_ms: list[float], device_type: str, elapsed_ms: float | None = None) -> int:
         """How many more samples to take: 0 once both ``repeat`` and the minimum time are met, or the
-        samples reach the time cap (with at least MIN_SAMPLES), or ``max_repeat``."""
+        time cap is reached (with at least MIN_SAMPLES), or ``max_repeat``. ``elapsed_ms`` is the wall
+        time spent sampling so far: the cap counts it when it exceeds the measured time (host-bound
+        calls, L2 flushes)."""
         n = len(samples_ms)
-        total, cap = float(sum(samples_ms)), self.max_time_for(device_type)
-        if n >= self.max_repeat or (n >= MIN_SAMPLES and total >= cap):
+        total = float(sum(samples_ms))
+        spent, cap = max(total, elapsed_ms or 0.0), self.max_time_for(device_type)
+        if n >= self.max_repeat or (n >= MIN_SAMPLES and spent >= cap):
             return 0
-        per_call = max(sorted(samples_ms)[n // 2], 1e-6) if n else None
+        median = max(sorted(samples_ms)[n // 2], 1e-6) if n else None
+        per_call = max(median, (elapsed_ms or 0.0) / n) if n else None  # wall cost of one more sample
         if n < self.repeat:
             want = self.repeat - n
             if math.isfinite(cap):  # first a few samples to learn the per-call time, then only what fits
                 want = min(want, MIN_SAMPLES) if per_call is None else \
-                    min(want, max(MIN_SAMPLES - n, math.ceil((cap - total) / per_call), 1))
+                    min(want, max(MIN_SAMPLES - n, math.ceil((cap - spent) / per_call), 1))
             return want
         floor = self.min_time_for(device_type)
         if total >= floor:
             return 0
-        return int(min(max(math.ceil((min(floor, cap) - total) / per_call), 1), self.max_repeat - n))
+        want = math.ceil((floor - total) / median)
+        if math.isfinite(cap):
+            want = min(want, math.ceil((cap - spent) / per_call))
+        return int(min(max(want, 1), self.max_repeat - n))

@@ -20,7 +20,8 @@ def time_cpu(fn: Callable[[], object], *, warmup: int, repeat: int, min_time_ms:
         for _ in range(policy.warmup_calls((time.perf_counter() - t0) * 1e3, "cpu")):
             fn()
     samples: list[float] = []
-    while (count := policy.samples_wanted(samples, "cpu")) > 0:
+    start = time.perf_counter()
+    while (count := policy.samples_wanted(samples, "cpu", (time.perf_counter() - start) * 1e3)) > 0:
         for _ in range(count):
             t0 = time.perf_counter()
             fn()

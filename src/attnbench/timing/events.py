@@ -92,7 +92,8 @@ def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: 
     """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
 
     At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``);
-    fewer (but at least MIN_SAMPLES) once they add up to ``max_time_ms`` (None: the GPU default). The
+    fewer (but at least MIN_SAMPLES) once they, or the wall time spent sampling, reach ``max_time_ms``
+    (None: the GPU default). The
     warm-up stops early when its first call shows the rest would take over a quarter of that cap.
     """
     from attnbench.timing.config import TimingConfig
@@ -118,6 +119,7 @@ def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: 
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
-        while (count := policy.samples_wanted(samples, "cuda")) > 0:
+        start = time.perf_counter()
+        while (count := policy.samples_wanted(samples, "cuda", (time.perf_counter() - start) * 1e3)) > 0:
             samples += _timed_batch(fn, count, flush, device, per_call)
     return samples

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -94,7 +95,8 @@ def time_graph(fns: Sequence[Callable[[], object]], *, warmup: int, repeat: int,
         graph.replay()  # first replay uploads the graph
         torch.cuda.synchronize(device)
         replay_ms: list[float] = []
-        while (count := policy.samples_wanted(replay_ms, "cuda")) > 0:
+        began = time.perf_counter()
+        while (count := policy.samples_wanted(replay_ms, "cuda", (time.perf_counter() - began) * 1e3)) > 0:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(count)]
             for start, end in events:

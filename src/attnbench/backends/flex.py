@@ -92,11 +92,10 @@ def block_mask(seqs: tuple[tuple[int, int], ...], varlen: bool, window: tuple[in
 
 
 @functools.cache
-def compiled_flex(backend: str, mode: str | None, dynamic: bool = False):
-    """torch.compile'd flex_attention (shared). Static: dynamo specialises it per shape and mask;
-    dynamic: one graph per mask kind and pass, sequence lengths symbolic."""
+def compiled_flex(backend: str, mode: str | None):
+    """torch.compile'd flex_attention (shared; dynamo specialises it per shape and mask)."""
     from torch.nn.attention.flex_attention import flex_attention
-    return torch.compile(flex_attention, backend=backend, mode=mode, dynamic=dynamic, fullgraph=True)
+    return torch.compile(flex_attention, backend=backend, mode=mode, dynamic=False, fullgraph=True)
 
 
 @contextlib.contextmanager
@@ -123,18 +122,17 @@ def flex_head_dim_reason() -> str:
 
 
 class FlexBackend(Backend):
-    """FlexAttention. ``compile=False`` runs it eagerly; ``compile_backend`` / ``mode`` / ``dynamic`` go to
-    torch.compile (``dynamic=True``: one compilation for all sequence lengths instead of one per
-    shape); ``cpu=True`` also offers it on CPU (off by default: inductor takes 20-40 s per shape there,
-    which would dominate every CPU sweep; and torch has no flex backward on CPU)."""
+    """FlexAttention. ``compile=False`` runs it eagerly; ``compile_backend`` / ``mode`` go to torch.compile;
+    ``cpu=True`` also offers it on CPU (off by default: inductor takes 20-40 s per shape there, which
+    would dominate every CPU sweep; and torch has no flex backward on CPU)."""
 
     name = "flex"
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
     capabilities = Capabilities(devices=("cuda",), varlen=True, window=True)
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
-                 dynamic: bool = False, cpu: bool = False):
-        self.compile, self.compile_backend, self.mode, self.dynamic = compile, compile_backend, mode, bool(dynamic)
+                 cpu: bool = False):
+        self.compile, self.compile_backend, self.mode = compile, compile_backend, mode
         if cpu:
             self.capabilities = replace(type(self).capabilities, devices=("cpu", "cuda"))
 
@@ -161,7 +159,7 @@ class FlexBackend(Backend):
         device = inputs.q.device
         bm = block_mask(tuple(spec.sequences) if inputs.varlen else (spec.sequences[0],), inputs.varlen,
                         effective_window(spec), str(device))
-        fn = compiled_flex(self.compile_backend, self.mode, self.dynamic) if self.compile else flex_attention
+        fn = compiled_flex(self.compile_backend, self.mode) if self.compile else flex_attention
         kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa}
 
         def pre(q, k, v):
@@ -181,8 +179,7 @@ class FlexBackend(Backend):
                 torch.cuda.synchronize(device)
             first_ms = (time.perf_counter() - start) * 1e3
         info = self.base_info() | {
-            "kernel": f"flex_attention ({'torch.compile ' + self.compile_backend if self.compile else 'eager'}"
-                      f"{', dynamic shapes' if self.compile and self.dynamic else ''})",
+            "kernel": f"flex_attention ({'torch.compile ' + self.compile_backend if self.compile else 'eager'})",
             "compile_ms" if self.compile else "first_call_ms": round(first_ms, 3),
             "mask": _mask_label(spec, bm), "gqa": "native" if spec.gqa else "none"}
         return Prepared(fn=closure, info=info)

@@ -11,11 +11,13 @@ This script times, per sequence length and causal flag:
 * ``sage-kernel`` - the INT8 attention kernel on pre-quantized inputs (quantization *outside* the timed region);
 * ``sdpa-flash`` in the same dtype, as the speed baseline;
 
-and measures accuracy against an fp32 reference (SDPA math, TF32 off): cosine, rel-L1, RMSE for
-``sage`` (smooth_k on and off) and ``sdpa-flash``. It writes a JSON table and a PNG (TFLOP/s against
-rel-L1; time split into quantization and kernel). GPU only; not run on hardware here.
+and measures accuracy against the exact blocked fp32 reference: cosine, rel-L1, RMSE for ``sage``
+(smooth_k on and off) and ``sdpa-flash``. It writes a JSON table and a PNG (TFLOP/s against rel-L1;
+time split into quantization and kernel). GPU only; ``--replot`` redraws the PNG from a JSON anywhere.
+Results on an H200: docs/results/2026-11-22-h200-end-to-end.md.
 
     PYTHONPATH=src python3 benchmarks/sage_tradeoff.py --out sage_tradeoff  # -> sage_tradeoff.{json,png}
+    python3 benchmarks/sage_tradeoff.py --replot sage_tradeoff.json         # -> sage_tradeoff.png
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def case(seq: int, causal: bool, args) -> list[dict]:
     for name, fn in fns.items():
         stats = summarize(measure(fn, timing, "cuda"))
         row = {"name": name, "seq": seq, "causal": causal, "median_ms": stats["median_ms"],
-               "tflops": metrics.tflops_per_s(flop, stats["median_ms"]), "quant_in_timed_region": name == "sage"}
+               "quant_in_timed_region": name == "sage"}
+        if name != "sage-quant":  # quantization alone does no attention FLOPs
+            row["tflops"] = metrics.tflops_per_s(flop, stats["median_ms"])
         if name in ("sdpa-flash", "sage", "sage-kernel"):
             row |= accuracy(fn(), ref)
         rows.append(row)
@@ -116,7 +120,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--out", default="sage_tradeoff")
+    ap.add_argument("--replot", metavar="JSON", help="Only redraw the PNG (next to JSON) from a saved table.")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot) as fh:
+            plot(json.load(fh)["rows"], args.replot.removesuffix(".json") + ".png")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("sage_tradeoff needs a CUDA device")
     rows = [r for seq in args.seq_lens for causal in (False, True) for r in case(seq, causal, args)]

@@ -61,6 +61,8 @@ def _warm_on_side_stream(fns: Sequence[Callable[[], object]], rounds: int, devic
 
 def _capture(fns: Sequence[Callable[[], object]], calls: int, device: torch.device) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
+    gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    rng_before = gen.clone_state() if hasattr(gen, "clone_state") else None
     try:
         with torch.cuda.graph(graph):
             for i in range(calls):
@@ -70,6 +72,13 @@ def _capture(fns: Sequence[Callable[[], object]], calls: int, device: torch.devi
             torch.cuda.synchronize(device)
         except Exception:
             pass
+        # An aborted capture leaves the device's default RNG in capture mode ("Offset increment outside
+        # graph capture encountered unexpectedly" on the next random op): give it back a clean state.
+        if rng_before is not None:
+            try:
+                gen.graphsafe_set_state(rng_before)
+            except Exception:
+                pass
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GraphCaptureError(f"{type(exc).__name__}: {text}"[:300]) from None
     return graph

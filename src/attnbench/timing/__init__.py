@@ -34,9 +34,7 @@ def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.
 
 def _events(fn, config: TimingConfig, device: torch.device) -> list[float]:
     from attnbench.timing.events import time_events
-    return time_events(fn, warmup=config.warmup, repeat=config.repeat, cold_l2=config.cold_l2, device=device,
-                       min_time_ms=config.min_time_for("cuda"), max_repeat=config.max_repeat,
-                       max_time_ms=config.max_time_for("cuda"))
+    return time_events(fn, config, device)
 
 
 def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], config: TimingConfig,
@@ -46,14 +44,11 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if device.type == "cpu":
         from attnbench.timing.cpu import time_cpu
-        return Measurement(time_cpu(fns[0], warmup=config.warmup, repeat=config.repeat,
-                                    min_time_ms=config.min_time_for("cpu"), max_repeat=config.max_repeat,
-                                    max_time_ms=config.max_time_ms))
+        return Measurement(time_cpu(fns[0], config))
     if config.mode == "graph":
         from attnbench.timing.graphs import GraphCaptureError, time_graph
         try:
-            samples, info = time_graph(fns, warmup=config.warmup, repeat=config.repeat, cold_l2=config.cold_l2,
-                                       device=device, target_ms=config.graph_target_ms, policy=config)
+            samples, info = time_graph(fns, config, device)
         except GraphCaptureError as exc:
             return Measurement(_events(fns[0], config, device),
                                {"graph_fallback": f"CUDA graph capture failed, timed with events: {exc}"})

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import torch
 
+from attnbench.timing.config import TimingConfig
+
 FALLBACK_L2_BYTES = 128 * 1024 * 1024
 MAX_HOLD_MS = 50.0  # longest spin before a chunk; chunks are sized to fit in it
 
@@ -86,20 +88,16 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: bool,
-                device: torch.device, min_time_ms: float = 0.0, max_repeat: int | None = None,
-                max_time_ms: float | None = None) -> list[float]:
-    """Milliseconds per call of ``fn`` after ``warmup`` calls, one event pair per call.
+def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device) -> list[float]:
+    """Milliseconds per call of ``fn`` after ``config.warmup`` calls, one event pair per call, the L2
+    flushed before each call when ``config.cold_l2``.
 
-    At least ``repeat`` samples; more until they add up to ``min_time_ms`` (at most ``max_repeat``);
-    fewer (but at least MIN_SAMPLES) once they, or the wall time spent sampling, reach ``max_time_ms``
-    (None: the GPU default). The
-    warm-up stops early when its first call shows the rest would take over a quarter of that cap.
+    As many samples as ``config``'s sampling policy asks for (``TimingConfig.samples_wanted``): at least
+    ``repeat``, more until ``min_time_ms`` is measured, fewer (never under MIN_SAMPLES) once the samples
+    or the wall time spent sampling reach the time cap. The warm-up stops early when its first call
+    shows the rest would take over a quarter of that cap.
     """
-    from attnbench.timing.config import TimingConfig
-    policy = TimingConfig(warmup=warmup, repeat=repeat, min_time_ms=min_time_ms, max_time_ms=max_time_ms,
-                          max_repeat=max(max_repeat or repeat, repeat))
-    flush = L2Flusher(device) if cold_l2 else None
+    flush = L2Flusher(device) if config.cold_l2 else None
     samples: list[float] = []
     with torch.cuda.device(device):
         host_ms = []
@@ -114,12 +112,12 @@ def time_events(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2: 
         t0 = time.perf_counter()
         warm_call()
         torch.cuda.synchronize(device)
-        for _ in range(policy.warmup_calls((time.perf_counter() - t0) * 1e3, "cuda")):
+        for _ in range(config.warmup_calls((time.perf_counter() - t0) * 1e3, "cuda")):
             warm_call()
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
         start = time.perf_counter()
-        while (count := policy.samples_wanted(samples, "cuda", (time.perf_counter() - start) * 1e3)) > 0:
+        while (count := config.samples_wanted(samples, "cuda", (time.perf_counter() - start) * 1e3)) > 0:
             samples += _timed_batch(fn, count, flush, device, per_call)
     return samples

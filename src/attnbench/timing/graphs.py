@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from attnbench.timing.config import TimingConfig
 from attnbench.timing.events import L2Flusher, time_events
 
 MAX_CALLS_PER_GRAPH = 1000
@@ -84,28 +85,28 @@ def _capture(fns: Sequence[Callable[[], object]], calls: int, device: torch.devi
     return graph
 
 
-def time_graph(fns: Sequence[Callable[[], object]], *, warmup: int, repeat: int, cold_l2: bool,
-               device: torch.device, target_ms: float = 2.0, policy=None) -> tuple[list[float], dict]:
+def time_graph(fns: Sequence[Callable[[], object]], config: TimingConfig,
+               device: torch.device) -> tuple[list[float], dict]:
     """Per-call ms from replays of a graph of many calls rotating over ``fns`` (one per input copy).
 
-    Each replay gives one sample (its time / calls in the graph). ``policy`` (a TimingConfig) decides
-    how many replays; the L2 is flushed before each replay when ``cold_l2``.
+    Each replay gives one sample (its time / calls in the graph; a replay lasts about
+    ``config.graph_target_ms``). ``config``'s sampling policy decides how many replays; the L2 is
+    flushed before each replay when ``config.cold_l2``.
     """
-    from attnbench.timing.config import TimingConfig
     fns = list(fns)
-    policy = policy or TimingConfig(repeat=repeat)
     with torch.cuda.device(device):
-        _warm_on_side_stream(fns, max(warmup, 2), device)
-        estimate = statistics.median(time_events(fns[0], warmup=0, repeat=3, cold_l2=cold_l2, device=device))
-        calls = min(MAX_CALLS_PER_GRAPH, max(len(fns), math.ceil(target_ms / max(estimate, 1e-4))))
+        _warm_on_side_stream(fns, max(config.warmup, 2), device)
+        probe = TimingConfig(warmup=0, repeat=3, cold_l2=config.cold_l2, min_time_ms=0.0)
+        estimate = statistics.median(time_events(fns[0], probe, device))
+        calls = min(MAX_CALLS_PER_GRAPH, max(len(fns), math.ceil(config.graph_target_ms / max(estimate, 1e-4))))
         calls = math.ceil(calls / len(fns)) * len(fns)
         graph = _capture(fns, calls, device)
-        flush = L2Flusher(device) if cold_l2 else None
+        flush = L2Flusher(device) if config.cold_l2 else None
         graph.replay()  # first replay uploads the graph
         torch.cuda.synchronize(device)
         replay_ms: list[float] = []
         began = time.perf_counter()
-        while (count := policy.samples_wanted(replay_ms, "cuda", (time.perf_counter() - began) * 1e3)) > 0:
+        while (count := config.samples_wanted(replay_ms, "cuda", (time.perf_counter() - began) * 1e3)) > 0:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                       for _ in range(count)]
             for start, end in events:

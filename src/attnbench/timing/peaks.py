@@ -37,13 +37,9 @@ def datasheet(device_name: str) -> dict[str, float]:
 
 
 def _median_ms(fn, device: torch.device, warmup: int, repeat: int) -> float:
-    if device.type == "cuda":
-        from attnbench.timing.events import time_events
-        samples = time_events(fn, warmup=warmup, repeat=repeat, cold_l2=False, device=device)
-    else:
-        from attnbench.timing.cpu import time_cpu
-        samples = time_cpu(fn, warmup=warmup, repeat=repeat)
-    return statistics.median(samples)
+    from attnbench.timing import TimingConfig, measure
+    config = TimingConfig(warmup=warmup, repeat=repeat, cold_l2=False, min_time_ms=0.0)
+    return statistics.median(measure(fn, config, device))
 
 
 def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, *, warmup: int = 5, repeat: int = 20) -> float:

@@ -168,6 +168,25 @@ def test_reference_is_computed_once_per_case_across_passes_and_backends(monkeypa
     assert calls == [("fwd_bwd", True)]  # fwd and bwd reuse the fwd_bwd reference
 
 
+def test_grads_ahead_computes_one_reference_for_fwd_then_fwd_bwd(monkeypatch):
+    calls = []
+    real = checkmod.reference_attention
+
+    def counting(spec, inputs, **kw):
+        calls.append((spec.pass_, kw["grads"]))
+        return real(spec, inputs, **kw)
+
+    monkeypatch.setattr(checkmod, "reference_attention", counting)
+    specs = [SPEC.replace(pass_=p) for p in ("fwd", "fwd_bwd")]
+    recs = run(specs, ["naive"], checker=AccuracyChecker(grads_ahead=True))
+    assert calls == [("fwd", True)]
+    assert set(recs[("naive", "fwd", True)].accuracy["tensors"]) == {"out"}
+    assert set(recs[("naive", "fwd_bwd", True)].accuracy["tensors"]) == {"out", "dq", "dk", "dv"}
+    calls.clear()
+    run(specs, ["naive"])  # without it the forward case computes its own, smaller reference
+    assert calls == [("fwd", False), ("fwd_bwd", True)]
+
+
 def test_cache_is_bounded():
     checker = AccuracyChecker(cache_size=1)
     run([SPEC, SPEC.replace(causal=False), SPEC.replace(seqlens_q=(33,))], ["naive"], checker=checker)

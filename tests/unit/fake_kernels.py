@@ -265,6 +265,21 @@ def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False,
     return _sage_ref(q, k, v, tensor_layout, is_causal, sm_scale)
 
 
+SAGE2_ARCH = "sm90"
+"""The GPU the version-2 ``sageattn`` stand-in believes it runs on."""
+
+
+def sageattn_v2(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
+    """SageAttention 2.2.0's ``sageattn``: hands the call to a kernel function chosen by the GPU architecture,
+    looked up in the module's globals at call time as the real one does."""
+    _record("sageattn", locals())
+    if SAGE2_ARCH == "sm90":
+        return sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                                                 sm_scale=sm_scale, return_lse=return_lse, pv_accum_dtype="fp32+fp32")
+    return sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                                         sm_scale=sm_scale, return_lse=return_lse, pv_accum_dtype="fp32")
+
+
 # ---- SpargeAttn ---------------------------------------------------------------------------------
 SPARSITY = 0.375
 
@@ -274,7 +289,7 @@ def spas_sage2_attn_meansim_topk_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is
                                       attention_sink=False, tensor_layout="HND", output_dtype=torch.float16,
                                       return_sparsity=False, return_lse=False):
     _record("spas_sage2_attn_meansim_topk_cuda", locals())
-    out = _sage_ref(q, k, v, tensor_layout, is_causal, scale)
+    out = _sage_ref(q, k, v, tensor_layout, False, scale)  # the real kernel is launched with is_causal=False
     return (out, SPARSITY) if return_sparsity else out
 
 
@@ -283,6 +298,23 @@ def spas_sage2_attn_meansim_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
                                  tensor_layout="HND", output_dtype=torch.float16, return_sparsity=False,
                                  return_lse=False):
     _record("spas_sage2_attn_meansim_cuda", locals())
+    out = _sage_ref(q, k, v, tensor_layout, False, scale)  # the real kernel is launched with is_causal=False
+    return (out, SPARSITY) if return_sparsity else out
+
+
+def spas_sage_attn_meansim_topk_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                     smooth_k=True, simthreshd1=-0.1, cdfthreshd=None, topk=0.5, pvthreshd=50,
+                                     attention_sink=False, tensor_layout="HND", output_dtype=torch.float16,
+                                     return_sparsity=False):
+    _record("spas_sage_attn_meansim_topk_cuda", locals())
+    out = _sage_ref(q, k, v, tensor_layout, is_causal, scale)  # FP16-PV kernel: is_causal reaches the kernel
+    return (out, SPARSITY) if return_sparsity else out
+
+
+def spas_sage_attn_meansim_cuda(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, smooth_k=True,
+                                simthreshd1=0.6, cdfthreshd=0.98, pvthreshd=50, attention_sink=False,
+                                tensor_layout="HND", output_dtype=torch.float16, return_sparsity=False):
+    _record("spas_sage_attn_meansim_cuda", locals())
     out = _sage_ref(q, k, v, tensor_layout, is_causal, scale)
     return (out, SPARSITY) if return_sparsity else out
 
@@ -327,10 +359,24 @@ class BatchPrefillWithRaggedKVCacheWrapper:
         return (res, lse_) if return_lse else res
 
 
+FA3_TRIMMED = {
+    "FLASHATTENTION_DISABLE_BACKWARD": False, "FLASHATTENTION_DISABLE_SPLIT": True,
+    "FLASHATTENTION_DISABLE_PAGEDKV": True, "FLASHATTENTION_DISABLE_APPENDKV": True,
+    "FLASHATTENTION_DISABLE_LOCAL": True, "FLASHATTENTION_DISABLE_SOFTCAP": True,
+    "FLASHATTENTION_DISABLE_PACKGQA": True, "FLASHATTENTION_DISABLE_FP16": False, "FLASHATTENTION_DISABLE_FP8": True,
+    "FLASHATTENTION_DISABLE_VARLEN": False, "FLASHATTENTION_DISABLE_CLUSTER": True,
+    "FLASHATTENTION_DISABLE_HDIM64": False, "FLASHATTENTION_DISABLE_HDIM96": True,
+    "FLASHATTENTION_DISABLE_HDIM128": False, "FLASHATTENTION_DISABLE_HDIM192": True,
+    "FLASHATTENTION_DISABLE_HDIM256": True, "FLASHATTENTION_DISABLE_SM8x": True,
+    "FLASHATTENTION_ENABLE_VCOLMAJOR": False, "FLASH_ATTENTION_DISABLE_HDIMDIFF64": True,
+    "FLASH_ATTENTION_DISABLE_HDIMDIFF192": True}
+"""``flash_attn_config.CONFIG["build_flags"]`` of the trimmed FlashAttention-3 3.0.0 wheel (head dims 64/128)."""
+
+
 # ---- installing them ----------------------------------------------------------------------------
-def _module(name: str, **attrs) -> types.ModuleType:
+def _module(name: str, version: str = "0.0.0-fake", **attrs) -> types.ModuleType:
     mod = types.ModuleType(name)
-    mod.__version__ = "0.0.0-fake"
+    mod.__version__ = version
     for key, value in attrs.items():
         setattr(mod, key, value)
     return mod
@@ -345,6 +391,9 @@ def install(monkeypatch, family: str) -> None:
             flash_attn_varlen_qkvpacked_func)})},
         "fa3": {"flash_attn_interface": _module("flash_attn_interface", flash_attn_func=fa3_flash_attn_func,
                                                 flash_attn_varlen_func=fa3_flash_attn_varlen_func)},
+        "fa3-trimmed": {"flash_attn_interface": _module("flash_attn_interface", flash_attn_func=fa3_flash_attn_func,
+                                                        flash_attn_varlen_func=fa3_flash_attn_varlen_func),
+                        "flash_attn_config": _module("flash_attn_config", CONFIG={"build_flags": FA3_TRIMMED})},
         "fa4": {"flash_attn": _module("flash_attn"),
                 "flash_attn.cute": _module("flash_attn.cute", flash_attn_func=fa4_flash_attn_func,
                                            flash_attn_varlen_func=fa4_flash_attn_varlen_func)},
@@ -352,8 +401,12 @@ def install(monkeypatch, family: str) -> None:
         "sage": {"sageattention": _module("sageattention", sageattn=sageattn, sageattn_varlen=sageattn_varlen)},
         "sage2": {"sageattention": _module("sageattention", **{f.__name__: f for f in (
             sageattn_qk_int8_pv_fp8_cuda, sageattn_qk_int8_pv_fp8_cuda_sm90, sageattn_qk_int8_pv_fp16_cuda)})},
+        "sage22": {"sageattention": _module("sageattention", version="2.2.0-fake", sageattn=sageattn_v2, **{
+            f.__name__: f for f in (sageattn_qk_int8_pv_fp8_cuda, sageattn_qk_int8_pv_fp8_cuda_sm90,
+                                    sageattn_qk_int8_pv_fp16_cuda)})},
         "sparge": {"spas_sage_attn": _module("spas_sage_attn", **{f.__name__: f for f in (
-            spas_sage2_attn_meansim_topk_cuda, spas_sage2_attn_meansim_cuda)})},
+            spas_sage2_attn_meansim_topk_cuda, spas_sage2_attn_meansim_cuda, spas_sage_attn_meansim_topk_cuda,
+            spas_sage_attn_meansim_cuda)})},
         "flashinfer": {"flashinfer": _module(
             "flashinfer", single_prefill_with_kv_cache=single_prefill_with_kv_cache,
             BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper)},
@@ -366,8 +419,10 @@ def install(monkeypatch, family: str) -> None:
 def clear_caches() -> None:
     """Forget cached import checks and versions (they would outlive the fake modules)."""
     from attnbench.backends.base import _dist_version, _import_reason
+    from attnbench.backends.fa3 import build_flags
     _import_reason.cache_clear()
     _dist_version.cache_clear()
+    build_flags.cache_clear()
 
 
 def _xformers_modules() -> dict:

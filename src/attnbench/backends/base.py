@@ -153,6 +153,10 @@ class Backend:
         return (self.unavailable_reason() or check_capabilities(self.capabilities, spec, device)
                 or self.extra_reason(spec, device))
 
+    def describe(self, device: str | torch.device) -> str:
+        """The ``attnbench backends`` line: the description, naming the kernel that runs on ``device``."""
+        return self.description
+
     def extra_reason(self, spec: AttnSpec, device: str | torch.device) -> str | None:
         """Backend-specific limits that the capabilities cannot express."""
         return None

@@ -6,13 +6,21 @@
 Same conventions as flash-attn 2 (bshd / thd, lower-right causal, -1 = unbounded window side). Older
 builds always return (out, lse); newer ones return out unless ``return_attn_probs=True``, which is
 passed where the signature has it. Needs compute capability 9.0.
+
+Trimmed builds. FA3's ``setup.py`` can leave features out (``FLASHATTENTION_DISABLE_*``); a call that
+needs a missing template does not raise, it crashes the process. Builds record their switches in the
+module ``flash_attn_config`` (``CONFIG["build_flags"]``), so the capabilities are narrowed to what the
+installed build has (``build_capabilities``) and a case it lacks is an ``unsupported`` record whose
+reason names the switch, never a crash of the sweep.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import replace
 
-from attnbench.backends.base import Capabilities, Prepared
+from attnbench.backends.base import Capabilities, Prepared, check_capabilities
 from attnbench.backends.kernel import (
     KernelBackend,
     dense_closure,
@@ -23,14 +31,63 @@ from attnbench.backends.kernel import (
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
 
-_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, window=True,
-                     min_compute_capability=(9, 0))
+_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
+                     window=True, min_compute_capability=(9, 0))
+HEAD_DIM_KERNELS = (64, 96, 128, 192, 256)
+"""FA3's head-size templates: a head size runs the smallest template at least as large."""
+
+
+@functools.cache
+def build_flags() -> dict[str, bool]:
+    """The installed build's ``FLASHATTENTION_DISABLE_*`` switches ({} when the build does not record them)."""
+    try:
+        config = importlib.import_module("flash_attn_config").CONFIG
+    except Exception:  # full builds before the config module existed: assume everything is there
+        return {}
+    return {k: bool(v) for k, v in dict(config.get("build_flags", {})).items()}
+
+
+def build_capabilities(caps: Capabilities, flags: dict[str, bool]) -> Capabilities:
+    """``caps`` narrowed to what a build with ``flags`` contains."""
+    def off(feature: str) -> bool:
+        return flags.get(f"FLASHATTENTION_DISABLE_{feature}", False)
+    kept = [d for d in HEAD_DIM_KERNELS if not off(f"HDIM{d}")]
+    return replace(
+        caps,
+        max_head_dim=min(caps.max_head_dim, max(kept, default=0)),
+        dtypes=tuple(d for d in caps.dtypes if not (d == "fp16" and off("FP16"))),
+        window=caps.window and not off("LOCAL"),
+        backward=caps.backward and not off("BACKWARD"),
+        varlen=caps.varlen and not off("VARLEN"),
+        different_v_dim=caps.different_v_dim and not (flags.get("FLASH_ATTENTION_DISABLE_HDIMDIFF64", False)
+                                                       and flags.get("FLASH_ATTENTION_DISABLE_HDIMDIFF192", False)),
+    )
+
+
+def disabled_features(flags: dict[str, bool]) -> list[str]:
+    """Short names of what the build left out, e.g. ['LOCAL', 'FP8', 'HDIM256']."""
+    return sorted(k.split("DISABLE_", 1)[1] for k, v in flags.items() if v and "DISABLE_" in k)
 
 
 class _Fa3(KernelBackend):
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
-    capabilities = _CAPS
+    declared = _CAPS
+    """What FA3 can do in a full build; ``capabilities`` is this narrowed to the installed build."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return build_capabilities(self.declared, build_flags())
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        full, here = check_capabilities(self.declared, spec, device), check_capabilities(self.capabilities, spec, device)
+        if here and not full:  # the full build would run it: say which switch left it out
+            return f"{here} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
+        return None
+
+    def supports(self, spec: AttnSpec, device) -> str | None:
+        return (self.unavailable_reason() or self.extra_reason(spec, device)
+                or check_capabilities(self.capabilities, spec, device))
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,
@@ -38,6 +95,11 @@ class _Fa3(KernelBackend):
         if has_param(fn, "return_attn_probs"):
             kw["return_attn_probs"] = True
         return kw
+
+    def info(self, spec: AttnSpec, **extra) -> dict:
+        trimmed = disabled_features(build_flags())
+        return self.base_info() | {"gqa": "native" if spec.gqa else "none",
+                                   "build_disabled": trimmed or None} | extra
 
 
 class Fa3(_Fa3):
@@ -47,17 +109,16 @@ class Fa3(_Fa3):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        return Prepared(fn=dense_closure(spec, inputs, fn, self.kwargs(spec, fn)), info=self.base_info() | {"gqa": "native" if spec.gqa else "none"})
+        return Prepared(fn=dense_closure(spec, inputs, fn, self.kwargs(spec, fn)), info=self.info(spec))
 
 
 class Fa3Varlen(_Fa3):
     name = "fa3-varlen"
     description = "FlashAttention-3 flash_attn_varlen_func (Hopper, packed + cu_seqlens)"
     function = "flash_attn_varlen_func"
-    capabilities = replace(_CAPS, varlen=True)
+    declared = replace(_CAPS, varlen=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
         closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn))
-        info = self.base_info() | {"gqa": "native" if spec.gqa else "none", "flattened_dense": p.batch is not None}
-        return Prepared(fn=closure, info=info)
+        return Prepared(fn=closure, info=self.info(spec, flattened_dense=p.batch is not None))

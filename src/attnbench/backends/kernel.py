@@ -165,3 +165,15 @@ def device_capability(device: str) -> tuple[int, int] | None:
     if dev.type != "cuda" or not torch.cuda.is_available() or torch.version.hip is not None:
         return None
     return torch.cuda.get_device_capability(dev)
+
+
+def layout_call(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Call a ``tensor_layout="HND"|"NHD"`` kernel (SageAttention, SpargeAttn) on bshd tensors, in the layout
+    the tensors are stored in: a model's (B, H, S, D) tensors viewed as bshd go in as HND, so no copy is
+    added on the way (what a user passing the model's tensors straight to the kernel gets). Returns bshd."""
+    hnd = not q.is_contiguous() and q.transpose(1, 2).is_contiguous()
+    if hnd:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    out = fn(q, k, v, tensor_layout="HND" if hnd else "NHD", **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    return out.transpose(1, 2) if hnd else out

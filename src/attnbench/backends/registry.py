@@ -48,6 +48,8 @@ BUILTIN: dict[str, str] = {
     "sage2-fp16": "attnbench.backends.sage:Sage2Fp16",
     "sparge": "attnbench.backends.sparge:Sparge",
     "sparge-cdf": "attnbench.backends.sparge:SpargeCdf",
+    "sparge-fp16": "attnbench.backends.sparge:SpargeFp16",
+    "sparge-fp16-cdf": "attnbench.backends.sparge:SpargeFp16Cdf",
     "flashinfer": "attnbench.backends.flashinfer:FlashInfer",
 }
 

@@ -42,7 +42,8 @@ def backends(
             reason = f"runs on {'/'.join(backend.capabilities.devices)}, not {device_type(dev)}"
         rows.append({"name": name, "available": reason is None, "reason": reason,
                      "version": backend.version() if reason is None else None,
-                     "description": backend.description, "capabilities": _caps_summary(backend.capabilities)})
+                     "description": backend.describe(dev) if reason is None else backend.description,
+                     "capabilities": _caps_summary(backend.capabilities)})
     if as_json:
         common.console.print_json(json.dumps(rows))
         return

@@ -217,8 +217,11 @@ class _AtenCuda:
 
 # ---- flash-attn 2 and 4 (optional packages) -----------------------------------------------------
 def _call_with(fn, values: dict, positional: tuple = ()):
-    """Call ``fn`` passing only the keyword arguments its signature names (signatures move across versions)."""
-    params = inspect.signature(fn).parameters
+    """Call ``fn`` passing only the keyword arguments its signature names (signatures move across versions).
+
+    A ``torch.library.custom_op`` (flash-attn >= 2.7 registers its low-level ops so) shows only
+    ``(*args, **kwargs)``; its wrapped function (``_init_fn``) has the real signature."""
+    params = inspect.signature(getattr(fn, "_init_fn", fn)).parameters
     missing = [n for n, p in list(params.items())[len(positional):]
                if p.default is inspect.Parameter.empty and n not in values
                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]

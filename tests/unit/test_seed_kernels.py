@@ -157,3 +157,23 @@ def test_call_with_reads_the_signature_behind_a_custom_op():
     x = torch.ones(3)
     got = _call_with(scaled_copy, {"dropout_p": 0.0, "softmax_scale": 2.0, "unknown": 1}, (x,))
     torch.testing.assert_close(got, 2 * x)
+
+
+# ---- seed 002's kernel rows -------------------------------------------------------------------------------
+def test_kernel_tally_counts_copies_and_adds():
+    from attnbench.models.bench import tally_kernels
+    kernels = [("void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(...)>", 0.5),
+               ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>>", 0.25),
+               ("flash_fwd_kernel", 3.0), ("void at::native::elementwise_kernel<direct_copy_kernel_cuda>", 0.5)]
+    got = tally_kernels(kernels)
+    assert got == {"kernels": 4, "kernels_ms": 4.25, "copy_kernels": 2, "copy_ms": 1.0, "add_kernels": 1,
+                   "add_ms": 0.25}
+
+
+def test_kernel_counts_need_a_gpu(tmp_path):
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "attnbench", "e2e", "--model", "llama-tiny", "--device", "cpu",
+                          "--kernel-counts", "--db", str(tmp_path / "r.db")], capture_output=True, text=True)
+    assert res.returncode == 2 and "kernel counts need a CUDA device" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1

@@ -35,7 +35,7 @@ def _one(values, name: str):
 
 
 def build_config(model: str, backends, device: str | None, mode: str, layers, steps, warmup, dtype,
-                 batch_size, seq_len, seed: int, backend_opt) -> E2EConfig:
+                 batch_size, seq_len, seed: int, backend_opt, kernel_counts: bool = False) -> E2EConfig:
     """Validate the options into an E2EConfig; raises UserError."""
     dev = common.resolve_device(device)
     if model not in model_names():
@@ -51,11 +51,18 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
         return E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
                          warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
                          batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
-                         seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed)
+                         seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed,
+                         kernel_counts=kernel_counts)
     except UserError:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+KERNEL_ROWS = (("direct_copy_kernel_cuda (times)", "copy_kernels", ",d"), ("direct_copy_kernel_cuda (ms)", "copy_ms", ".1f"),
+               ("CUDAFunctor_add (times)", "add_kernels", ",d"), ("CUDAFunctor_add (ms)", "add_ms", ".1f"),
+               ("Kernels (times)", "kernels", ",d"))
+"""Seed 002's kernel rows, per profiled step (``--kernel-counts``)."""
 
 
 def e2e_table(records: list[Record], title: str) -> Table:
@@ -70,12 +77,19 @@ def e2e_table(records: list[Record], title: str) -> Table:
         if r.status != "ok" and key != "total_ms":
             return "-"
         return "-" if value is None else format(value * scale, fmt)
+
+    def counted(r: Record, key: str, fmt: str) -> str:
+        value = r.info.get("e2e", {}).get("kernel_counts", {}).get(key)
+        return "-" if value is None or r.status != "ok" else format(value, fmt)
     rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", ".3f", 1e-3),
             ("Total (s)", "total_ms", ".3f", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
             ("Attn TFLOP/s", "attn_tflops", ".1f", 1.0), ("Cosine", "cosine", ".6f", 1.0),
             ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
     for label, key, fmt, scale in rows:
         table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
+    if any("kernel_counts" in r.info.get("e2e", {}) for r in records):  # one profiled step, as seed 002's rows
+        for label, key, fmt in KERNEL_ROWS:
+            table.add_row(label, *[counted(r, key, fmt) for r in records])
     table.add_row("Status", *[r.status if r.status == "ok" else f"{r.status}: {r.reason}" for r in records])
     return table
 
@@ -97,10 +111,12 @@ def e2e(
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
+    kernel_counts: Annotated[bool, typer.Option(
+        "--kernel-counts", help="Profile one more step per backend and count its kernels (copies, adds; CUDA).")] = False,
 ) -> None:
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
-                       backend_opt)
+                       backend_opt, kernel_counts)
     if output is not None:
         try:
             export.format_for(output)

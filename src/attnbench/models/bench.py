@@ -61,8 +61,12 @@ class E2EConfig:
     """Llama sequence length; None = the config's default."""
     seed: int = 0
     """Seed of weights and inputs."""
+    kernel_counts: bool = False
+    """Profile one extra step per backend and count its device kernels (seed 002's copy/add rows)."""
 
     def __post_init__(self) -> None:
+        if self.kernel_counts and torch.device(self.device).type != "cuda":
+            raise ValueError("kernel counts need a CUDA device (they count device kernels)")
         if self.model not in model_names():
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(model_names())}")
         if self.mode not in MODES:
@@ -137,6 +141,30 @@ def deviation(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return cos, rel_l1
 
 
+KERNEL_TALLIES = {"copy": "direct_copy_kernel_cuda", "add": "CUDAFunctor_add"}
+"""Seed 002's rows: kernels whose names contain these (data copies and elementwise adds)."""
+
+
+def tally_kernels(kernels: list[tuple[str, float]]) -> dict:
+    """Counts and milliseconds of one step's device kernels: all of them and each of KERNEL_TALLIES."""
+    out = {"kernels": len(kernels), "kernels_ms": sum(ms for _, ms in kernels)}
+    for key, pattern in KERNEL_TALLIES.items():
+        hits = [ms for name, ms in kernels if pattern in name]
+        out[f"{key}_kernels"], out[f"{key}_ms"] = len(hits), sum(hits)
+    return out
+
+
+def profile_step(step, device: torch.device) -> dict:
+    """``tally_kernels`` of one step under torch.profiler (the step runs untimed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnbench.timing.profiler import device_kernels
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize(device)
+    return tally_kernels(device_kernels(prof.events()))
+
+
 def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> tuple[list[float], torch.Tensor]:
     cuda = device.type == "cuda"
     samples, first = [], None
@@ -194,6 +222,8 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
                 work.step()
             samples, out = _time_steps(work.step, cfg.steps, device, swap)
             fwd_ms, bwd_ms = swap.attention_ms()
+            if cfg.kernel_counts:
+                e2e["kernel_counts"] = profile_step(work.step, device)
     except BackendUnavailable as exc:
         return Record(spec=_spec(swap, pass_), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None
     except torch.OutOfMemoryError as exc:

@@ -177,3 +177,21 @@ def test_kernel_counts_need_a_gpu(tmp_path):
                           "--kernel-counts", "--db", str(tmp_path / "r.db")], capture_output=True, text=True)
     assert res.returncode == 2 and "kernel counts need a CUDA device" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family, name, function", [("fa2", "fa2", "flash_attn_func"),
+                                                    ("fa3", "fa3", "fa3.flash_attn_func")])
+def test_flash_attn_functional_takes_the_models_views_and_differentiates(fake, family, name, function):
+    fake(family)
+    q_bhsd, k_bhsd, v_bhsd = (torch.randn(2, 3, 33, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    spec = spec_(seqlens_q=(33,), heads_q=3, head_dim=16, causal=True, pass_="fwd_bwd")
+    out = registry.get(name).functional(spec)(*(t.transpose(1, 2) for t in (q_bhsd, k_bhsd, v_bhsd)))
+    assert fk.calls(function)[-1]["q"].data_ptr() == q_bhsd.data_ptr()  # no copy on the way in
+    mask = torch.ones(33, 33, dtype=torch.bool).tril()
+    scores = (q_bhsd @ k_bhsd.transpose(-1, -2) / 4).masked_fill(~mask, float("-inf"))
+    ref = (torch.softmax(scores, -1) @ v_bhsd).transpose(1, 2)
+    torch.testing.assert_close(out, ref)
+    grads = torch.autograd.grad(out.sum(), (q_bhsd, k_bhsd, v_bhsd))
+    ref_grads = torch.autograd.grad(ref.sum(), (q_bhsd, k_bhsd, v_bhsd))
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)

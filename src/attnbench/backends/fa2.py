@@ -20,6 +20,7 @@ from attnbench.backends.base import Capabilities, Prepared, autograd_closure
 from attnbench.backends.kernel import (
     KernelBackend,
     dense_closure,
+    dense_functional,
     effective_window,
     lse_if_shaped,
     packed,
@@ -53,6 +54,9 @@ class Fa2(_Fa2):
     name = "fa2"
     description = "flash-attn 2 flash_attn_func (bshd)"
     function = "flash_attn_func"
+
+    def functional(self, spec: AttnSpec):
+        return dense_functional(self.kernel(), common_kwargs(spec) | {"return_attn_probs": False})
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         closure = dense_closure(spec, inputs, self.kernel(), common_kwargs(spec))

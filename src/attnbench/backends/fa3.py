@@ -24,6 +24,7 @@ from attnbench.backends.base import Capabilities, Prepared, check_capabilities
 from attnbench.backends.kernel import (
     KernelBackend,
     dense_closure,
+    dense_functional,
     effective_window,
     has_param,
     varlen_closure,
@@ -106,6 +107,10 @@ class Fa3(_Fa3):
     name = "fa3"
     description = "FlashAttention-3 flash_attn_func (Hopper, bshd)"
     function = "flash_attn_func"
+
+    def functional(self, spec: AttnSpec):
+        fn = self.kernel()
+        return dense_functional(fn, self.kwargs(spec, fn))
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()

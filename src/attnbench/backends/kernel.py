@@ -129,6 +129,12 @@ def dense_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict) -> Calla
     return autograd_closure(spec, inputs, forward)
 
 
+def dense_functional(fn, kwargs: dict):
+    """fn(q_bshd, k_bshd, v_bshd) -> out_bshd of a flash-attn style ``flash_attn_func`` for models (FA2, FA3):
+    the model's tensors go in as they are (the kernels take any strides with a contiguous last dim)."""
+    return lambda q, k, v: split_result(fn(q, k, v, **kwargs))[0]
+
+
 def varlen_lse(lse: torch.Tensor | None, p: Packed, heads: int) -> torch.Tensor | None:
     """A varlen kernel's (H, total_q) LSE in the layout of the case (see ``Packed.unflatten_lse``)."""
     return p.unflatten_lse(lse_if_shaped(lse, (heads, sum(p.seqlens_q))))

@@ -142,6 +142,7 @@ def _tick_label(value: float) -> str:
 
 
 def _style_x(ax, x: str, xs: list[float]) -> None:
+    from matplotlib.ticker import NullLocator
     values = sorted(set(xs))
     integer = all(float(v).is_integer() for v in values)
     geometric = integer and values[0] > 0 and values[-1] >= 8 * values[0]
@@ -150,7 +151,7 @@ def _style_x(ax, x: str, xs: list[float]) -> None:
     if integer and len(values) <= 12:
         ax.set_xticks(values)
         ax.set_xticklabels([_tick_label(v) for v in values])
-        ax.minorticks_off()
+        ax.xaxis.set_minor_locator(NullLocator())  # x only: a log y axis may need its minor ticks
 
 
 def _styles(labels: list[str]) -> dict[str, dict]:
@@ -170,6 +171,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import LogFormatterSciNotation
 
     pts = points(rows, x, y)
     data = panels(pts, x)
@@ -196,6 +198,8 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
             ax.grid(True, which="major", alpha=0.3)
             if logy:
                 ax.set_yscale("log")
+                # Within one decade a log axis has no major tick: label the minor ones instead.
+                ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
             else:  # tiny (CPU) or huge values: 1.2e-4 style with the power on top, not 0.000120
                 ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
             if i == len(causals) - 1:

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Seed 000 (benchmark_attn.py): duration, TFLOP/s and bandwidth against sequence length for a single
+# sequence (128 ... 64k) and for groups of 128-token sequences (1 ... 256 per call), at the seed's
+# defaults (32 q-heads, 32 kv-heads, head size 128, fp16, batch 1, warm-up 10, repeat 100), with every
+# backend that runs here; then the profiler series for FA2: CUDA events against Nsight Compute (and
+# Nsight Systems where it is installed).
+#
+#   bash benchmarks/seeds/seed000.sh OUT [BACKENDS]       # BACKENDS: comma list; default every runnable one
+#
+# Writes OUT/seed000.db, OUT/*.png (duration/performance/bandwidth, single and grouped, and the profiler
+# series), OUT/*.txt logs and OUT/report.html. Needs a CUDA GPU for the profiler series (skipped on CPU).
+# SEED_QUICK=1 shrinks every axis (for a smoke test of the script itself, e.g. on CPU).
+set -uo pipefail
+export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
+out=${1:?output directory}; backends=${2:-}
+mkdir -p "$out"; db="$out/seed000.db"
+ab() { python3 -m attnbench "$@"; }
+quick=${SEED_QUICK:-0}
+if [ "$quick" = 1 ]; then
+  shape=(--q-heads 2 --kv-heads 2 --head-size 16 --batch-size 1 --dtype fp32 --warmup 1 --repeat 3)
+  single=(128 256); groups=(1 2 4); profiled=(128 256)
+else
+  shape=(--q-heads 32 --kv-heads 32 --head-size 128 --batch-size 1 --dtype fp16 --warmup 10 --repeat 100)
+  single=(128 256 512 1k 2k 4k 8k 16k 32k 64k); groups=(1 2 4 8 16 32 64 128 256); profiled=(128 256 512 1k 2k 4k 8k 16k)
+fi
+pick=(); [ -n "$backends" ] && pick=(--backends "$backends")
+common=(--db "$db" --quiet --no-causal --pass fwd "${shape[@]}" "${pick[@]}")
+
+ab run "${common[@]}" --seq-lens "${single[@]}" --run-id seed000-single > "$out/single.txt" 2>&1 \
+  || echo "single-sequence run ended with status $? (see single.txt)"
+group_lens=(); for n in "${groups[@]}"; do group_lens+=("$(yes 128 | head -n "$n" | paste -sd,)"); done
+ab run "${common[@]}" --seq-lens "${group_lens[@]}" --run-id seed000-grouped > "$out/grouped.txt" 2>&1 \
+  || echo "grouped run ended with status $? (see grouped.txt)"
+for kind in single grouped; do
+  x=seq_len; suffix=""; [ $kind = grouped ] && { x=num_seqs; suffix=_grouped; }
+  for fig in duration:ms performance:tflops bandwidth:gbps; do
+    ab plot --db "$db" --run "seed000-$kind" --x $x --y "${fig#*:}" --logy -o "$out/${fig%%:*}$suffix.png" > /dev/null
+  done
+done
+
+# Profiler series (seed 000's "cuda" / "ncu" / "nsys"): FA2 timed by CUDA events, then re-run under each profiler.
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  fa2=$(python3 -c "from attnbench.backends import registry; print('fa2' if 'fa2' in registry.available('cuda') else 'sdpa-flash')")
+  series=(seed000-single)
+  if command -v ncu > /dev/null; then
+    ab run "${common[@]}" --backends "$fa2" --seq-lens "${profiled[@]}" --profiler ncu --repeat 5 \
+      --run-id seed000-ncu --no-check > "$out/ncu.txt" 2>&1 && series+=(seed000-ncu)
+  else echo "ncu not installed: no ncu series" | tee -a "$out/profilers.txt"; fi
+  if command -v nsys > /dev/null; then
+    ab run "${common[@]}" --backends "$fa2" --seq-lens "${profiled[@]}" --profiler nsys --run-id seed000-nsys \
+      --no-check > "$out/nsys.txt" 2>&1 && series+=(seed000-nsys)
+  else echo "nsys not installed: no nsys series" | tee -a "$out/profilers.txt"; fi
+  for fig in duration:ms performance:tflops; do
+    ab plot --db "$db" --run "${series[@]}" --backend "$fa2" --x seq_len --y "${fig#*:}" --logy \
+      -o "$out/profilers_${fig%%:*}.png" > /dev/null
+  done
+fi
+ab report --db "$db" --run seed000-single seed000-grouped -o "$out/report.html" > /dev/null
+ab export --db "$db" --all-runs --format csv -o "$out/seed000.csv"
+ls "$out"

@@ -1,0 +1,109 @@
+"""The seed write-ups' own output formats, from runs in an attnbench store.
+
+    python3 benchmarks/seed_tables.py seed001 --db DB --run RUN [RUN ...]      # seed 001's performance table
+    python3 benchmarks/seed_tables.py seed003 --db DB --run RUN [RUN ...] -o FILE.json   # seed 003's results
+
+seed001: one Markdown table per backend with the seed's exact columns (batch_size | seq_len | nheads |
+head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | peak memory(MB/device) |
+speed(TFLOPS)), rows in the seed's order (fwd_only True first, then False; batch, then seq_len).
+On one GPU "per device" is that GPU; `attnbench dist` prints the same table for N ranks.
+
+seed003: the seed's result rows as JSON, one object per (impl, causal, axis value): impl is
+"Pytorch" (naive) or "Flash2" (fa2) and other backends under their own names; times in seconds, FLOPS
+in TFLOP/s, peak memory in MB, as the seed's table prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from attnbench.cli.dist import TABLE_COLUMNS
+from attnbench.results.record import Record
+from attnbench.results.store import ResultStore
+
+SEED003_NAMES = {"naive": "Pytorch", "fa2": "Flash2"}
+SEED003_PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward_backward"}
+
+
+def _records(db: Path, runs: list[str]) -> list[Record]:
+    with ResultStore(db, create=False) as store:
+        return [r for run in runs for r in store.records(run)]
+
+
+def seed001_tables(records: list[Record]) -> str:
+    """Seed 001's table per backend (dense, non-causal fwd / fwd_bwd cases)."""
+    by_backend: dict[str, list[tuple[int, Record]]] = defaultdict(list)
+    runs = list(dict.fromkeys(r.run_id for r in records))
+    for r in records:
+        if r.spec.pass_ in ("fwd", "fwd_bwd") and not r.spec.is_varlen:
+            by_backend[r.backend].append((runs.index(r.run_id), r))
+    out = []
+    for backend, indexed in by_backend.items():  # forward first; then in the order of the runs given
+        indexed.sort(key=lambda ir: (ir[1].spec.pass_ != "fwd", ir[0], ir[1].spec.batch, ir[1].spec.seqlens_q[0]))
+        rows = [r for _, r in indexed]
+        out += [f"### {backend} on 1 GPU", "| " + " | ".join(TABLE_COLUMNS) + " |",
+                "| " + " | ".join(":----:" for _ in TABLE_COLUMNS) + " |"]
+        for r in rows:
+            s = r.spec
+            if r.status != "ok" or not r.median_ms:
+                cells = ["-", "-", "-", f"{r.status}: {r.reason or ''}".strip(": ")]
+            else:
+                mem = "n/a" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**20:.0f}"
+                cells = [f"{1e3 / r.median_ms:.3f}", f"{r.median_ms:.3f}", mem, f"{r.tflops:.1f}"]
+            out.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
+                                          str(s.pass_ == "fwd"), *cells]) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def seed003_rows(records: list[Record]) -> list[dict]:
+    """Seed 003's rows: per backend, causal setting and shape, the three passes side by side."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        s = r.spec
+        key = (r.backend, s.causal, s.batch, s.seqlens_q[0], s.heads_q, s.head_dim)
+        row = rows.setdefault(key, {"impl": SEED003_NAMES.get(r.backend, r.backend), "causal": s.causal,
+                                    "batch_size": s.batch, "seq_len": s.seqlens_q[0], "num_heads": s.heads_q,
+                                    "emb_dim": s.heads_q * s.head_dim, "head_size": s.head_dim})
+        name = SEED003_PASSES[s.pass_]
+        ok = r.status == "ok" and r.median_ms is not None
+        row[f"{name}_time"] = r.median_ms / 1e3 if ok else None
+        row[f"{name}_FLOPS"] = r.tflops if ok else None
+        if r.peak_mem_bytes is not None and ok:
+            row["peak_memory_usage"] = max(row.get("peak_memory_usage") or 0.0, r.peak_mem_bytes / 2**20)
+        if not ok:
+            row.setdefault("skipped", {})[name] = f"{r.status}: {r.reason or ''}".strip(": ")
+    return list(rows.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("format", choices=("seed001", "seed003"))
+    parser.add_argument("--db", type=Path, required=True)
+    parser.add_argument("--run", nargs="+", required=True)
+    parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
+    args = parser.parse_args(argv)
+    if not args.db.exists():
+        print(f"seed_tables: no such database: {args.db}", file=sys.stderr)
+        return 2
+    records = _records(args.db, args.run)
+    if not records:
+        print(f"seed_tables: no records for run(s) {', '.join(args.run)} in {args.db}", file=sys.stderr)
+        return 2
+    if args.format == "seed001":
+        text = seed001_tables(records)
+    else:
+        text = json.dumps(seed003_rows(records), indent=1)
+    if args.output:
+        args.output.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -25,7 +25,7 @@ if [ "$quick" = 1 ]; then
 else
   check_shape=(--batch-size 2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 4096 1000,2000,1096
                --backends fa2,fa2-qkvpacked,fa2-varlen-qkvpacked)
-  table=(--q-heads 16 --head-size 128 --dtype bf16); batches=(2 8 16 64 128); seqs=(8k 16k 32k 64k); base=4096
+  table=(--q-heads 16 --head-size 128 --dtype bf16 --warmup 5); batches=(2 8 16 64 128); seqs=(8k 16k 32k 64k); base=4096
   dist=(--kernel fa2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 16k)
 fi
 

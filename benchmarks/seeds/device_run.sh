@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The seed kernels on one GPU machine, in stages that each fit a 10-minute slot (what produced
+# docs/results/2026-11-23-h200-seed-kernels.md). Wheels are installed from WHEELS (default .kw: the
+# flash-attn 2, flash_attn_3, sageattention 2 and spas_sage_attn wheels) into /tmp/kw; diffusers, for
+# stage 002, from .dw (../shared/tools/device-wheels.sh .dw diffusers). Everything is written under
+# $OUT/work and packed into $OUT/STAGE.tgz at the end (a device call brings back few files).
+#   bash benchmarks/seeds/device_run.sh tests      # backends line, GPU tests of the seed kernels, reference shapes,
+#                                                  # seed 001 (1 GPU) and seed 003
+#   bash benchmarks/seeds/device_run.sh 000        # seed 000
+#   bash benchmarks/seeds/device_run.sh 002        # seed 002 (CogVideoX-2b, needs .dw)
+set -uo pipefail
+stage=${1:?stage}; OUT=${OUT:-device-out}; work="$OUT/work"; mkdir -p "$work"
+export PYTHONUNBUFFERED=1 COLUMNS=220
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kw "${WHEELS:-.kw}"/*.whl 2>&1 | grep -v WARNING
+[ "$stage" = 002 ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kw .dw/*.whl 2>&1 | grep -v WARNING
+export PYTHONPATH=/tmp/kw:$PWD/src
+t0=$(date +%s); step() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+case $stage in
+  tests)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.limit --format=csv > "$work/device.txt"
+    python3 -m attnbench backends --device cuda > "$work/backends.txt" 2>&1
+    python3 -m attnbench env --device cuda > "$work/env.txt" 2>&1
+    step pytest
+    timeout 150 python3 -m pytest -q -m gpu -n 8 -rs -p no:cacheprovider tests/gpu/test_backends_gpu.py \
+      tests/gpu/test_dist_kernels.py -k "fa2 or fa3 or sage or sparge" > "$work/pytest_seed_kernels.log" 2>&1
+    tail -n 3 "$work/pytest_seed_kernels.log"
+    step reference shapes
+    timeout 60 python3 -m attnbench run --backends fa2,fa3,sage,sage2-fp8-sm90,sdpa-cudnn,sdpa-flash --batch-size 2 \
+      --q-heads 16 --head-size 128 --dtype bf16 --seq-lens 4k 8k 16k --no-causal --pass fwd --db "$work/reference.db" \
+      --output "$work/reference.csv" > "$work/reference.txt" 2>&1
+    step seed 001; timeout 140 bash benchmarks/seeds/seed001.sh "$work/seed001" > "$work/seed001.log" 2>&1
+    step seed 003; timeout 190 bash benchmarks/seeds/seed003.sh "$work/seed003" > "$work/seed003.log" 2>&1
+    ;;
+  000) step seed 000; timeout 540 bash benchmarks/seeds/seed000.sh "$work/seed000" > "$work/seed000.log" 2>&1 ;;
+  002) step seed 002; timeout 540 bash benchmarks/seeds/seed002.sh "$work/seed002" > "$work/seed002.log" 2>&1 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+step done
+tar czf "$OUT/$stage.tgz" -C "$work" . && rm -rf "$work"
+ls -la "$OUT"

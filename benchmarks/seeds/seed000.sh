@@ -25,11 +25,12 @@ else
 fi
 pick=(); [ -n "$backends" ] && pick=(--backends "$backends")
 common=(--db "$db" --quiet --no-causal --pass fwd "${shape[@]}" "${pick[@]}")
+isolate=(--isolate)  # a kernel that crashes the process costs one case, not the sweep
 
-ab run "${common[@]}" --seq-lens "${single[@]}" --run-id seed000-single > "$out/single.txt" 2>&1 \
+ab run "${common[@]}" "${isolate[@]}" --seq-lens "${single[@]}" --run-id seed000-single > "$out/single.txt" 2>&1 \
   || echo "single-sequence run ended with status $? (see single.txt)"
 group_lens=(); for n in "${groups[@]}"; do group_lens+=("$(yes 128 | head -n "$n" | paste -sd,)"); done
-ab run "${common[@]}" --seq-lens "${group_lens[@]}" --run-id seed000-grouped > "$out/grouped.txt" 2>&1 \
+ab run "${common[@]}" "${isolate[@]}" --seq-lens "${group_lens[@]}" --run-id seed000-grouped > "$out/grouped.txt" 2>&1 \
   || echo "grouped run ended with status $? (see grouped.txt)"
 for kind in single grouped; do
   x=seq_len; suffix=""; [ $kind = grouped ] && { x=num_seqs; suffix=_grouped; }

@@ -12,7 +12,7 @@ set -uo pipefail
 stage=${1:?stage}; OUT=${OUT:-device-out}; work="$OUT/work"; mkdir -p "$work"
 export PYTHONUNBUFFERED=1 COLUMNS=220
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kw "${WHEELS:-.kw}"/*.whl 2>&1 | grep -v WARNING
-[ "$stage" = 002 ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kw .dw/*.whl 2>&1 | grep -v WARNING
+case $stage in 002|final) python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/kw .dw/*.whl 2>&1 | grep -v WARNING ;; esac
 export PYTHONPATH=/tmp/kw:$PWD/src
 t0=$(date +%s); step() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 case $stage in
@@ -33,6 +33,14 @@ case $stage in
     ;;
   000) step seed 000; timeout 540 bash benchmarks/seeds/seed000.sh "$work/seed000" > "$work/seed000.log" 2>&1 ;;
   002) step seed 002; timeout 540 bash benchmarks/seeds/seed002.sh "$work/seed002" > "$work/seed002.log" 2>&1 ;;
+  final)  # after the first three: the e2e table again (a bookkeeping fix), FA3 trimmed-build tests, seed 003 finished
+    step e2e; timeout 170 python3 -m attnbench e2e --model cogvideox-2b --backends \
+      sdpa-flash,fa2,fa3,sage,sage2-fp8-sm90,sparge-fp16-cdf,sparge-cdf --steps 3 --warmup 1 --kernel-counts \
+      --db "$work/e2e.db" --output "$work/e2e.json" > "$work/e2e.txt" 2>&1; tail -n 25 "$work/e2e.txt"
+    step pytest; timeout 60 python3 -m pytest -q -m gpu -rs -p no:cacheprovider tests/gpu/test_backends_gpu.py \
+      -k "fa3_trimmed or sage_is" > "$work/pytest_fa3.log" 2>&1; tail -n 3 "$work/pytest_fa3.log"
+    step seed 003; mkdir -p "$work/seed003" && cp .sd/seed003.db* "$work/seed003/"
+    timeout 220 bash benchmarks/seeds/seed003.sh "$work/seed003" > "$work/seed003.log" 2>&1 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 step done

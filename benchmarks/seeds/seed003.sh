@@ -14,7 +14,6 @@ export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 colu
 out=${1:?output directory}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"; db="$out/seed003.db"
-ab() { python3 -m attnbench "$@"; }
 flash=$(python3 -c "from attnbench.backends import registry
 print(next(b for b in ('fa2', 'sdpa-flash', 'sdpa-math') if b in registry.available('cuda')))" 2>/dev/null || echo sdpa-math)
 backends=${2:-$flash}
@@ -27,13 +26,26 @@ else
   big=32; seq_emb=2048; emb_seq=1024
 fi
 run=(run --db "$db" --quiet --impl Pytorch --backends "$backends" --pass fwd bwd fwd_bwd "${base[@]}")
+# Run again on the same OUT, the command finishes what a stopped run left (finished runs are kept).
+state() { python3 -c "import sys; from attnbench.results.store import ResultStore as S
+r = S(sys.argv[1]).run(sys.argv[2]) if __import__('os').path.exists(sys.argv[1]) else None
+print(r['status'] if r else 'none')" "$db" "$1"; }
+ab() {
+  local id=${*: -1}
+  case $1:$(state "$id") in
+    run:done) echo "$id: already done" ;;
+    run:none) python3 -m attnbench "$@" ;;
+    run:*) python3 -m attnbench run --resume "$id" --db "$db" --quiet ;;
+    *) python3 -m attnbench "$@" ;;
+  esac
+}
 
 ab "${run[@]}" --num_heads "$big" --emb_dim "$seq_emb" --seq_len "${seq[@]}" --causal both --run-id seed003-seq \
-  > "$out/seq.txt" 2>&1 || echo "seq_len sweep ended with status $? (see seq.txt)"
+  >> "$out/seq.txt" 2>&1 || echo "seq_len sweep ended with status $? (see seq.txt)"
 ab "${run[@]}" --num_heads "$big" --emb_dim "${emb[@]}" --seq_len "$emb_seq" --causal --run-id seed003-emb \
-  > "$out/emb.txt" 2>&1 || echo "emb_dim sweep ended with status $? (see emb.txt)"
+  >> "$out/emb.txt" 2>&1 || echo "emb_dim sweep ended with status $? (see emb.txt)"
 ab "${run[@]}" --num_heads "${heads[@]}" --emb_dim 32 --seq_len "$emb_seq" --causal --run-id seed003-heads \
-  > "$out/heads.txt" 2>&1 || echo "num_heads sweep ended with status $? (see heads.txt)"
+  >> "$out/heads.txt" 2>&1 || echo "num_heads sweep ended with status $? (see heads.txt)"
 
 python3 "$here/tables.py" seed003 --db "$db" --run seed003-seq seed003-emb seed003-heads -o "$out/benchmark_result.json"
 for axis in seq_len:seq emb_dim:emb heads:heads; do

@@ -176,6 +176,8 @@ def test_fa3_trimmed_build_refuses_instead_of_crashing():
     assert "built without" in fa3.supports(CASES["window577"], "cuda")
     if "HDIM256" in missing:
         assert "head size > " in fa3.supports(CASES["dense640"].replace(head_dim=256), "cuda")
-    spec = CASES["dense577-d128"].replace(head_dim=96)  # no 96 kernel: runs the 128 one
+    if "HDIM96" in missing:  # head size 96 crashed this build: refused
+        assert "head-size-96 kernel" in fa3.supports(CASES["dense577-d128"].replace(head_dim=96), "cuda")
+    spec = CASES["dense577-d128"].replace(head_dim=32)  # the head-size-64 kernel, as in a full build
     got = fa3.prepare(spec, make_inputs(spec, "cuda", seed=6)).fn()
     assert torch.isfinite(got.out).all()

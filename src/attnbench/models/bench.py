@@ -222,7 +222,8 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
                 work.step()
             samples, out = _time_steps(work.step, cfg.steps, device, swap)
             fwd_ms, bwd_ms = swap.attention_ms()
-            if cfg.kernel_counts:
+        if cfg.kernel_counts:  # its own swap: the profiled step must not add to the counted calls
+            with AttnSwap(name, timed=False):
                 e2e["kernel_counts"] = profile_step(work.step, device)
     except BackendUnavailable as exc:
         return Record(spec=_spec(swap, pass_), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None

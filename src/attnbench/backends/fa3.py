@@ -65,17 +65,6 @@ def build_capabilities(caps: Capabilities, flags: dict[str, bool]) -> Capabiliti
     )
 
 
-def missing_template(head_dim: int, flags: dict[str, bool]) -> str | None:
-    """Why a trimmed build cannot take ``head_dim``: a case runs only on the head-size kernel a full build
-    picks for it. (Seen on an H200 with the 3.0.0 wheel built without HDIM96: head size 96, which then
-    falls through to the 128 kernel, crashed the process.)"""
-    template = next((t for t in HEAD_DIM_KERNELS if head_dim <= t), None)
-    if template is not None and flags.get(f"FLASHATTENTION_DISABLE_HDIM{template}", False):
-        return (f"head size {head_dim} runs FlashAttention-3's head-size-{template} kernel, which this build "
-                f"was built without (HDIM{template})")
-    return None
-
-
 def disabled_features(flags: dict[str, bool]) -> list[str]:
     """Short names of what the build left out, e.g. ['LOCAL', 'FP8', 'HDIM256']."""
     return sorted(k.split("DISABLE_", 1)[1] for k, v in flags.items() if v and "DISABLE_" in k)
@@ -95,7 +84,7 @@ class _Fa3(KernelBackend):
         full, here = check_capabilities(self.declared, spec, device), check_capabilities(self.capabilities, spec, device)
         if here and not full:  # the full build would run it: say which switch left it out
             return f"{here} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
-        return None if full else missing_template(spec.head_dim, build_flags())
+        return None
 
     def supports(self, spec: AttnSpec, device) -> str | None:
         return (self.unavailable_reason() or self.extra_reason(spec, device)

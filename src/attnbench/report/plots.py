@@ -35,6 +35,8 @@ LOG2_X = ("seq_len", "num_seqs")
 """Always on a log2 axis; other integer axes are log2 when they span 8x or more."""
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 LEGEND_COLUMNS = 4
+LEGEND_COLUMN_INCHES = 2.2
+"""Width one legend column needs (a 20-character label): narrower figures get fewer columns."""
 # Columns that, when they vary beyond the x axis, split a backend's points into several lines.
 # Columns that may change along each x axis without making a new line (see _series_columns).
 ALONG_X: dict[str, set[str]] = {
@@ -180,7 +182,8 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         sorted({p for _, p in data} - set(PASS_ORDER))
     labels = sorted({label for series in data.values() for label in series})
     style = _styles(labels)
-    legend_rows = -(-len(labels) // LEGEND_COLUMNS)
+    columns = max(1, min(LEGEND_COLUMNS, int((4.4 * len(passes) + 1.0) // LEGEND_COLUMN_INCHES)))
+    legend_rows = -(-len(labels) // columns)
     width, height = 4.4 * len(passes) + 1.0, 3.3 * len(causals) + 0.8 + 0.22 * legend_rows
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
@@ -211,7 +214,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
             else:
                 ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), LEGEND_COLUMNS),
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), columns),
                fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01))
     fig.suptitle(title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}", fontsize=11, y=1 - 0.12 / height, va="top")
     return fig

@@ -6,7 +6,7 @@
 #  2. the distributed check with FA2 as the local kernel (ring and zigzag over all GPUs of this host,
 #     per rank, forward and backward, in the seed's format) -> OUT/dist_check.txt; needs >= 2 GPUs
 #  3. the seed's performance table (batch 2..128 at 4k, 8k..64k at batch 2; 16 heads, head size 128,
-#     bf16, fwd_only True/False) for FA2 qkvpacked on 1 GPU, with fa3 and sdpa-cudnn beside it
+#     bf16, fwd_only True/False, causal and not) for FA2 qkvpacked on 1 GPU, with fa3 and sdpa-cudnn beside it
 #     -> OUT/table_1gpu.md; and for FA2 as the local kernel of ring/zigzag on all GPUs -> OUT/table_Ngpu.md
 #
 #   bash benchmarks/seeds/seed001.sh OUT [BACKENDS]     # BACKENDS for the table; default fa2-qkvpacked,fa3,sdpa-cudnn
@@ -32,7 +32,9 @@ fi
 ab verify "${check_shape[@]}" --causal both --db "$db" > "$out/check.txt" 2>&1
 echo "check: exit $? (0 = every exact backend passed; see check.txt)"
 
-run=(run --db "$db" --quiet --no-causal --pass fwd fwd_bwd "${table[@]}" --backends "$backends")
+# The seed's TFLOPS are 2*B*H*S^2*D / latency, the FLOPs of a causal call (its benchmark ran causal):
+# both settings are measured (attnbench counts causal FLOPs exactly, non-causal ones in full).
+run=(run --db "$db" --quiet --causal both --pass fwd fwd_bwd "${table[@]}" --backends "$backends")
 ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id seed001-batch > "$out/table_batch.txt" 2>&1 \
   || echo "batch sweep ended with status $? (see table_batch.txt)"
 ab "${run[@]}" --batch-size 2 --seq-lens "${seqs[@]}" --run-id seed001-seq > "$out/table_seq.txt" 2>&1 \
@@ -47,7 +49,7 @@ if [ "$gpus" -ge 2 ]; then
   "${tr[@]}" "${dist[@]}" --method ring,zigzag --batch-size 2 --causal --pass fwd_bwd > "$out/dist_check.txt" 2>&1
   echo "distributed check: exit $? (see dist_check.txt)"
   if [ "$quick" != 1 ]; then
-    d=(--kernel fa2 --method ring,zigzag --q-heads 16 --head-size 128 --dtype bf16 --no-causal --pass fwd fwd_bwd
+    d=(--kernel fa2 --method ring,zigzag --q-heads 16 --head-size 128 --dtype bf16 --causal --pass fwd fwd_bwd
        --warmup 3 --repeat 10 --no-check)
     { "${tr[@]}" "${d[@]}" --batch-size "${batches[@]}" --seq-lens "$base"
       "${tr[@]}" "${d[@]}" --batch-size 2 --seq-lens "${seqs[@]}"; } > "$out/dist_tables.txt" 2>&1

@@ -3,7 +3,7 @@
     python3 benchmarks/seed_tables.py seed001 --db DB --run RUN [RUN ...]      # seed 001's performance table
     python3 benchmarks/seed_tables.py seed003 --db DB --run RUN [RUN ...] -o FILE.json   # seed 003's results
 
-seed001: one Markdown table per backend with the seed's exact columns (batch_size | seq_len | nheads |
+seed001: one Markdown table per backend (and causal setting) with the seed's exact columns (batch_size | seq_len | nheads |
 head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | peak memory(MB/device) |
 speed(TFLOPS)), rows in the seed's order (fwd_only True first, then False; batch, then seq_len).
 On one GPU "per device" is that GPU; `attnbench dist` prints the same table for N ranks.
@@ -40,7 +40,8 @@ def seed001_tables(records: list[Record]) -> str:
     runs = list(dict.fromkeys(r.run_id for r in records))
     for r in records:
         if r.spec.pass_ in ("fwd", "fwd_bwd") and not r.spec.is_varlen:
-            by_backend[r.backend].append((runs.index(r.run_id), r))
+            name = f"{r.backend} (causal)" if r.spec.causal else r.backend
+            by_backend[name].append((runs.index(r.run_id), r))
     out = []
     for backend, indexed in by_backend.items():  # forward first; then in the order of the runs given
         indexed.sort(key=lambda ir: (ir[1].spec.pass_ != "fwd", ir[0], ir[1].spec.batch, ir[1].spec.seqlens_q[0]))
@@ -76,7 +77,8 @@ def seed003_rows(records: list[Record]) -> list[dict]:
         if r.peak_mem_bytes is not None and ok:
             row["peak_memory_usage"] = max(row.get("peak_memory_usage") or 0.0, r.peak_mem_bytes / 2**20)
         if not ok:
-            row.setdefault("skipped", {})[name] = f"{r.status}: {r.reason or ''}".strip(": ")
+            first_sentence = (r.reason or "").split(". ")[0]
+            row.setdefault("skipped", {})[name] = f"{r.status}: {first_sentence}".strip(": ")
     return list(rows.values())
 
 

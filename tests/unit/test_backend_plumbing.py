@@ -15,12 +15,6 @@ from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    yield lambda family: fk.install(monkeypatch, family)
-    fk.clear_caches()
-
-
 def spec_(**kw) -> AttnSpec:
     base = dict(batch=2, seqlens_q=(17,), heads_q=4, head_dim=16, dtype="fp64", pass_="fwd")
     return AttnSpec(**(base | kw))

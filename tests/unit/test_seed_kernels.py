@@ -14,12 +14,6 @@ from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    yield lambda family: fk.install(monkeypatch, family)
-    fk.clear_caches()
-
-
 def spec_(**kw) -> AttnSpec:
     base = dict(batch=2, seqlens_q=(130,), heads_q=2, head_dim=64, dtype="fp64", pass_="fwd")
     return AttnSpec(**(base | kw))

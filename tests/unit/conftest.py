@@ -1,0 +1,13 @@
+"""Fixtures of the unit tests."""
+
+from __future__ import annotations
+
+import fake_kernels as fk
+import pytest
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """``fake(family)`` installs that family's stand-in package (fake_kernels.py) for one test."""
+    yield lambda family: fk.install(monkeypatch, family)
+    fk.clear_caches()

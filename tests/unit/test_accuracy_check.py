@@ -241,10 +241,12 @@ def test_run_checks_by_default_and_not_with_no_check(tmp_path, capsys):
     args = ["run", "--device", "cpu", "--seq-lens", "17", "--q-heads", "2", "--head-size", "8", "--dtype", "fp32",
             "--backends", "naive,test-gqa-mean", "--kv-heads", "1", "--pass", "fwd_bwd", "--no-causal",
             "--repeat", "1", "--warmup", "0", "--quiet"]
-    for flag, db in (([], tmp_path / "a.db"), (["--no-check"], tmp_path / "b.db")):
+    for flag, db, code in (([], tmp_path / "a.db", 1), (["--no-check"], tmp_path / "b.db", 0)):
         with pytest.raises(SystemExit) as exc:
             main([*args, *flag, "--db", str(db)])
-        assert exc.value.code == 0
+        assert exc.value.code == code  # a mismatch fails the run; unchecked, nothing can
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("attnbench: 1 of 2 cases failed the accuracy check (test-gqa-mean ") and "mismatch" in last
     with sqlite3.connect(tmp_path / "a.db") as conn:
         checked = dict(conn.execute("SELECT backend, status FROM records").fetchall())
         acc = json.loads(conn.execute("SELECT accuracy FROM records WHERE backend='naive'").fetchone()[0])
@@ -252,6 +254,16 @@ def test_run_checks_by_default_and_not_with_no_check(tmp_path, capsys):
     with sqlite3.connect(tmp_path / "b.db") as conn:
         rows = conn.execute("SELECT status, accuracy FROM records").fetchall()
     assert rows == [("ok", "null"), ("ok", "null")]
+
+
+def test_run_fails_on_an_approximate_failure_only_when_asked(tmp_path, capsys):
+    args = ["run", "--device", "cpu", "--seq-lens", "33", "--q-heads", "2", "--head-size", "8", "--pass", "fwd",
+            "--backends", "naive,test-very-noisy", "--repeat", "1", "--warmup", "0", "--quiet"]
+    for flag, code in (([], 0), (["--fail-on-approx"], 1)):
+        with pytest.raises(SystemExit) as exc:
+            main([*args, *flag, "--db", str(tmp_path / f"r{code}.db")])
+        assert exc.value.code == code
+    assert "test-very-noisy" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_verify_bad_input_is_exit_2_and_writes_nothing(tmp_path, capsys):

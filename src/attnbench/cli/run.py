@@ -170,6 +170,26 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     return run_id, records, phases
 
 
+def wrong_cases(records: list, approx_too: bool = False) -> list:
+    """Cases whose numbers are wrong: status mismatch (an exact backend failed the check) or nan (non-finite
+    output, any backend), and with ``approx_too`` an approximate backend's ``approx-fail`` verdict."""
+    return [r for r in records if r.status in ("mismatch", "nan")
+            or (approx_too and (r.accuracy or {}).get("verdict") == "approx-fail")]
+
+
+def report_wrong_cases(records: list, approx_too: bool) -> None:
+    """Last line on stderr and exit status 1 when any case is wrong (so scripts and CI notice)."""
+    wrong = wrong_cases(records, approx_too)
+    if not wrong:
+        return
+    shown = "; ".join(f"{r.backend} {r.spec.label()} {r.spec.pass_}: "
+                      f"{(r.accuracy or {}).get('verdict') if r.status == 'ok' else r.status}" for r in wrong[:3])
+    more = f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    common.err_console.print(f"attnbench: {len(wrong)} of {len(records)} cases failed the accuracy check "
+                             f"({shown}{more}); exit status 1", markup=False, highlight=False)
+    raise typer.Exit(1)
+
+
 def wall_breakdown(phases: dict[str, float], total_s: float) -> dict[str, float]:
     """The runner's per-phase seconds plus ``other`` (stores, statistics, progress) and ``total``."""
     out = {k: v for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v > 0}
@@ -235,8 +255,13 @@ def run(
         "--isolate", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
     case_timeout: Annotated[float | None, typer.Option(
         "--case-timeout", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
+    fail_on_approx: Annotated[bool, typer.Option(
+        "--fail-on-approx", help="Exit 1 also when an approximate backend (quantized, sparse) fails its looser "
+        "check; mismatches and NaN always do.")] = False,
 ) -> None:
-    """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device)."""
+    """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device).
+
+    Exit status 1 when a case's numbers are wrong (an exact backend's mismatch, NaN/Inf output)."""
     plan = build_plan(ctx)
     if plan.profiler == "nsys":
         timing_opts.run_nsys(plan.db)
@@ -261,3 +286,4 @@ def run(
                              + (f" and {plan.output}" if plan.output else ""), highlight=False)
         if hint:
             common.console.print(hint, highlight=False, markup=False)
+    report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))

@@ -65,9 +65,11 @@ def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
         if not value:
             raise ValueError("empty --seq-lens value; give lengths like 4096, 128,128 or 512..16k:x2")
         if "," in value:
-            cases.append(tuple(parse_int(part, "sequence length") for part in value.split(",") if part.strip()))
-            if not cases[-1]:
-                raise ValueError(f"bad --seq-lens value {value!r}: no lengths in it; give lengths like 128,128")
+            parts = value.split(",")
+            if any(not part.strip() for part in parts):
+                raise ValueError(f"bad --seq-lens value {value!r}: empty item between commas; give lengths "
+                                 "like 128,128")
+            cases.append(tuple(parse_int(part, "sequence length") for part in parts))
         else:
             cases.extend((n,) for n in parse_range(value, "sequence length"))
     if not cases:
@@ -81,7 +83,10 @@ def parse_int_list(values, what: str) -> list[int]:
         values = [values]
     out: list[int] = []
     for value in values:
-        for part in str(value).split(","):
+        parts = str(value).split(",")
+        if len(parts) > 1 and any(not part.strip() for part in parts):
+            raise ValueError(f"bad {what} {value!r}: empty item between commas")
+        for part in parts:
             if part.strip():
                 out.extend(parse_range(part, what))
     if not out:

@@ -14,11 +14,13 @@ memory; that real OOM is caught by the runner as before). For one call of a case
   declare its own by defining ``workspace_bytes(spec) -> int``.
 
 Free memory = ``torch.cuda.mem_get_info`` free bytes + memory PyTorch's caching allocator holds but
-does not use. The guard only acts on CUDA/ROCm devices; on CPU it never skips.
+does not use; on the CPU, the host's available memory (``MemAvailable`` of /proc/meminfo, else the
+free physical pages); where neither can be read the guard does not act.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -99,9 +101,26 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
                           workspace=workspace_bytes(spec, backend) if backend is not None else 0)
 
 
+def host_available_bytes() -> int | None:
+    """Host memory available to a new allocation without swapping; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def available_bytes(device: str | torch.device) -> int | None:
-    """Bytes a new allocation can get on ``device``; None where unknown (CPU)."""
+    """Bytes a new allocation can get on ``device``; None where unknown."""
     device = torch.device(device)
+    if device.type == "cpu":
+        return host_available_bytes()
     if device.type != "cuda":
         return None
     free, _total = torch.cuda.mem_get_info(device)

@@ -1,5 +1,7 @@
 """Memory guard: the estimate, the message, and the runner skipping (not running) what cannot fit."""
 
+import json
+
 import pytest
 import torch
 
@@ -59,7 +61,10 @@ def test_guard_message_and_cached_memory_counts_as_free(monkeypatch):
     # memory held by the caching allocator but unused is free for the case
     fake_cuda(monkeypatch, free=1 * GiB, reserved=need + GiB, allocated=GiB)
     assert memory.guard(spec, naive, "cuda") is None
-    assert memory.guard(spec, naive, "cpu") is None  # unknown on CPU: never skips
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 22 * GiB)  # the CPU: host memory
+    assert memory.guard(spec, naive, "cpu") == f"needs {need / GiB:.1f} GiB, 22.0 GiB free (estimated; not run)"
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: None)
+    assert memory.guard(spec, naive, "cpu") is None  # unknown: never skips
     assert memory.format_bytes(34.1 * GiB) == "34.1 GiB" and memory.format_bytes(3 << 20) == "3.0 MiB"
 
 
@@ -109,3 +114,16 @@ def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
            env_id=None, sink=out.append).run(specs)
     assert [r.status for r in out] == ["ok", "oom", "ok"]
     assert "99 GiB" in out[1].reason
+
+
+def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_numbers(tmp_path):
+    """B=8, S=32k, H=32 bf16 naive needs 512 GiB of scores: no machine running the tests has that free."""
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "attnbench", "run", "--device", "cpu", "--backends", "naive",
+                          "--batch-size", "8", "--seq-lens", "32k", "--q-heads", "32", "--head-size", "16",
+                          "--pass", "fwd", "--no-causal", "--dtype", "bf16", "--db", str(tmp_path / "r.db"),
+                          "--output", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads((tmp_path / "r.json").read_text())
+    assert row["status"] == "oom" and row["reason"].startswith("needs 512.") and "GiB free" in row["reason"]

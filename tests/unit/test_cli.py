@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -134,3 +135,16 @@ def test_backends_and_env_commands():
     assert res.returncode == 0, res.stderr
     env = json.loads(res.stdout)
     assert env["torch"] and env["platform"] in ("cpu", "cuda", "rocm") and len(env["env_id"]) == 12
+
+
+@pytest.mark.parametrize("command", ["run", "verify", "dist", "e2e", "plot", "report", "export", "compare",
+                                     "calibrate"])
+def test_help_reads_as_users_type_it(command):
+    res = attnbench(command, "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())
+    assert "--causal-mode" not in text and "list[str]" not in text
+    # a default written in [brackets] is eaten by the help's markup and leaves "file ." or "case )"
+    assert not re.search(r"\s\.(\s|$)", text) and not re.search(r"\s\)", text), text
+    if command in ("run", "verify", "dist"):
+        assert "--causal,--no-causal" in text

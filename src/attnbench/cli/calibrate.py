@@ -20,11 +20,11 @@ def calibrate(
     device: common.Device = None,
     db: common.Db = None,
     size: Annotated[int | None, typer.Option(
-        "--size", help="Matmul size n (n x n x n) [default: 8192 on GPU, 256 on CPU].")] = None,
+        "--size", help="Matmul size n (n x n x n) (default: 8192 on GPU, 256 on CPU).")] = None,
     copy_mib: Annotated[int | None, typer.Option(
-        "--copy-mib", help="Bytes copied, in MiB [default: 2048 on GPU, 64 on CPU].")] = None,
+        "--copy-mib", help="Bytes copied, in MiB (default: 2048 on GPU, 64 on CPU).")] = None,
     repeat: Annotated[int | None, typer.Option(
-        "--repeat", help="Timed calls per measurement (median) [default: 20 on GPU, 5 on CPU].")] = None,
+        "--repeat", help="Timed calls per measurement (median) (default: 20 on GPU, 5 on CPU).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Measure dense bf16/fp16 matmul TFLOP/s and copy GB/s here; `run` then shows % of the measured peak."""

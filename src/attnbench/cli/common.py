@@ -47,12 +47,12 @@ def normalize_argv(argv: list[str]) -> list[str]:
         if flag in ("--causal", "--no-causal") and not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if flag == "--causal" and nxt is not None and nxt.lower() in CAUSAL_VALUES:
-                out += ["--causal-mode", nxt.lower()]
+                out += ["--causal", nxt.lower()]
                 i += 2
                 continue
-            out += ["--causal-mode", "true" if flag == "--causal" else "false"]
+            out += ["--causal", "true" if flag == "--causal" else "false"]
         elif flag == "--causal" and eq:
-            out += ["--causal-mode", value.lower()]
+            out += ["--causal", value.lower()]
         elif flag in MULTI_VALUE:
             if eq:
                 out += [flag, value]
@@ -299,25 +299,26 @@ def option_bool(opts: dict, name: str) -> bool:
 
 
 # ---- reusable option declarations (one place for names, aliases and help) -----------------------
-Device = Annotated[str | None, typer.Option("--device", help="cpu, cuda or cuda:N (default: cuda if available).")]
+Device = Annotated[str | None, typer.Option("--device", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cuda if available).")]
 Backends = Annotated[list[str] | None, typer.Option(
-    "--backends", "--backend", help="Backends to run, comma separated or repeated (default: all available).")]
-BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", "--batch_size", help="Batch size(s).")]
-QHeads = Annotated[list[str] | None, typer.Option("--q-heads", "--num_heads", "--num-heads", help="Query heads.")]
-KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", help="Key/value heads (GQA/MQA); default = q-heads.")]
-HeadSize = Annotated[list[str] | None, typer.Option("--head-size", "--head_size", help="Head size(s).")]
+    "--backends", "--backend", metavar="NAME,...", help="Backends to run, comma separated or repeated (default: all available).")]
+BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", "--batch_size", metavar="N", help="Batch size(s).")]
+QHeads = Annotated[list[str] | None, typer.Option("--q-heads", "--num_heads", "--num-heads", metavar="N", help="Query heads.")]
+KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", help="Key/value heads (GQA/MQA); default = q-heads.")]
+HeadSize = Annotated[list[str] | None, typer.Option("--head-size", "--head_size", metavar="D", help="Head size(s).")]
 EmbDim = Annotated[list[str] | None, typer.Option(
-    "--emb_dim", "--emb-dim", help="Embedding dim(s); head size = emb_dim / q-heads (seed 003).")]
-Dtype = Annotated[list[str] | None, typer.Option("--dtype", help="fp16, bf16, fp32 (or fp64).")]
+    "--emb_dim", "--emb-dim", metavar="N", help="Embedding dim(s); head size = emb_dim / q-heads (seed 003).")]
+Dtype = Annotated[list[str] | None, typer.Option("--dtype", metavar="DTYPE", help="fp16, bf16, fp32 (or fp64).")]
 CausalMode = Annotated[str | None, typer.Option(
-    "--causal-mode", help="Written as --causal / --no-causal / --causal both.", show_default=False)]
-Window = Annotated[str | None, typer.Option("--window", help="Sliding window LEFT,RIGHT (-1 = unbounded).")]
-Passes = Annotated[list[str] | None, typer.Option("--pass", help="fwd, bwd, fwd_bwd (repeatable).")]
+    "--causal", "--no-causal", metavar="[both]", show_default=False,
+    help="--causal, --no-causal or --causal both (default: not causal).")]
+Window = Annotated[str | None, typer.Option("--window", metavar="LEFT,RIGHT", help="Sliding window LEFT,RIGHT (-1 = unbounded).")]
+Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).")]
 SeqLens = Annotated[list[str] | None, typer.Option(
-    "--seq-lens", "--seq-len", "--seq_len", "--seq_lens",
+    "--seq-lens", "--seq-len", "--seq_len", "--seq_lens", metavar="LENS",
     help="Each value one case; 128,128 = one grouped batch; 512..16k:x2 = a range.")]
-Warmup = Annotated[int | None, typer.Option("--warmup", help="Untimed calls before timing.")]
-Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", help="Timed calls per case.")]
+Warmup = Annotated[int | None, typer.Option("--warmup", metavar="N", help="Untimed calls before timing.")]
+Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", metavar="N", help="Timed calls per case.")]
 Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.")]
-Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file [default: attnbench-results/attnbench.db].")]
+Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file (default: attnbench-results/attnbench.db).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")]

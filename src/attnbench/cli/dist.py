@@ -79,7 +79,7 @@ def _validate_case(spec, method, world, ulysses_degree) -> None:
 def dist(
     ctx: typer.Context,
     method: Annotated[list[str] | None, typer.Option(
-        "--method", help="ring, zigzag, ulysses, usp, torch-cp, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
+        "--method", metavar="METHOD,...", help="ring, zigzag, ulysses, usp, torch-cp, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
     kernel: Annotated[str, typer.Option("--kernel", help=f"Local kernel: {', '.join(KERNELS)}.")] = "math",
     ulysses_degree: Annotated[int | None, typer.Option(
         "--ulysses-degree", help="USP: ranks per Ulysses group (default: largest divisor <= 8 of world and heads).")] = None,

@@ -104,9 +104,9 @@ def e2e(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed steps per backend first.")] = 1,
     dtype: common.Dtype = None,
     batch_size: common.BatchSize = None,
-    seq_len: Annotated[list[str] | None, typer.Option("--seq-len", help="Llama sequence length.")] = None,
+    seq_len: Annotated[list[str] | None, typer.Option("--seq-len", metavar="N", help="Llama sequence length.")] = None,
     backend_opt: Annotated[list[str] | None, typer.Option(
-        "--backend-opt", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
+        "--backend-opt", metavar="NAME.KEY=VALUE", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
     seed: common.Seed = 0,

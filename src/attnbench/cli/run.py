@@ -230,17 +230,17 @@ def run(
     profiler: Annotated[str | None, typer.Option(
         "--profiler", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
-        "--min-time-ms", help="Sample until this much time is measured per case [default: 100 on GPU, 0 on CPU].")] = None,
+        "--min-time-ms", help="Sample until this much time is measured per case (default: 100 on GPU, 0 on CPU).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
         "--max-time-ms", help="Stop sampling a case once this much time is measured or spent, even before "
-        "--repeat samples (at least 10) [default: 500 on GPU, no cap on CPU].")] = None,
+        "--repeat samples (at least 10) (default: 500 on GPU, no cap on CPU).")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
     backend_opt: Annotated[list[str] | None, typer.Option(
-        "--backend-opt", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
+        "--backend-opt", metavar="NAME.KEY=VALUE", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     config: common.Config = None,
     seed: common.Seed = 0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,

@@ -15,10 +15,10 @@ from attnbench.results.record import STATUSES
 from attnbench.results.store import DEFAULT_DB, ResultStore
 
 Runs = Annotated[list[str] | None, typer.Option(
-    "--run", help="Run id(s) or unique prefixes; 'latest' = the newest run [default: latest].")]
+    "--run", metavar="RUN", help="Run id(s) or unique prefixes; 'latest' = the newest run (default: latest).")]
 BackendFilter = Annotated[list[str] | None, typer.Option(
-    "--backend", "--backends", help="Only these backends (comma separated or repeated).")]
-PassFilter = Annotated[list[str] | None, typer.Option("--pass", help="Only these passes: fwd, bwd, fwd_bwd.")]
+    "--backend", "--backends", metavar="NAME", help="Only these backends (comma separated or repeated).")]
+PassFilter = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="Only these passes: fwd, bwd, fwd_bwd.")]
 
 
 def open_store(db: Path | None) -> ResultStore:
@@ -69,7 +69,7 @@ def select_rows(store: ResultStore, run_ids: list[str], backends: list[str] | No
 
 def plot(
     x: Annotated[str, typer.Option("--x", help="seq_len, num_seqs, head_size, emb_dim, heads or sparsity.")],
-    y: Annotated[list[str], typer.Option("--y", help="ms, tflops, gbps or mem (repeatable: one figure each).")],
+    y: Annotated[list[str], typer.Option("--y", metavar="Y", help="ms, tflops, gbps or mem (repeatable: one figure each).")],
     run: Runs = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option(
@@ -130,8 +130,8 @@ def export(
     run: Runs = None,
     all_runs: Annotated[bool, typer.Option("--all-runs", help="Every run in the database.")] = False,
     backend: BackendFilter = None,
-    status: Annotated[list[str] | None, typer.Option("--status", help="Only these statuses (ok, error, ...).")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write [default: stdout].")] = None,
+    status: Annotated[list[str] | None, typer.Option("--status", metavar="STATUS", help="Only these statuses (ok, error, ...).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
     db: common.Db = None,
 ) -> None:
     """Write records of a run as CSV, JSON or Parquet (to a file, or to stdout for CSV and JSON)."""

@@ -54,3 +54,38 @@ def test_second_sigint_aborts_a_hung_case(tmp_path):
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
     assert query(db, "SELECT backend, status FROM records") == [("naive", "ok")]
     assert "--resume" in err and "Traceback" not in err
+
+
+def test_a_killed_run_is_marked_interrupted_on_the_next_open_and_resume_completes_it(tmp_path):
+    db = tmp_path / "r.db"
+    proc = popen("run", *TINY, *SEQ, "--backends", "test-sleep", "--db", str(db), ATTNBENCH_TEST_SLEEP_S="0.15")
+    wait_for_records(db, 3, proc)
+    proc.kill()  # SIGKILL: the process cannot mark its run
+    proc.communicate(timeout=60)
+    [(run_id, status)] = query(db, "SELECT run_id, status FROM runs")
+    assert status == "running"
+    listing = attnbench("export", "--db", str(db), "--run", "no-such-run")  # any command that opens the store
+    assert listing.returncode == 2 and f"{run_id} (interrupted)" in listing.stderr
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    report = attnbench("report", "--db", str(db), "-o", str(tmp_path / "r.html"))
+    assert report.returncode == 0 and "interrupted" in (tmp_path / "r.html").read_text()
+    cmp = attnbench("compare", run_id, run_id, "--db", str(db))
+    assert cmp.returncode == 0 and f"note: run {run_id} is interrupted" in cmp.stdout
+    res = attnbench("run", "--resume", run_id, "--db", str(db), "--quiet", ATTNBENCH_TEST_SLEEP_S="0.001")
+    assert res.returncode == 0, res.stderr
+    assert query(db, "SELECT status FROM runs") == [("done",)]
+    assert query(db, "SELECT COUNT(DISTINCT case_id) FROM records") == [(30,)]
+
+
+def test_a_live_run_is_left_running_and_a_reused_pid_is_not_mistaken_for_it():
+    import os
+    import subprocess
+    import sys
+
+    from attnbench.results.store import process_alive, process_started
+    me = os.getpid()
+    assert process_alive(me, process_started(me))
+    assert not process_alive(me, "not-my-start-time") or process_started(me) is None
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert not process_alive(gone.pid, None)

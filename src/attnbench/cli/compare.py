@@ -53,6 +53,8 @@ def compare(
         with open_store(db) as store:
             a, b = resolve_run(store, run_a), resolve_run(store, run_b)
             rows_a, rows_b = store.rows(a), store.rows(b)
+            unfinished = [f"{r} is {store.run(r)['status']}" for r in dict.fromkeys((a, b))
+                          if store.run(r)["status"] != "done"]
         result = cmp.compare(rows_a, rows_b, threshold=threshold, confidence=confidence)
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -64,6 +66,9 @@ def compare(
     extra = f"; only in A: {len(result.only_a)}, only in B: {len(result.only_b)}" if result.only_a or result.only_b else ""
     common.console.print(f"{len(result.cases)} cases: {summary} (regression = CI above +{threshold:.0%}){extra}",
                          highlight=False, markup=False)
+    if unfinished:  # an interrupted run lacks cases: "only in" counts partly mean "not measured yet"
+        common.console.print(f"note: run {'; run '.join(unfinished)} (attnbench run --resume completes it)",
+                             highlight=False, markup=False)
     if fail_on_regression is not None and result.regressions:
         worst = max(result.regressions, key=lambda c: c.low)
         common.err_console.print(

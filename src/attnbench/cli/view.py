@@ -40,7 +40,8 @@ def resolve_run(store: ResultStore, text: str) -> str:
     matches = [r for r in runs if r.startswith(text)]
     if len(matches) == 1:
         return matches[0]
-    recent = ", ".join(runs[-5:]) or "none"
+    status = {r["run_id"]: r.get("status") for r in store.runs()}
+    recent = ", ".join(f"{r} ({status[r]})" for r in runs[-5:]) or "none"
     if matches:
         raise UserError(f"run id {text!r} is ambiguous in {store.path}: {', '.join(matches[:5])}")
     raise UserError(f"no run {text!r} in {store.path}; most recent: {recent}")

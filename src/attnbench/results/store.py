@@ -7,6 +7,8 @@ several processes never write one file (sharded sweeps merge afterwards).
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 import time
 import uuid
@@ -27,7 +29,7 @@ _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS envs (env_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
-        config TEXT, env_id TEXT, attnbench_version TEXT)""",
+        config TEXT, env_id TEXT, attnbench_version TEXT, host TEXT, pid INTEGER, pid_started TEXT)""",
     f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {_RECORDS_COLUMNS})",
     "CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id)",
     _PEAKS,
@@ -51,7 +53,13 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute(_PEAKS)
 
 
-MIGRATIONS: list = [_v0_to_v1, _v1_to_v2]
+def _v2_to_v3(conn: sqlite3.Connection) -> None:
+    """v3 records which process runs a run (host, pid, its start time), so a killed one can be told apart."""
+    for column in ("host TEXT", "pid INTEGER", "pid_started TEXT"):
+        conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+
+
+MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
 """``MIGRATIONS[n]`` upgrades a database from schema version n to n + 1 (one transaction each).
 
 To change the schema: bump ``SCHEMA_VERSION`` (results/record.py), update ``_SCHEMA`` to the new
@@ -66,6 +74,27 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
         if row is not None:
             return int(row[0])
     return 0 if tables & {"records", "runs"} else None
+
+def process_started(pid: int) -> str | None:
+    """When process ``pid`` started (field 22 of /proc/PID/stat, clock ticks since boot), so a reused pid
+    is not taken for the process that wrote a run; None where /proc cannot tell (or no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int, started: str | None) -> bool:
+    """Is the process that wrote a run still running? (Same host only.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists, not ours to signal
+    return started is None or process_started(pid) in (None, started)
+
 
 def new_run_id() -> str:
     """Sortable, unique run id: UTC time plus a random suffix."""
@@ -85,6 +114,7 @@ class ResultStore:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
         self._upgrade()
+        self.mark_dead_runs()
 
     def _upgrade(self) -> None:
         """Create the schema, or migrate an older one step by step; readers of a current file write nothing."""
@@ -113,6 +143,22 @@ class ResultStore:
                 raise RuntimeError(f"{self.path}: migrating the schema from version {found} to {found + 1} failed "
                                    f"({type(exc).__name__}: {exc}); the database is unchanged") from exc
 
+    def mark_dead_runs(self) -> list[str]:
+        """Runs still 'running' whose process on this host is gone (killed: SIGKILL, OOM killer, power)
+        become 'interrupted'; ``--resume`` completes them. Writes nothing when there are none."""
+        host = socket.gethostname()
+        rows = self.conn.execute("SELECT run_id, pid, pid_started FROM runs WHERE status='running' AND host=? "
+                                 "AND pid IS NOT NULL", (host,)).fetchall()
+        dead = [r["run_id"] for r in rows if not process_alive(r["pid"], r["pid_started"])]
+        if dead:
+            try:
+                with self.conn:
+                    self.conn.executemany("UPDATE runs SET status='interrupted' WHERE run_id=? AND status='running'",
+                                          [(run_id,) for run_id in dead])
+            except sqlite3.OperationalError:  # a read-only file: say it, do not fail to open it
+                return []
+        return dead
+
     @property
     def schema_version(self) -> int:
         return schema_version(self.conn)
@@ -133,10 +179,13 @@ class ResultStore:
 
     def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str) -> None:
         with self.conn:
+            pid = os.getpid()
             self.conn.execute(
-                "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE "
-                "SET status='running', finished_at=NULL",
-                (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version))
+                "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE "
+                "SET status='running', finished_at=NULL, host=excluded.host, pid=excluded.pid, "
+                "pid_started=excluded.pid_started",
+                (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version,
+                 socket.gethostname(), pid, process_started(pid)))
 
     def finish_run(self, run_id: str, status: str = "done") -> None:
         with self.conn:

@@ -192,7 +192,24 @@ def test_parquet_needs_pyarrow_or_round_trips(db, cpu_rows, tmp_path):
 def test_sparsity_runs_join_into_lines_per_length():
     # one run per target sparsity; the achieved sparsity differs per length, so no two points share an x
     rows = [{"status": "ok", "backend": "sparse", "pass": "fwd", "causal": 0, "run_id": f"sp-{t}", "seq_len": s,
-             "num_seqs": 1, "heads_q": 4, "head_dim": 64, "median_ms": t * s, "info": json.dumps({"sparsity": t + s / 1e5})}
+             "num_seqs": 1, "heads_q": 4, "head_dim": 64, "median_ms": t * s, "info": json.dumps({"sparsity": t + s / 1e5}),
+             "accuracy": json.dumps({"verdict": "approx-pass"})}
             for t in (0.25, 0.5, 0.75) for s in (1024, 4096)]
     data = plots.panels(plots.points(rows, "sparsity", "ms"), "sparsity")
     assert {k: len(v) for k, v in data[(0, "fwd")].items()} == {"sparse s1024": 3, "sparse s4096": 3}
+
+
+def test_failed_and_unchecked_cases_are_drawn_marked_never_dropped_or_mixed(tmp_path):
+    base = {"backend": "k", "pass": "fwd", "causal": 0, "run_id": "r", "num_seqs": 1, "heads_q": 4, "head_dim": 64}
+    rows = [dict(base, status="ok", seq_len=s, median_ms=1.0, accuracy=json.dumps({"verdict": "pass"}))
+            for s in (128, 256)]
+    rows += [dict(base, status="mismatch", seq_len=512, median_ms=2.0, accuracy=json.dumps({"verdict": "fail"})),
+             dict(base, status="ok", seq_len=1024, median_ms=3.0, accuracy=json.dumps({"verdict": "approx-fail"})),
+             dict(base, status="ok", seq_len=2048, median_ms=4.0, accuracy=None),
+             dict(base, status="nan", seq_len=4096, median_ms=None, accuracy=None)]
+    lines = plots.panels(plots.points(rows, "seq_len", "ms"), "seq_len")[(0, "fwd")]
+    assert lines == {"k": [(128, 1.0), (256, 2 * 0.5)], "k [failed check]": [(512, 2.0), (1024, 3.0)],
+                     "k [unchecked]": [(2048, 4.0)]}
+    assert _is_png(plots.save(rows, "seq_len", "ms", tmp_path / "m.png")[0])
+    items = export.export_rows(rows)
+    assert [i["verdict"] for i in items] == ["pass", "pass", "fail", "approx-fail", "unchecked", "nan"]

@@ -14,6 +14,7 @@ import time
 from html import escape
 
 from attnbench.report import plots
+from attnbench.results.record import verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
-.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.fail{color:#b3261e}
+.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.fail,.approx-fail{color:#b3261e}.unchecked{color:#9a6700;font-style:italic}
 .pass{color:#17702a}.plots{display:flex;flex-wrap:wrap;gap:12px}figure{margin:6px 0 18px}img{max-width:100%;border:1px solid #e2e2e2}
 .muted{color:#666}code{font-size:12px}
 """
@@ -84,7 +85,7 @@ def _mem(value) -> str:
 def results_table(rows: list[dict]) -> str:
     body = []
     for r in rows:
-        verdict = (_accuracy(r) or {}).get("verdict", "-")
+        verdict = verdict_of(r["status"], _accuracy(r))
         body.append([r["backend"], r["label"], r["pass"], _num(r["median_ms"]), _num(r["tflops"]),
                      _num(r["gbps"]), _mem(r["peak_mem_bytes"]),
                      _Raw(f'<span class="{escape(str(verdict))}">{escape(str(verdict))}</span>'), _status(r)])

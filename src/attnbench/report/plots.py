@@ -13,6 +13,8 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
+from attnbench.results.record import verdict_of
+
 log = logging.getLogger(__name__)
 
 # --x name -> (store column or None for a computed value, axis label)
@@ -78,14 +80,21 @@ def check_axes(x: str, y: str) -> None:
         raise ValueError(f"unknown --y {y!r}; allowed: {', '.join(Y_AXES)}")
 
 
+DRAWN_STATUSES = ("ok", "mismatch")
+"""Records with a time to draw: a mismatch keeps its time and is drawn marked as failed, never dropped."""
+VERDICT_MARKS = {"fail": " [failed check]", "approx-fail": " [failed check]", "unchecked": " [unchecked]"}
+"""Suffix that gives failed and unchecked points lines of their own, never mixed with checked ones."""
+
+
 def points(rows: list[dict], x: str, y: str) -> list[dict]:
-    """Rows that can be drawn (status ok, x and y known), each with ``_x`` and ``_y`` added.
+    """Rows that can be drawn (a time, x and y known), each with ``_x``, ``_y`` and ``_mark`` added.
 
     Raises ValueError saying why when nothing can be drawn."""
     check_axes(x, y)
-    ok = [r for r in rows if r.get("status") == "ok"]
+    ok = [dict(r, _mark=VERDICT_MARKS.get(verdict_of(r["status"], r.get("accuracy")), ""))
+          for r in rows if r.get("status") in DRAWN_STATUSES]
     if not ok:
-        raise ValueError("no successful (status ok) records to plot")
+        raise ValueError("no timed (status ok or mismatch) records to plot")
     with_x = [dict(r, _x=x_value(r, x)) for r in ok]
     with_x = [r for r in with_x if r["_x"] is not None]
     if not with_x:
@@ -110,7 +119,7 @@ def _series_columns(pts: list[dict], x: str) -> list[str]:
     kept: list[str] = []
 
     def groups(cols: list[str], at_x: bool) -> int:
-        return len({(p["backend"], p["pass"], p["causal"], p["_x"] if at_x else None,
+        return len({(p["backend"], p["_mark"], p["pass"], p["causal"], p["_x"] if at_x else None,
                      *(str(p.get(c)) for c in cols)) for p in pts})
 
     for col in SERIES_COLUMNS:
@@ -124,7 +133,7 @@ def _series_columns(pts: list[dict], x: str) -> list[str]:
 
 def series_label(p: dict, extra: list[str]) -> str:
     parts = [p["backend"]] + [SERIES_COLUMNS[c].format(p.get(c)) for c in extra]
-    return " ".join(parts)
+    return " ".join(parts) + p.get("_mark", "")
 
 
 def panels(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple[float, float]]]]:

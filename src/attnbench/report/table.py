@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.results.record import Record
+from attnbench.results.record import Record, verdict_of
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
                 "mismatch": "red"}
@@ -43,7 +43,7 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
         table.add_column(name, justify=justify, no_wrap=name != "status")
     for r in records:
         mem = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
-        verdict = (r.accuracy or {}).get("verdict", "-")
+        verdict = verdict_of(r.status, r.accuracy)
         status = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
         cells = [r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
                  _rate(r.tflops), _rate(r.gbps), _num(mem, ".0f") if mem is not None else "n/a",

@@ -8,11 +8,12 @@ import io
 import json
 from pathlib import Path
 
-from attnbench.results.record import COLUMNS, Record
+from attnbench.results.record import COLUMNS, Record, verdict_of
 
-# Columns written to CSV/JSON exports (raw samples and the full spec stay in the store).
+# Columns written to CSV/JSON exports (raw samples and the full spec stay in the store). ``verdict`` is
+# derived (``verdict_of``): a reader sees a failed or unchecked row as such next to its speed.
 EXPORT_COLUMNS = (
-    "run_id", "backend", "label", "pass", "status", "reason", "device", "timing_mode", "batch", "seq_len",
+    "run_id", "backend", "label", "pass", "status", "verdict", "reason", "device", "timing_mode", "batch", "seq_len",
     "seq_len_k", "num_seqs", "heads_q", "heads_kv", "head_dim", "emb_dim", "dtype", "causal", "varlen", "window",
     "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
     "bytes", "tflops", "gbps", "peak_mem_bytes", "accuracy", "info", "seed", "env_id", "case_id",
@@ -26,6 +27,7 @@ def export_rows(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         item = {c: row.get(c) for c in EXPORT_COLUMNS}
+        item["verdict"] = verdict_of(row["status"], row.get("accuracy"))  # pass, fail, unchecked, ...
         for c in JSON_COLUMNS:
             if isinstance(item[c], str):
                 item[c] = json.loads(item[c])

@@ -101,6 +101,17 @@ class Record:
                    info=json.loads(row["info"] or "{}"), samples_ms=json.loads(row["samples_ms"] or "[]"), **data)
 
 
+def verdict_of(status: str, accuracy: dict | str | None) -> str:
+    """What the accuracy check says of a record, in every view (tables, exports, plots, report): pass,
+    approx-pass, fail, approx-fail, nan (non-finite output), unchecked (timed but never checked), or "-"
+    for cases with no result (unsupported, oom, error)."""
+    if isinstance(accuracy, str):
+        accuracy = json.loads(accuracy or "null")
+    if accuracy and accuracy.get("verdict"):
+        return accuracy["verdict"]
+    return {"nan": "nan", "mismatch": "fail", "ok": "unchecked"}.get(status, "-")
+
+
 def case_id(spec: AttnSpec, backend: str, timing_mode: str) -> str:
     """Stable id of a case: the same spec, backend and timing mode always give the same id."""
     key = json.dumps({"spec": spec.to_dict(), "backend": backend, "timing": timing_mode}, sort_keys=True)

@@ -139,3 +139,19 @@ def test_readers_never_see_database_is_locked_while_a_run_writes(tmp_path):
     assert len(counts) >= 5 and counts == sorted(counts)  # reads interleaved with writes, never going back
     with ResultStore(db, create=False) as reader:
         assert len(reader.rows("w")) == int(out) > counts[0]
+
+
+def test_a_version_2_store_gains_the_run_process_columns_and_keeps_its_runs(tmp_path):
+    path = tmp_path / "v2.db"
+    with sqlite3.connect(path) as conn:  # the layout schema version 2 wrote
+        conn.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('schema_version', '2');"
+            "CREATE TABLE runs (run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, "
+            "command TEXT, config TEXT, env_id TEXT, attnbench_version TEXT);"
+            "INSERT INTO runs VALUES ('old', 1.0, NULL, 'running', 'attnbench run', '{}', NULL, '0.1.0');")
+    with ResultStore(path) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        old = store.run("old")
+        assert old["status"] == "running" and old["pid"] is None  # unknown process: left as it was
+        store.start_run("new", command="c", config={}, env_id=None, version="v")
+        assert store.run("new")["pid"] == os.getpid()

@@ -53,10 +53,18 @@ def _v1_to_v2(conn: sqlite3.Connection) -> None:
     conn.execute(_PEAKS)
 
 
+_RUNS = _SCHEMA[2]
+
+
 def _v2_to_v3(conn: sqlite3.Connection) -> None:
     """v3 records which process runs a run (host, pid, its start time), so a killed one can be told apart."""
-    for column in ("host TEXT", "pid INTEGER", "pid_started TEXT"):
-        conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if not have:  # files written by hand or by tools that kept only records
+        conn.execute(_RUNS)
+        return
+    for name, kind in (("host", "TEXT"), ("pid", "INTEGER"), ("pid_started", "TEXT")):
+        if name not in have:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
 
 MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3]

@@ -72,6 +72,17 @@ def test_sage_names_the_sageattention2_kernel_that_ran(fake):
     assert fk.sageattn_qk_int8_pv_fp8_cuda_sm90.__name__ == "sageattn_qk_int8_pv_fp8_cuda_sm90"  # spy removed
 
 
+def test_sage_names_its_kernel_without_prepare_too(fake, monkeypatch):
+    """Models call ``functional`` (no prepare): the backends line and base_info name the kernel from a tiny call."""
+    fake("sage22")
+    import attnbench.backends.sage as sage_mod
+    sage = registry.get("sage")
+    assert sage.dispatch_on("cpu") == "sageattn_qk_int8_pv_fp8_cuda_sm90(pv_accum_dtype=fp32+fp32)"
+    monkeypatch.setattr(sage_mod, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(sage_mod, "_DISPATCH", {})
+    assert sage.describe("cpu").endswith("here sageattn_qk_int8_pv_fp8_cuda_sm90(pv_accum_dtype=fp32+fp32)")
+
+
 def test_sage_dispatch_follows_the_architecture(fake, monkeypatch):
     fake("sage22")
     monkeypatch.setattr(fk, "SAGE2_ARCH", "sm80")

@@ -151,17 +151,28 @@ class Sage(_SageDense):
             return "SageAttention 1 sageattn (Triton: INT8 QK, FP16 PV)"
         return "SageAttention 2 sageattn (picks the SageAttention2 kernel for the GPU)"
 
+    def dispatch_on(self, device: str) -> str:
+        """The kernel ``sageattn`` (version 2) picks on ``device``, from one call on a tiny input."""
+        try:
+            q = torch.randn(1, 128, 1, 64, dtype=torch.float16, device=device)
+            fn = self.kernel()
+            return dispatched_kernel(fn, lambda: fn(q, q, q, tensor_layout="NHD")) or "no SageAttention2 kernel"
+        except Exception as exc:  # a broken install is shown, not fatal
+            return f"dispatch check failed: {type(exc).__name__}"
+
     def describe(self, device) -> str:
         """The description plus, on a CUDA device with version 2, the kernel ``sageattn`` picks there."""
         if self.version1 or device_capability(str(device)) is None:
             return self.description
-        try:
-            q = torch.randn(1, 128, 1, 64, dtype=torch.float16, device=device)
-            fn = self.kernel()
-            picked = dispatched_kernel(fn, lambda: fn(q, q, q, tensor_layout="NHD"))
-        except Exception as exc:  # a broken install is shown, not fatal
-            picked = f"dispatch check failed: {type(exc).__name__}"
-        return f"{self.description}: here {picked}"
+        return f"{self.description}: here {_dispatch_cached(self, str(torch.device(device)))}"
+
+    def base_info(self) -> dict:
+        """Records made without ``prepare`` (models calling ``functional``) name the kernel too."""
+        info = super().base_info()
+        if not self.version1 and torch.cuda.is_available() and torch.version.hip is None:
+            device = f"cuda:{torch.cuda.current_device()}"
+            info["kernel"] = f"sageattention.sageattn -> {_dispatch_cached(self, device)}"
+        return info
 
     def _dispatch_info(self, fn, closure) -> dict:
         """Version 2: one untimed call, watching which kernel ``sageattn`` hands it to."""
@@ -169,6 +180,17 @@ class Sage(_SageDense):
         if picked is None:
             return {"kernel": "sageattention.sageattn (v1 Triton kernels)"}
         return {"kernel": f"sageattention.sageattn -> {picked}", "dispatched_to": picked.split("(")[0]}
+
+
+_DISPATCH: dict[tuple[str, str | None], str] = {}
+
+
+def _dispatch_cached(sage: Sage, device: str) -> str:
+    """``Sage.dispatch_on`` once per (device, sageattention version) in a process."""
+    key = (device, sage.version())
+    if key not in _DISPATCH:
+        _DISPATCH[key] = sage.dispatch_on(device)
+    return _DISPATCH[key]
 
 
 class SageVarlen(_Sage):

@@ -127,3 +127,16 @@ def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_n
     assert res.returncode == 0, res.stderr
     (row,) = json.loads((tmp_path / "r.json").read_text())
     assert row["status"] == "oom" and row["reason"].startswith("needs 512.") and "GiB free" in row["reason"]
+
+
+def test_an_oom_inside_an_sdpa_kernel_probe_is_an_oom_record_not_unsupported(monkeypatch):
+    """SDPA's prepare probes its kernel; an out-of-memory there (sdpa-math at 32k on an H200) is an oom."""
+    import attnbench.backends.sdpa as sdpa_mod
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB")
+    monkeypatch.setattr(sdpa_mod.F, "scaled_dot_product_attention", no_memory)
+    out = []
+    Runner(RunOptions(device="cpu", backends=("sdpa-math",), timing=TimingConfig(warmup=0, repeat=1)), run_id="r",
+           env_id=None, sink=out.append).run([AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32")])
+    assert [(r.status, r.reason) for r in out] == [("oom", "CUDA out of memory. Tried to allocate 128.00 GiB")]

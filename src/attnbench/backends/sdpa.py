@@ -90,6 +90,8 @@ def _probe(forward, pre, inputs: AttnInputs, name: str) -> None:
         warnings.simplefilter("always")
         try:
             forward(*pre(inputs.q[:1], inputs.k[:1], inputs.v[:1]))
+        except torch.OutOfMemoryError:  # the kernel exists but the case does not fit: an oom, not unsupported
+            raise
         except RuntimeError as exc:
             why = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught if "kernel" in str(w.message)
                                           or "requires" in str(w.message) or "support" in str(w.message)))

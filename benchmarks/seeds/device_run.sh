@@ -2,12 +2,13 @@
 # The seed kernels on one GPU machine, in stages that each fit a 10-minute slot (what produced
 # docs/results/2026-11-23-h200-seed-kernels.md). Wheels are installed from WHEELS (default .kw: the
 # flash-attn 2, flash_attn_3, sageattention 2 and spas_sage_attn wheels) into /tmp/kw; diffusers, for
-# stage 002, from .dw (../shared/tools/device-wheels.sh .dw diffusers). Everything is written under
+# stage 002, from .dw (`pip download --no-deps diffusers==0.42.1 importlib-metadata`). Everything is written under
 # $OUT/work and packed into $OUT/STAGE.tgz at the end (a device call brings back few files).
 #   bash benchmarks/seeds/device_run.sh tests      # backends line, GPU tests of the seed kernels, reference shapes,
 #                                                  # seed 001 (1 GPU) and seed 003
 #   bash benchmarks/seeds/device_run.sh 000        # seed 000
 #   bash benchmarks/seeds/device_run.sh 002        # seed 002 (CogVideoX-2b, needs .dw)
+#   bash benchmarks/seeds/device_run.sh final      # the e2e table again, FA3 build tests, seed 003 resumed from .sd
 set -uo pipefail
 stage=${1:?stage}; OUT=${OUT:-device-out}; work="$OUT/work"; mkdir -p "$work"
 export PYTHONUNBUFFERED=1 COLUMNS=220

@@ -55,6 +55,14 @@ def parse_range(text: str, what: str = "value") -> list[int]:
     return out
 
 
+def comma_items(value: str, what: str, hint: str = "") -> list[str]:
+    """``value`` split at commas; ValueError naming ``what`` (and ``hint``) when a list has an empty item."""
+    parts = str(value).split(",")
+    if len(parts) > 1 and any(not part.strip() for part in parts):
+        raise ValueError(f"bad {what} {value!r}: empty item between commas{hint}")
+    return parts
+
+
 def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
     """``--seq-lens`` values -> one tuple of sequence lengths per case (see module doc)."""
     if isinstance(values, str):
@@ -65,10 +73,7 @@ def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
         if not value:
             raise ValueError("empty --seq-lens value; give lengths like 4096, 128,128 or 512..16k:x2")
         if "," in value:
-            parts = value.split(",")
-            if any(not part.strip() for part in parts):
-                raise ValueError(f"bad --seq-lens value {value!r}: empty item between commas; give lengths "
-                                 "like 128,128")
+            parts = comma_items(value, "--seq-lens value", "; give lengths like 128,128")
             cases.append(tuple(parse_int(part, "sequence length") for part in parts))
         else:
             cases.extend((n,) for n in parse_range(value, "sequence length"))
@@ -83,10 +88,7 @@ def parse_int_list(values, what: str) -> list[int]:
         values = [values]
     out: list[int] = []
     for value in values:
-        parts = str(value).split(",")
-        if len(parts) > 1 and any(not part.strip() for part in parts):
-            raise ValueError(f"bad {what} {value!r}: empty item between commas")
-        for part in parts:
+        for part in comma_items(value, what):
             if part.strip():
                 out.extend(parse_range(part, what))
     if not out:

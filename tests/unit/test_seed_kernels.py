@@ -39,6 +39,11 @@ def test_fa3_trimmed_build_refuses_what_it_lacks_with_the_switch_named(fake, nam
     assert "multiple of 8" in fa3.supports(spec_(head_dim=60, **bf16), "cuda")
 
 
+def test_fa3_not_installed_says_only_that():
+    reason = registry.get("fa3").supports(spec_(window=(64, 0), dtype="bf16"), "cuda")
+    assert "not importable" in reason and "build" not in reason
+
+
 def test_fa3_full_build_keeps_every_feature(fake):
     fake("fa3")
     fa3 = registry.get("fa3")

@@ -80,15 +80,13 @@ class _Fa3(KernelBackend):
     def capabilities(self) -> Capabilities:
         return build_capabilities(self.declared, build_flags())
 
-    def extra_reason(self, spec: AttnSpec, device) -> str | None:
-        full, here = check_capabilities(self.declared, spec, device), check_capabilities(self.capabilities, spec, device)
-        if here and not full:  # the full build would run it: say which switch left it out
-            return f"{here} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
-        return None
-
     def supports(self, spec: AttnSpec, device) -> str | None:
-        return (self.unavailable_reason() or self.extra_reason(spec, device)
-                or check_capabilities(self.capabilities, spec, device))
+        if unavailable := self.unavailable_reason():
+            return unavailable
+        reason = check_capabilities(self.capabilities, spec, device)
+        if reason and check_capabilities(self.declared, spec, device) is None:  # only this build lacks it
+            return f"{reason} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
+        return reason or self.extra_reason(spec, device)
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,

@@ -1,7 +1,9 @@
 """The one measuring pipeline: spec -> backend.supports -> prepare -> measure -> Record -> store.
 
 Every case becomes a Record written to the store before the next case starts. Failures become
-statuses (unsupported, oom, error, nan), never exceptions that end the sweep.
+statuses (unsupported, oom, error, nan), never exceptions that end the sweep. A kernel that leaves the
+CUDA context unusable (an illegal memory access) costs only its own case: it is recorded as an error
+and the rest of the sweep runs case by case in worker processes (``attnbench.isolate``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Runner:
         """Set (e.g. by a SIGINT handler) to stop after the case in flight."""
         self.backends = [registry.get(name) for name in options.backends]
         self.clocks = ClockMonitor(self.device)
+        self.device_lost = False
+        """Set when a case left this process's CUDA context unusable; no more work runs in it."""
 
     def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
         """The (spec, backend) pairs still to run, shape-major."""
@@ -101,17 +105,22 @@ class Runner:
     def run(self, specs: Iterable[AttnSpec]) -> list[Record]:
         records: list[Record] = []
         inputs, inputs_key = None, None
-        for i, (spec, backend) in enumerate(self.cases(specs)):
+        cases = self.cases(specs)
+        for i, (spec, backend) in enumerate(cases):
             if self.stop_requested:
+                break
+            new_shape = spec.shape_key() != inputs_key
+            if new_shape:
+                inputs, inputs_key = None, spec.shape_key()
+            if self.device_lost or (new_shape and not self._release_inputs()):
+                records += self._run_isolated(cases[i:])
                 break
             if self.on_case:
                 self.on_case(spec, backend.name)
             if i and self.options.cooldown_s > 0:
                 with self.clock.phase("cooldown"):
                     time.sleep(self.options.cooldown_s)
-            if spec.shape_key() != inputs_key:
-                inputs, inputs_key = None, spec.shape_key()
-                _free(self.device)
+            if new_shape:
                 with self.clock.phase("inputs"):
                     inputs = self._make_inputs(spec)
             if isinstance(inputs, AttnInputs):
@@ -161,9 +170,58 @@ class Runner:
             return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
         except Exception as exc:  # a failing kernel is a result, not the end of the sweep
             log.debug("case failed", exc_info=True)
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            if self._context_lost():
+                self.device_lost = True
+                reason = f"{reason} (this left the CUDA context unusable; later cases ran in worker processes)"
+            else:
+                _free(self.device)
+            return self._record(spec, backend, status="error", reason=reason, info=info)
+
+    def _release_inputs(self) -> bool:
+        """Free the device memory of the previous shape; False when the CUDA context turned out lost."""
+        try:
             _free(self.device)
-            return self._record(spec, backend, status="error", reason=f"{type(exc).__name__}: {_first_line(exc)}",
-                                info=info)
+            return True
+        except Exception:
+            if not self._context_lost():
+                raise
+            self.device_lost = True
+            return False
+
+    def _context_lost(self) -> bool:
+        """Whether the device context is broken for good (every CUDA call now fails), after an error."""
+        if self.device.type != "cuda":
+            return False
+        try:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        except Exception:  # an illegal address, a device-side assert: sticky until the process ends
+            return True
+        return False
+
+    def _run_isolated(self, cases: list[tuple[AttnSpec, Backend]]) -> list[Record]:
+        """Finish ``cases`` in worker processes (this process's CUDA context is lost)."""
+        from attnbench.isolate import IsolatedRunner
+
+        log.warning("the CUDA context of this process is lost; the remaining %d cases run in worker processes",
+                    len(cases))
+        isolated = IsolatedRunner(self.options, run_id=self.run_id, env_id=self.env_id, sink=self.sink,
+                                  checker=self.checker)
+        records: list[Record] = []
+        try:
+            for spec, backend in cases:
+                if self.stop_requested:
+                    break
+                if self.on_case:
+                    self.on_case(spec, backend.name)
+                with self.clock.phase("isolated"):
+                    record = isolated.run_isolated(spec, backend)
+                self.sink(record)
+                records.append(record)
+        finally:
+            isolated.close(kill=self.stop_requested)
+        return records
 
     def _measure_case(self, spec, backend, inputs, info, check) -> Record:
         """Prepare, check, time; the case's wall seconds per phase go to ``info["wall_s"]``."""

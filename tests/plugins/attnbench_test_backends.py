@@ -83,5 +83,20 @@ class Sleep(Backend):
         return Prepared(fn=call)
 
 
-for cls in (Segfault, NullRead, Abort, Hang, Sleep):
+class ContextLoss(Backend):
+    """Fails the way an illegal memory access does on a GPU; ``LOST`` then says the process's context is gone."""
+
+    name = "test-context-loss"
+    description = "test: a sticky device error"
+    capabilities = Capabilities()
+    LOST = False
+
+    def prepare(self, spec, inputs):
+        def fail():
+            ContextLoss.LOST = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return Prepared(fn=fail)
+
+
+for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss):
     registry.register(cls.name, cls)

@@ -4,9 +4,12 @@ import json
 import time
 
 import pytest
-from reliability_helpers import TINY, attnbench, query
+from reliability_helpers import PLUGINS, TINY, attnbench, query
 
 from attnbench.isolate import describe_exit
+from attnbench.runner import Runner, RunOptions
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig
 
 
 def test_crashes_and_hangs_become_error_records_and_the_sweep_continues(tmp_path):
@@ -42,3 +45,28 @@ def test_results_match_an_in_process_run(tmp_path):
                                         (3, "worker exited with status 3")])
 def test_exit_descriptions(code, text):
     assert describe_exit(code) == text
+
+
+def test_a_lost_device_context_costs_one_case_and_the_rest_run_in_workers(monkeypatch):
+    """After an illegal memory access every CUDA call in the process fails: the sweep goes on in workers."""
+    monkeypatch.syspath_prepend(PLUGINS)
+    monkeypatch.setenv("PYTHONPATH", PLUGINS)
+    monkeypatch.setenv("ATTNBENCH_PLUGINS", "attnbench_test_backends")
+    import attnbench_test_backends as plugin
+
+    monkeypatch.setattr(plugin.ContextLoss, "LOST", False)
+    monkeypatch.setattr(Runner, "_context_lost", lambda self: plugin.ContextLoss.LOST)
+    in_process = []
+    run_case = Runner.run_case
+    monkeypatch.setattr(Runner, "run_case", lambda self, spec, backend, *a, **k: (
+        in_process.append(backend.name), run_case(self, spec, backend, *a, **k))[1])
+    specs = [AttnSpec(seqlens_q=(s,), heads_q=1, head_dim=8, dtype="fp32") for s in (17, 33)]
+    options = RunOptions(device="cpu", backends=("naive", "test-context-loss", "sdpa-math"),
+                         timing=TimingConfig(warmup=0, repeat=1))
+    stored = []
+    Runner(options, run_id="r", env_id=None, sink=stored.append).run(specs)
+    assert [(r.backend, r.spec.seqlens_q[0], r.status) for r in stored] == [
+        ("naive", 17, "ok"), ("test-context-loss", 17, "error"), ("sdpa-math", 17, "ok"),
+        ("naive", 33, "ok"), ("test-context-loss", 33, "error"), ("sdpa-math", 33, "ok")]
+    assert "illegal memory access" in stored[1].reason and "CUDA context unusable" in stored[1].reason
+    assert in_process == ["naive", "test-context-loss"]  # nothing more ran in the lost process

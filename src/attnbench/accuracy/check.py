@@ -7,7 +7,8 @@
      "reference": "fp64 cpu, blocked",     # how the reference was computed
      "tensors":  {"out": {max_abs, mean_abs, rel_l2, cosine, rel_l1, rmse, nonfinite, ...}, "dq": ...},
      "baseline": {"out": {...}, ...},      # the math baseline's metrics (exact backends)
-     "limits":   {"out": {"max_abs": limit, ...}, ...}}
+     "limits":   {"out": {"max_abs": limit, ...}, ...},
+     "worst":    {"tensor": "dk", "metric": "rel_l2", "ratio": 0.45}}   # closest to its limit
 
 The exact reference and the math baseline depend on the case but not on the pass or the backend,
 so they are computed once per (spec without its pass, seed, device, inputs) and cached; the cache
@@ -86,9 +87,11 @@ class AccuracyChecker:
                         missing=missing, tol=self.tolerance,
                         reduction=max(max(spec.seqlens_q), max(spec.seqlens_k)))
         result = {"verdict": verdict["verdict"], "exact": exact, "reference": expected.label, "tensors": metrics}
-        if exact:
-            result["baseline"] = {k: v for k, v in expected.baseline.items() if k in metrics}
+        if exact:  # the LSE is held to the reference alone (tolerance.py), so no baseline is shown for it
+            result["baseline"] = {k: v for k, v in expected.baseline.items() if k in metrics and k != "lse"}
         result["limits"] = verdict.get("limits", {})
+        if "worst" in verdict:
+            result["worst"] = verdict["worst"]
         if "reason" in verdict:
             result["reason"] = verdict["reason"]
         return result

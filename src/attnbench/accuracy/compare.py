@@ -6,7 +6,17 @@ Metrics (``x`` = tested, ``y`` = reference, ``d = x − y``, sums over all eleme
 - ``rel_l2``   ‖d‖₂ / ‖y‖₂              - ``cosine``   Σxy / (‖x‖₂ ‖y‖₂)
 - ``rel_l1``   Σ|d| / Σ|y|              - ``rmse``     sqrt(mean d²)
 
-plus ``nonfinite`` (NaN/Inf count in ``x``), ``numel`` and the reference's own size, ``ref_max_abs``
+and the **systematic** part of the error, which the element-wise metrics dilute:
+
+- ``scale``  Σdy / Σy²: the least-squares factor of the reference in the error (−0.01 for an output
+  1% too small), ``bias``  Σd / sqrt(n·Σy²): the mean error in units of the reference's RMS;
+- ``block_scale``, ``block_bias``: the same per block of ``BLOCK_TOKENS`` consecutive tokens of one
+  (batch, head) slice, the largest in magnitude (signed) — an error confined to one tile of a kernel.
+
+Rounding errors of a correct kernel have no preferred direction, so these stay near zero however
+large its element-wise error; a wrong scale or an offset moves them by its full size.
+
+plus ``nonfinite`` (NaN/Inf count in ``x``), ``numel``, ``dtype`` (of ``x``) and the reference's own size, ``ref_max_abs``
 and ``ref_mean_abs`` (the tolerance floors scale with them). The tensors are walked in slices of about
 ``CHUNK_ELEMS`` elements, each upcast to fp64 on its own device, so a comparison never holds more
 than one fp64 slice of each operand at a time. Elements where the reference is infinite (the LSE
@@ -21,7 +31,10 @@ import math
 import torch
 
 METRICS = ("max_abs", "mean_abs", "rel_l2", "cosine", "rel_l1", "rmse")
+SYSTEMATIC = ("scale", "bias", "block_scale", "block_bias")
 CHUNK_ELEMS = 1 << 22
+BLOCK_TOKENS = 128
+"""Tokens per block of the block metrics (a typical kernel tile of query or key rows)."""
 
 
 def _slices(x: torch.Tensor, y: torch.Tensor, chunk: int):
@@ -38,12 +51,18 @@ def _slices(x: torch.Tensor, y: torch.Tensor, chunk: int):
         yield x.narrow(dim, start, n), y.narrow(dim, start, n)
 
 
-def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS) -> dict[str, float | int]:
-    """Metrics of ``x`` against reference ``y`` (same shape; any dtypes; same device)."""
+def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS,
+                   token_dim: int | None = None) -> dict[str, float | int]:
+    """Metrics of ``x`` against reference ``y`` (same shape; any dtypes; same device).
+
+    ``token_dim``: the sequence dimension, for the block metrics (-3 for (…, S, H, D) tensors, -1 for
+    an LSE (…, H, S)); every dimension after it except a last feature dimension is a head dimension.
+    Without it the whole tensor is one block."""
     if tuple(x.shape) != tuple(y.shape):
         raise ValueError(f"shape {tuple(x.shape)} does not match the reference {tuple(y.shape)}")
     if x.device != y.device:
         x = x.to(y.device)
+    dtype = str(x.dtype).removeprefix("torch.")
     sums = dict.fromkeys(("abs", "sq", "xy", "xx", "yy", "yabs"), 0.0)
     max_abs, ref_max, nonfinite, inf_mismatch, counted = 0.0, 0.0, 0, 0, 0
     with torch.no_grad():
@@ -69,8 +88,56 @@ def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS
             sums["yy"] += float(ys.square().sum())
             sums["yabs"] += float(ys.abs().sum())
     out = _finish(sums, max_abs, counted, nonfinite, inf_mismatch, x.numel())
-    out.update(ref_max_abs=ref_max, ref_mean_abs=sums["yabs"] / max(counted, 1))
+    out.update(ref_max_abs=ref_max, ref_mean_abs=sums["yabs"] / max(counted, 1), dtype=dtype)
+    if not nonfinite:
+        out.update(systematic(x, y, token_dim=token_dim, chunk=chunk))
     return out
+
+
+def systematic(x: torch.Tensor, y: torch.Tensor, *, token_dim: int | None = None,
+               chunk: int = CHUNK_ELEMS) -> dict[str, float]:
+    """scale, bias, block_scale, block_bias of ``x`` against ``y`` (see the module docstring)."""
+    if x.dim() == 0 or token_dim is None:
+        x, y, token_dim = x.reshape(1, -1, 1), y.reshape(1, -1, 1), 1
+    token_dim %= x.dim()
+    tokens = x.shape[token_dim]
+    feature = x.dim() - token_dim > 2  # (…, S, H, D): a row's D elements are summed first
+    per_token = max(1, x.numel() // max(1, tokens))
+    step = max(BLOCK_TOKENS, (chunk // per_token) // BLOCK_TOKENS * BLOCK_TOKENS)
+    total = torch.zeros(3, dtype=torch.float64)  # Σdy, Σy², Σd
+    count = 0
+    worst = {"block_scale": 0.0, "block_bias": 0.0}
+    with torch.no_grad():
+        for start in range(0, tokens, step):
+            n = min(step, tokens - start)
+            xs = x.narrow(token_dim, start, n).to(torch.float64)
+            ys = y.narrow(token_dim, start, n).to(torch.float64)
+            finite = torch.isfinite(ys)
+            d = torch.where(finite, xs - ys, 0.0)
+            ys = torch.where(finite, ys, 0.0)
+            parts = torch.stack((d * ys, ys * ys, d, finite.to(torch.float64)))  # (4, *lead, n, ...)
+            if feature:
+                parts = parts.sum(-1)
+            # blocks: (4, *lead, n, *heads) -> (4, *lead, tiles, heads...) summed over BLOCK_TOKENS tokens
+            parts = parts.movedim(1 + token_dim, -1)  # tokens last
+            pad = (-n) % BLOCK_TOKENS
+            if pad:
+                parts = torch.nn.functional.pad(parts, (0, pad))
+            blocks = parts.reshape(*parts.shape[:-1], -1, BLOCK_TOKENS).sum(-1).reshape(4, -1)
+            total += blocks[:3].sum(1).cpu()
+            count += int(blocks[3].sum())
+            dy, yy, dd, cnt = blocks
+            live = yy > 0
+            if bool(live.any()):
+                scale = dy[live] / yy[live]
+                bias = dd[live] / torch.sqrt(cnt[live] * yy[live])
+                for key, values in (("block_scale", scale), ("block_bias", bias)):
+                    i = int(values.abs().argmax())
+                    if abs(float(values[i])) > abs(worst[key]):
+                        worst[key] = float(values[i])
+    dy, yy, dd = (float(v) for v in total)
+    return {"scale": dy / yy if yy > 0 else 0.0,
+            "bias": dd / math.sqrt(count * yy) if yy > 0 and count else 0.0, **worst}
 
 
 def _ratio(num: float, den: float) -> float:
@@ -94,6 +161,10 @@ def _finish(s: dict, max_abs: float, counted: int, nonfinite: int, inf_mismatch:
     return out
 
 
+TOKEN_DIMS = {"out": -3, "dq": -3, "dk": -3, "dv": -3, "lse": -1}
+"""Sequence dimension of each tensor as the reference returns it: (…, S, H, D) and LSE (…, H, S)."""
+
+
 def compare(outputs: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, dict]:
     """Metrics per tensor name present in both (out, lse, dq, dk, dv); a shape mismatch gives an error entry."""
     result: dict[str, dict] = {}
@@ -102,7 +173,7 @@ def compare(outputs: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]
         if got is None:
             continue
         try:
-            result[name] = tensor_metrics(got.detach(), ref)
+            result[name] = tensor_metrics(got.detach(), ref, token_dim=TOKEN_DIMS.get(name))
         except ValueError as exc:
             result[name] = {"error": str(exc)}
     return result

@@ -98,19 +98,27 @@ def print_record(record: Record) -> None:
 
 def _metrics_table(acc: dict) -> Table:
     table = Table(header_style="bold", show_edge=False, pad_edge=False)
-    for col in ("tensor", "max abs", "mean abs", "rel L2", "cosine", "rel L1", "RMSE", "math max abs",
-                "limit max abs"):
+    columns = ("tensor", "max abs", "mean abs", "rel L2", "cosine", "rel L1", "RMSE", "scale", "block scale",
+               "math max abs", "limit max abs", "worst / limit")
+    for col in columns:
         table.add_column(col, justify="left" if col == "tensor" else "right")
     for name, m in acc.get("tensors", {}).items():
         if "error" in m:
-            table.add_row(LABELS.get(name, name), escape(m["error"]), *[""] * 7)
+            table.add_row(LABELS.get(name, name), escape(m["error"]), *[""] * (len(columns) - 2))
             continue
         base = acc.get("baseline", {}).get(name, {})
         limit = acc.get("limits", {}).get(name, {})
+        ratios = {k: abs(m.get(k, 0.0)) / v for k, v in limit.items() if v > 0}
+        worst = max(ratios, key=ratios.get) if ratios else None
         table.add_row(LABELS.get(name, name), *(_g(m.get(k)) for k in ("max_abs", "mean_abs", "rel_l2")),
-                      f"{m['cosine']:.6f}", _g(m.get("rel_l1")), _g(m.get("rmse")), _g(base.get("max_abs")),
-                      _g(limit.get("max_abs")))
+                      f"{m['cosine']:.6f}", _g(m.get("rel_l1")), _g(m.get("rmse")), _sci(m.get("scale")),
+                      _sci(m.get("block_scale")), _g(base.get("max_abs")), _g(limit.get("max_abs")),
+                      f"{ratios[worst]:.2f} ({worst})" if worst else "-")
     return table
+
+
+def _sci(value) -> str:
+    return "-" if value is None else f"{value:+.1e}"
 
 
 def exact_failures(records: list[Record]) -> list[Record]:

@@ -2,7 +2,9 @@
 
 Dense inputs are ``q_bshd`` (batch, seq, heads, dim); with ``layout="bhsd"`` they are stored
 (batch, heads, seq, dim) and exposed as bshd views. Varlen inputs are packed ``q_thd``
-(total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal; never zeros.
+(total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal (never
+zeros) unless an ``InputDist`` asks for larger magnitudes or outliers, where the bugs of kernels that
+skip the running maximum or overflow in fp16 show.
 """
 
 from __future__ import annotations
@@ -15,6 +17,38 @@ import torch
 from attnbench.spec import AttnSpec
 
 DEFAULT_SEED = 0
+OUTLIER_SIGMAS = 16.0
+"""Magnitude of an outlier, in standard deviations of its tensor."""
+
+
+@dataclass(frozen=True)
+class InputDist:
+    """How q, k, v are drawn: N(0, 1), with q and k multiplied by ``scale`` (the logits by scale²), and a
+    fraction ``outliers`` of the q, k and v elements replaced by ±OUTLIER_SIGMAS standard deviations."""
+
+    scale: float = 1.0
+    outliers: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.scale <= 1e4):
+            raise ValueError(f"bad input scale {self.scale!r}: expected a number in (0, 10000]")
+        if not (0 <= self.outliers <= 0.5):
+            raise ValueError(f"bad outlier fraction {self.outliers!r}: expected a number in [0, 0.5]")
+
+    @property
+    def is_default(self) -> bool:
+        return self.scale == 1.0 and self.outliers == 0.0
+
+    def describe(self) -> dict:
+        return {"scale": self.scale, "outliers": self.outliers}
+
+    def apply(self, t: torch.Tensor, gen: torch.Generator, *, scaled: bool) -> torch.Tensor:
+        """``t`` drawn from N(0, 1) -> this distribution (in place where possible)."""
+        if self.outliers:
+            hit = torch.rand(t.shape, generator=gen, device=t.device) < self.outliers
+            sign = torch.where(torch.rand(t.shape, generator=gen, device=t.device) < 0.5, -1.0, 1.0)
+            t = torch.where(hit, (OUTLIER_SIGMAS * sign).to(t.dtype), t)
+        return t * self.scale if scaled and self.scale != 1.0 else t
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,15 +92,22 @@ def cu_seqlens(lengths, device) -> torch.Tensor:
     return out.to(device)
 
 
-def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = DEFAULT_SEED) -> AttnInputs:
-    """Draw q, k, v and dout from N(0, 1) with a fixed seed, on ``device`` in ``spec.dtype``."""
+def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = DEFAULT_SEED,
+                dist: InputDist | None = None) -> AttnInputs:
+    """Draw q, k, v and dout from N(0, 1) (or ``dist``) with a fixed seed, on ``device`` in ``spec.dtype``."""
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     dtype = spec.torch_dtype
+    drawn = 0
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+        nonlocal drawn
+        drawn += 1  # q, k, v, dout in that order: q and k carry the scale, dout no outliers
+        t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+        if dist is None or dist.is_default or drawn == 4:
+            return t
+        return dist.apply(t, gen, scaled=drawn <= 2)
 
     if spec.is_varlen:
         seqs = spec.sequences

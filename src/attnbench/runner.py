@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench import memory, metrics
+from attnbench import memory, metrics, plausibility
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
-from attnbench.inputs import AttnInputs, make_inputs
+from attnbench.inputs import AttnInputs, InputDist, make_inputs
+from attnbench.plausibility import Ceilings
 from attnbench.results.record import Record, case_id
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, summarize
@@ -53,6 +55,10 @@ class RunOptions:
     """Write a Chrome/Perfetto trace (torch.profiler) of every case into this directory."""
     cooldown_s: float = 0.0
     """Seconds to sleep before each case after the first (lets clocks and temperature settle)."""
+    inputs: InputDist = field(default_factory=InputDist)
+    """How q, k, v are drawn (N(0, 1) by default; larger magnitudes or outliers on request)."""
+    ceilings: Ceilings | None = None
+    """What the device can do at most (plausibility.ceilings); None: from its datasheet alone."""
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Runner:
         """Set (e.g. by a SIGINT handler) to stop after the case in flight."""
         self.backends = [registry.get(name) for name in options.backends]
         self.clocks = ClockMonitor(self.device)
+        self.ceilings = options.ceilings or plausibility.ceilings(self.device)
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
 
@@ -140,7 +147,7 @@ class Runner:
         if reason:
             return "oom", "inputs: " + reason
         try:
-            return make_inputs(spec, self.device, self.options.seed)
+            return make_inputs(spec, self.device, self.options.seed, self.options.inputs)
         except torch.OutOfMemoryError as exc:
             _free(self.device)
             return "oom", f"inputs: {_first_line(exc)}"
@@ -148,6 +155,8 @@ class Runner:
             return "error", f"inputs: {type(exc).__name__}: {_first_line(exc)}"
 
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
+        if not self.options.inputs.is_default:
+            fields["info"] = dict(fields.get("info") or {}, inputs=self.options.inputs.describe())
         return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,
                       device=str(self.device), env_id=self.env_id, seed=self.options.seed,
                       flops_convention=self.options.flops_convention, **fields)
@@ -261,19 +270,51 @@ class Runner:
         with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
             samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
         info.update(timing_info)
+        if accuracy is not None:
+            with self.clock.phase("check", wall), nvtx_range("check", self.device):
+                accuracy, bad = self._check_after_timing(spec, backend, inputs, prepared, accuracy)
         info["wall_s"] = {k: round(v, 4) for k, v in wall.items()}
         stats = summarize(samples)
         flop = metrics.flops(spec, convention=self.options.flops_convention)
         nbytes = metrics.bytes_moved(spec)
         status = "ok"
         reason = None
-        if accuracy is not None and accuracy.get("verdict") == "fail":
+        rates = {"iters_per_s": 1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,
+                 "tflops": metrics.tflops_per_s(flop, stats["median_ms"]),
+                 "gbps": metrics.gb_per_s(nbytes, stats["median_ms"])}
+        cold = not cuda or (self.options.timing.cold_l2 and info.get("graph_cold") is not False)
+        impossible = plausibility.check(tflops=rates["tflops"], gbps=rates["gbps"], info=info,
+                                        exact=backend.capabilities.exact, cold_l2=cold, limits=self.ceilings)
+        if bad:
+            status, reason = "nan", f"non-finite values in {bad}"
+        elif accuracy is not None and accuracy.get("verdict") == "fail":
             status, reason = "mismatch", accuracy.get("reason", "accuracy check failed")
-        return self._record(
-            spec, backend, status=status, reason=reason, info=info, samples_ms=samples, **stats,
-            iters_per_s=1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,
-            flops=flop, bytes=nbytes, tflops=metrics.tflops_per_s(flop, stats["median_ms"]),
-            gbps=metrics.gb_per_s(nbytes, stats["median_ms"]), peak_mem_bytes=peak, accuracy=accuracy)
+        elif impossible:  # the time stays on record; no speed is derived from it
+            status, reason = "implausible", f"{stats['median_ms']:.4g} ms: {impossible}"
+            rates = dict.fromkeys(rates)
+        return self._record(spec, backend, status=status, reason=reason, info=info, samples_ms=samples, **stats,
+                            **rates, flops=flop, bytes=nbytes, peak_mem_bytes=peak, accuracy=accuracy)
+
+    def _check_after_timing(self, spec, backend, inputs, prepared, accuracy: dict) -> tuple[dict, str | None]:
+        """Two more calls after the timed ones: the first is checked too (a kernel right once and wrong
+        later, from a stale cache or a race, fails here), and the two are compared bit for bit."""
+        first = prepared.fn()
+        second = prepared.fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        accuracy = dict(accuracy, repeat=repeat_agreement(first, second))
+        bad = _non_finite(first)
+        if bad:
+            return accuracy, f"{bad} (a call after the timed calls)"
+        after = self.checker(spec, inputs, first, backend)
+        del first, second
+        accuracy["repeat"]["after_timing"] = after["verdict"]
+        if after["verdict"] in ("fail", "approx-fail") and accuracy["verdict"] not in ("fail", "approx-fail"):
+            accuracy.update(verdict=after["verdict"], reason=f"a call after the timed calls: {after.get('reason')}",
+                            tensors=after["tensors"], limits=after.get("limits", {}))
+            if "worst" in after:
+                accuracy["worst"] = after["worst"]
+        return accuracy, None
 
     def _count_compile(self, info: dict, wall: dict) -> None:
         """Move a backend's reported compile time (info["compile_ms"]) from "prepare" to "compile"."""
@@ -290,6 +331,26 @@ def _non_finite(outputs: Outputs) -> str | None:
     bad = [name for name, t in outputs.tensors().items() if t.is_floating_point()
            and not bool((~torch.isnan(t) if name == "lse" else torch.isfinite(t)).all())]
     return ", ".join(bad) or None
+
+
+def repeat_agreement(a: Outputs, b: Outputs) -> dict:
+    """Whether two calls on the same inputs returned the same bits: {deterministic, max_diff[, differs]}."""
+    max_diff, differs = 0.0, []
+    tb = b.tensors()
+    for name, x in a.tensors().items():
+        y = tb.get(name)
+        if y is None or x.shape != y.shape:
+            differs.append(name)
+            max_diff = math.inf
+            continue
+        if not torch.equal(x, y):
+            diff = (x.double() - y.double()).abs().nan_to_num(nan=math.inf).max()
+            differs.append(name)
+            max_diff = max(max_diff, float(diff))
+    result = {"deterministic": not differs, "max_diff": max_diff}
+    if differs:
+        result["differs"] = differs
+    return result
 
 
 def _first_line(exc: BaseException) -> str:

@@ -182,8 +182,178 @@ class BlockBias(Fp32Kernel):
         return tensors
 
 
+class Cached(Backend):
+    """Does its work in ``prepare``; the timed call returns the stored result (an impossible speed)."""
+
+    name = "test-cached"
+    description = "test: timed call returns tensors computed in prepare"
+    capabilities = Capabilities()
+
+    def prepare(self, spec, inputs):
+        from attnbench.backends.naive import NaiveBackend
+        result = NaiveBackend().prepare(spec, inputs).fn()
+        return Prepared(fn=lambda: result)
+
+
+class Stale(Backend):
+    """Right on its first call, 10% off on every later one (a stale cache, a race)."""
+
+    name = "test-stale"
+    description = "test: wrong after the first call"
+    capabilities = Capabilities()
+
+    def prepare(self, spec, inputs):
+        from attnbench.backends.naive import NaiveBackend
+        inner, calls = NaiveBackend().prepare(spec, inputs).fn, []
+
+        def call():
+            calls.append(1)
+            res = inner()
+            if len(calls) > 1:
+                res.out = res.out * 0.9
+            return res
+        return Prepared(fn=call)
+
+
+class Jitter(Backend):
+    """Correct, but the output's last bit differs from call to call (like atomics in a backward)."""
+
+    name = "test-jitter"
+    description = "test: not bit-reproducible"
+    capabilities = Capabilities()
+
+    def prepare(self, spec, inputs):
+        import torch
+
+        from attnbench.backends.naive import NaiveBackend
+        inner = NaiveBackend().prepare(spec, inputs).fn
+
+        def call():
+            res = inner()
+            flip = torch.rand(res.out.shape) < 0.01
+            res.out = torch.where(flip, torch.nextafter(res.out, torch.full_like(res.out, float("inf"))), res.out)
+            return res
+        return Prepared(fn=call)
+
+
+class MaskedMath(Backend):
+    """fp32 attention with an explicit keep-mask per (sequence of the pack), gradients by autograd; the
+    subclasses below each get one classic bug into the mask or the head mapping. Correct as it stands."""
+
+    name = "test-masked-math"
+    description = "test: fp32 masked attention (correct)"
+    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), varlen=True)
+
+    def kv_head(self, h: int, groups: int, heads_kv: int) -> int:
+        return h // groups
+
+    def keep(self, sq: int, sk: int, causal: bool):
+        import torch
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        return (j <= i + (sk - sq)) if causal else torch.ones(sq, sk, dtype=torch.bool)
+
+    def softmax(self, scores, dtype):
+        import torch
+        return torch.softmax(scores, -1)
+
+    def segments(self, spec, inputs):
+        """(q rows, key rows) of each attention problem inside the tensors."""
+        if inputs.varlen:
+            cq, ck = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+            return [((a, b), (c, d)) for a, b, c, d in zip(cq[:-1], cq[1:], ck[:-1], ck[1:], strict=True)]
+        return None
+
+    def prepare(self, spec, inputs):
+        import torch
+
+        from attnbench.backends.base import Outputs
+
+        def attend(q, k, v):  # (S, H, D) fp32 -> (S, H, Dv); one problem
+            hq, hk = q.shape[1], k.shape[1]
+            outs = []
+            for h in range(hq):
+                kh = self.kv_head(h, hq // hk, hk)
+                s = (q[:, h] @ k[:, kh].T) * spec.softmax_scale
+                s = s.masked_fill(~self.keep(q.shape[0], k.shape[0], spec.causal), float("-inf"))
+                outs.append(self.softmax(s, inputs.q.dtype).nan_to_num() @ v[:, kh])
+            return torch.stack(outs, 1)
+
+        def call():
+            q, k, v = (t.detach().float().requires_grad_() for t in (inputs.q, inputs.k, inputs.v))
+            segs = self.segments(spec, inputs)
+            if segs is None:
+                out = torch.stack([attend(q[b], k[b], v[b]) for b in range(q.shape[0])])
+            else:
+                out = torch.cat([attend(q[a:b], k[c:d], v[c:d]) for (a, b), (c, d) in segs])
+            grads = {}
+            if spec.pass_ != "fwd":
+                dq, dk, dv = torch.autograd.grad(out, (q, k, v), inputs.dout.float())
+                grads = {n: g.to(inputs.q.dtype) for n, g in (("dq", dq), ("dk", dk), ("dv", dv))}
+            return Outputs(out=out.detach().to(inputs.q.dtype), **grads)
+        return Prepared(fn=call)
+
+
+class DropsTailKeys(MaskedMath):
+    """Ignores the keys after the last full block of 64 (a kernel that skips the partial block)."""
+
+    name = "test-drop-tail"
+
+    def keep(self, sq, sk, causal):
+        keep = super().keep(sq, sk, causal)
+        keep[:, sk // 64 * 64:] = False if sk >= 64 else keep[:, sk // 64 * 64:]
+        return keep
+
+
+class UpperLeftCausal(MaskedMath):
+    """Causal mask aligned to the top-left corner instead of the bottom-right (differs when Sq != Sk)."""
+
+    name = "test-upper-left"
+
+    def keep(self, sq, sk, causal):
+        import torch
+        if not causal:
+            return super().keep(sq, sk, causal)
+        return torch.arange(sk)[None, :] <= torch.arange(sq)[:, None]
+
+
+class GqaModulo(MaskedMath):
+    """Maps query head h to key/value head h mod Hkv instead of h // group (interleaved, not grouped)."""
+
+    name = "test-gqa-modulo"
+
+    def kv_head(self, h, groups, heads_kv):
+        return h % heads_kv
+
+
+class VarlenLeak(MaskedMath):
+    """Packed sequences see each other's keys (the whole pack treated as one sequence)."""
+
+    name = "test-varlen-leak"
+
+    def segments(self, spec, inputs):
+        if inputs.varlen:
+            return [((0, inputs.q.shape[0]), (0, inputs.k.shape[0]))]
+        return None
+
+
+class NoMaxSubtraction(MaskedMath):
+    """Softmax as exp(s) / sum exp(s) with exp in the input dtype, no running maximum: overflows (fp16 at
+    logits above 11) only on inputs of large magnitude."""
+
+    name = "test-no-max"
+
+    def softmax(self, scores, dtype):
+        e = scores.to(dtype).exp().float()
+        return e / e.sum(-1, keepdim=True)
+
+
+BUG_CLASSES = [DropsTailKeys, UpperLeftCausal, GqaModulo, VarlenLeak]
+"""Bugs the aligned power-of-two shapes of a benchmark sweep cannot show (verify's defaults can)."""
+
 WRONG = [_scaled(t, 0.99) for t in ("out", "dq", "dk", "dv")] + [_scaled("dk", 1.01), LseShift, SoftmaxScale, SoftmaxScaleNoLse,
                                                                         BlockBias]
 
-for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG):
+for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, Jitter, MaskedMath,
+            *BUG_CLASSES, NoMaxSubtraction):
     registry.register(cls.name, cls)

@@ -1,6 +1,7 @@
 """Memory guard: the estimate, the message, and the runner skipping (not running) what cannot fit."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from attnbench import memory
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, Capabilities, Outputs, Prepared
+from attnbench.plausibility import Ceilings
 from attnbench.runner import Runner, RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
@@ -85,8 +87,9 @@ def test_runner_skips_cases_that_cannot_fit(monkeypatch, free, inputs_fit):
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     specs = [AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=8, dtype="fp32") for s in (16, 2048)]
     out = []
-    runner = Runner(RunOptions(device="cpu", backends=("naive", Records.name), timing=TimingConfig(warmup=0, repeat=1)),
-                    run_id="r", env_id=None, sink=out.append)
+    unbounded = Ceilings(tflops=math.inf, gbps=math.inf, source="test")  # Records' clone is no attention
+    runner = Runner(RunOptions(device="cpu", backends=("naive", Records.name), timing=TimingConfig(warmup=0, repeat=1),
+                               ceilings=unbounded), run_id="r", env_id=None, sink=out.append)
     runner.run(specs)
     by = {(r.backend, r.spec.seqlens_q[0]): r for r in out}
     big = by[("naive", 2048)]  # scores 2*2048*2048*4 = 32 MiB > 10 MiB
@@ -103,10 +106,10 @@ def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
     import attnbench.runner as runner_mod
     real = runner_mod.make_inputs
 
-    def flaky(spec, device, seed):
+    def flaky(spec, device, seed, dist=None):
         if spec.seqlens_q[0] == 33:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 99 GiB")
-        return real(spec, device, seed)
+        return real(spec, device, seed, dist)
     monkeypatch.setattr(runner_mod, "make_inputs", flaky)
     out = []
     specs = [AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=8, dtype="fp32") for s in (17, 33, 65)]

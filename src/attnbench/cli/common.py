@@ -322,3 +322,25 @@ Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", metavar="N"
 Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.")]
 Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file (default: attnbench-results/attnbench.db).")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")]
+InputScale = Annotated[str | None, typer.Option(
+    "--input-scale", metavar="X", help="Multiply q and k by X (logits by X²): large magnitudes, for overflow bugs.")]
+Outliers = Annotated[str | None, typer.Option(
+    "--outliers", metavar="FRACTION", help="Set this fraction of q, k, v elements to ±16 std (e.g. 0.001).")]
+
+
+def input_dist(opts: dict):
+    """--input-scale / --outliers -> InputDist (UserError naming the bad value)."""
+    from attnbench.inputs import InputDist
+    values = {}
+    for name, flag in (("input_scale", "--input-scale"), ("outliers", "--outliers")):
+        raw = opts.get(name)
+        if raw is None:
+            continue
+        try:
+            values[name] = float(raw)
+        except (TypeError, ValueError):
+            raise UserError(f"bad {flag} {raw!r}: expected a number") from None
+    try:
+        return InputDist(scale=values.get("input_scale", 1.0), outliers=values.get("outliers", 0.0))
+    except ValueError as exc:
+        raise UserError(str(exc).replace("input scale", "--input-scale").replace("outlier fraction", "--outliers")) from None

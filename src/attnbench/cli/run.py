@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attnbench
-from attnbench import metrics
+from attnbench import metrics, plausibility
 from attnbench.backends import registry
 from attnbench.cli import common, control, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -116,9 +116,11 @@ def plan_from_options(opts: dict) -> RunPlan:
         except ValueError as exc:
             raise UserError(str(exc)) from None
         common.check_output_path(Path(output))
-    options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
-                         seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), **extra)
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
+    ceilings = plausibility.ceilings(device, measured_peaks(db, device, copy=True))
+    options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
+                         seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
+                         inputs=common.input_dist(opts), **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
@@ -171,9 +173,10 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
 
 
 def wrong_cases(records: list, approx_too: bool = False) -> list:
-    """Cases whose numbers are wrong: status mismatch (an exact backend failed the check) or nan (non-finite
-    output, any backend), and with ``approx_too`` an approximate backend's ``approx-fail`` verdict."""
-    return [r for r in records if r.status in ("mismatch", "nan")
+    """Cases whose numbers are wrong: status mismatch (an exact backend failed the check), nan (non-finite
+    output, any backend) or implausible (a time the device cannot achieve), and with ``approx_too`` an
+    approximate backend's ``approx-fail`` verdict."""
+    return [r for r in records if r.status in ("mismatch", "nan", "implausible")
             or (approx_too and (r.accuracy or {}).get("verdict") == "approx-fail")]
 
 
@@ -185,7 +188,7 @@ def report_wrong_cases(records: list, approx_too: bool) -> None:
     shown = "; ".join(f"{r.backend} {r.spec.label()} {r.spec.pass_}: "
                       f"{(r.accuracy or {}).get('verdict') if r.status == 'ok' else r.status}" for r in wrong[:3])
     more = f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-    common.err_console.print(f"attnbench: {len(wrong)} of {len(records)} cases failed the accuracy check "
+    common.err_console.print(f"attnbench: {len(wrong)} of {len(records)} cases are wrong or impossible "
                              f"({shown}{more}); exit status 1", markup=False, highlight=False)
     raise typer.Exit(1)
 
@@ -243,6 +246,8 @@ def run(
         "--backend-opt", metavar="NAME.KEY=VALUE", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     config: common.Config = None,
     seed: common.Seed = 0,
+    input_scale: common.InputScale = None,
+    outliers: common.Outliers = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
     check: Annotated[bool, typer.Option(
         "--check/--no-check", help="Compare each case's first call with the exact reference (status mismatch on "

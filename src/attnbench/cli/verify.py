@@ -27,19 +27,51 @@ from attnbench.results import env as envmod
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore, new_run_id
 from attnbench.runner import Runner
+from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 
 # Tensor names as seed 001 prints them.
 LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
-FAILED_STATUSES = ("mismatch", "nan", "error")
+FAILED_STATUSES = ("mismatch", "nan", "error", "implausible")
 VERDICT_STYLE = {"pass": "green", "approx-pass": "green", "fail": "red", "approx-fail": "yellow"}
 
 
+SHAPE_OPTIONS = ("seq_lens", "q_heads", "kv_heads", "batch_size", "head_size", "emb_dim", "window")
+
+
+def bug_prone_specs(device: str, dtypes, causal) -> list[AttnSpec]:
+    """verify's default cases: the shapes where kernel bugs hide, which aligned power-of-two shapes cannot
+    show — lengths that are no multiple of 64 or 128 (dropped tail keys, unmasked tail rows), GQA (wrong
+    head mapping, a group not summed), queries shorter than keys (wrongly aligned causal masks), a varlen
+    group with a length-1 sequence (leakage across packed sequences), and one aligned multi-block length."""
+    if device.startswith("cuda"):
+        b, h, d, long = 2, 16, 128, 4096
+        shapes = [dict(seqlens_q=(1000,)), dict(seqlens_q=(577,), heads_kv=4, head_dim=64),
+                  dict(seqlens_q=(300,), seqlens_k=(1000,), heads_kv=4), dict(seqlens_q=(long,)),
+                  dict(seqlens_q=(77, 300, 1, 1000), heads_kv=4)]
+    else:
+        b, h, d = 1, 4, 64
+        shapes = [dict(seqlens_q=(100,)), dict(seqlens_q=(577,), heads_kv=2, head_dim=32),
+                  dict(seqlens_q=(77,), seqlens_k=(300,), heads_kv=2), dict(seqlens_q=(256,)),
+                  dict(seqlens_q=(77, 30, 1, 130), heads_kv=2)]
+    specs = []
+    for shape in shapes:
+        shape = {"batch": b, "heads_q": h, "head_dim": d, **shape}
+        if len(shape["seqlens_q"]) > 1:
+            shape["batch"] = 1
+        specs += [AttnSpec(dtype=dtype, causal=c, pass_="fwd_bwd", **shape) for dtype in dtypes for c in causal]
+    return specs
+
+
 def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
-    """``run``'s plan with verify's defaults: pass fwd_bwd, warm-up 0, one timed call."""
+    """``run``'s plan with verify's defaults: the bug-prone shapes unless shapes are given, pass fwd_bwd,
+    warm-up 0, one timed call."""
     plan = run_cmd.build_plan(ctx)
     cfg = plan.config
     specs = plan.specs
+    if not any(cfg.get(name) for name in SHAPE_OPTIONS):
+        specs = bug_prone_specs(plan.options.device, tuple(dict.fromkeys(s.dtype for s in specs)),
+                                tuple(dict.fromkeys(s.causal for s in specs)) if cfg.get("causal_mode") else (False, True))
     if not cfg.get("pass_"):
         specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
@@ -60,7 +92,8 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
             seen.add((case, backend.name))
             if case.shape_key() != inputs_key:
                 inputs = None  # free the previous shape's tensors first
-                inputs, inputs_key = make_inputs(case, runner.device, plan.options.seed), case.shape_key()
+                inputs, inputs_key = make_inputs(case, runner.device, plan.options.seed,
+                                                       plan.options.inputs), case.shape_key()
             record = runner.run_case(case, backend, inputs, check=True)
             sink(record)
             records.append(record)
@@ -92,6 +125,12 @@ def print_record(record: Record) -> None:
             word = "max" if stat == "max_abs" else "mean"
             out.print(f"{LABELS[name]} {word} diff: {_g(tensors[name][stat])}", markup=False, highlight=False)
     out.print(_metrics_table(acc))
+    repeat = acc.get("repeat")
+    if repeat:
+        same = ("bit-identical" if repeat["deterministic"] else
+                f"differ (largest difference {repeat['max_diff']:.3g} in {', '.join(repeat.get('differs', []))})")
+        after = f"; a call after the timed calls: {repeat['after_timing']}" if "after_timing" in repeat else ""
+        out.print(f"Repeated calls: {same}{after}", markup=False, highlight=False)
     if acc.get("reason") or record.status != "ok":
         out.print(f"[red]{escape(record.status)}: {escape(acc.get('reason') or record.reason or '')}[/]")
 
@@ -145,6 +184,8 @@ def verify(
     db: common.Db = None,
     config: common.Config = None,
     seed: common.Seed = 0,
+    input_scale: common.InputScale = None,
+    outliers: common.Outliers = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the records' accuracy as JSON.")] = False,
 ) -> None:
     """Check every backend's output and gradients against the exact reference (exit 1 on a failure)."""

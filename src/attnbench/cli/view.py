@@ -107,6 +107,12 @@ def plot(
             raise UserError(f"cannot plot {item} vs {x} for run {', '.join(run_ids)}: {exc}") from None
     for path in written:
         common.console.print(f"wrote {path}", highlight=False, markup=False)
+    impossible = [r for r in rows if r["status"] == "implausible"]
+    if impossible:
+        shown = "; ".join(f"{r['backend']} {r['label']} {r['pass']}" for r in impossible[:3])
+        common.console.print(f"not drawn: {len(impossible)} case(s) with an implausible time ({shown}"
+                             f"{' ...' if len(impossible) > 3 else ''}; see `attnbench export`)", highlight=False,
+                             markup=False)
 
 
 def report(

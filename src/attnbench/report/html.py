@@ -18,7 +18,7 @@ from attnbench.results.record import verdict_of
 
 log = logging.getLogger(__name__)
 
-SKIPPED = ("unsupported", "oom", "error", "nan")
+SKIPPED = ("unsupported", "oom", "error", "nan", "implausible")
 ENV_FIELDS = ("device_name", "device", "platform", "compute_capability", "sm_count", "device_memory_bytes",
               "driver", "cuda", "hip", "cudnn", "torch", "python", "attnbench", "git_sha", "os", "hostname", "cpu",
               "cpu_threads", "torch_threads")
@@ -33,7 +33,7 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
-.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.fail,.approx-fail{color:#b3261e}.unchecked{color:#9a6700;font-style:italic}
+.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.implausible,.fail,.approx-fail{color:#b3261e}.unchecked{color:#9a6700;font-style:italic}
 .pass{color:#17702a}.plots{display:flex;flex-wrap:wrap;gap:12px}figure{margin:6px 0 18px}img{max-width:100%;border:1px solid #e2e2e2}
 .muted{color:#666}code{font-size:12px}
 """

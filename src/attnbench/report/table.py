@@ -8,7 +8,7 @@ from rich.table import Table
 from attnbench.results.record import Record, verdict_of
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
-                "mismatch": "red"}
+                "mismatch": "red", "implausible": "red"}
 
 
 def _num(value, fmt: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from attnbench.spec import AttnSpec
 
 SCHEMA_VERSION = 3
-STATUSES = ("ok", "unsupported", "oom", "error", "nan", "mismatch")
+STATUSES = ("ok", "unsupported", "oom", "error", "nan", "mismatch", "implausible")
 
 
 @dataclass(kw_only=True)

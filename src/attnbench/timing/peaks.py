@@ -80,8 +80,9 @@ def calibrate(device: str | torch.device, *, matmul_n: int | None = None, copy_b
                                               "timer": timer, "statistic": "median"}}
 
 
-def measured_peaks(db, device) -> dict[str, float]:
-    """{dtype: measured matmul TFLOP/s} stored for ``device``'s name in the results file ``db``."""
+def measured_peaks(db, device, *, copy: bool = False) -> dict[str, float]:
+    """{dtype: measured matmul TFLOP/s} stored for ``device``'s name in the results file ``db`` (and
+    "copy": GB/s with ``copy``)."""
     from pathlib import Path
 
     from attnbench.results.env import device_name
@@ -90,4 +91,5 @@ def measured_peaks(db, device) -> dict[str, float]:
         return {}
     with ResultStore(db) as store:
         stored = store.peaks(device_name(device))
-    return {dtype: float(stored[f"matmul_{dtype}"]["value"]) for dtype in ("bf16", "fp16") if f"matmul_{dtype}" in stored}
+    kinds = {"bf16": "matmul_bf16", "fp16": "matmul_fp16", **({"copy": "copy"} if copy else {})}
+    return {key: float(stored[kind]["value"]) for key, kind in kinds.items() if kind in stored}

@@ -238,24 +238,26 @@ class Runner:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
             baseline = torch.cuda.memory_allocated(self.device)
-        pre_peak = 0
         with self.clock.phase("prepare", wall), nvtx_range("prepare", self.device):
             prepared = backend.prepare(spec, inputs)
             info.update(prepared.info)
             poison = getattr(self.checker, "poison", None) if check else None
             if cuda and poison is not None:
-                # NaN-filled free memory, so elements the kernel never writes stay NaN (accuracy/check.py);
-                # the poison block itself must not count in the case's peak memory.
-                pre_peak = torch.cuda.max_memory_allocated(self.device)
+                # NaN-filled free memory, so elements the kernel never writes stay NaN (accuracy/check.py)
                 poison(spec, self.device)
+            if cuda:
+                # Peak memory = what the call needs above what it is handed: the inputs and whatever
+                # prepare built (packed copies, block masks, plans), which is recorded on its own.
+                torch.cuda.synchronize(self.device)
+                handed = torch.cuda.memory_allocated(self.device)
+                info["prepare_mem_bytes"] = handed - baseline
                 torch.cuda.reset_peak_memory_stats(self.device)
             outputs = prepared.fn()
             if cuda:
                 torch.cuda.synchronize(self.device)
         self._count_compile(info, wall)
-        peak = max(pre_peak, torch.cuda.max_memory_allocated(self.device)) - baseline if cuda else None
+        peak = torch.cuda.max_memory_allocated(self.device) - handed if cuda else None
         bad = _non_finite(outputs)
         accuracy = None
         if check and self.checker is not None:

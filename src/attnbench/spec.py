@@ -152,6 +152,8 @@ class AttnSpec:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
         if self.is_varlen:
             seq = "varlen[" + ",".join(map(str, self.seqlens_q)) + "]"
+            if self.seqlens_k != self.seqlens_q:
+                seq += "/[" + ",".join(map(str, self.seqlens_k)) + "]"
         else:
             seq = f"s{self.seqlens_q[0]}" + (f"/{self.seqlens_k[0]}" if self.seqlens_k != self.seqlens_q else "")
         heads = f"h{self.heads_q}" + (f"/{self.heads_kv}" if self.gqa else "")

@@ -63,23 +63,37 @@ def comma_items(value: str, what: str, hint: str = "") -> list[str]:
     return parts
 
 
-def parse_seq_lens(values: list[str] | str) -> list[tuple[int, ...]]:
-    """``--seq-lens`` values -> one tuple of sequence lengths per case (see module doc)."""
+def parse_seq_lens(values: list[str] | str, flag: str = "--seq-lens") -> list[tuple[int, ...]]:
+    """``--seq-lens`` (or ``--kv-seq-lens``) values -> one tuple of sequence lengths per case (see module doc)."""
     if isinstance(values, str):
         values = [values]
     cases: list[tuple[int, ...]] = []
     for value in values:
         value = str(value).strip()
         if not value:
-            raise ValueError("empty --seq-lens value; give lengths like 4096, 128,128 or 512..16k:x2")
+            raise ValueError(f"empty {flag} value; give lengths like 4096, 128,128 or 512..16k:x2")
         if "," in value:
-            parts = comma_items(value, "--seq-lens value", "; give lengths like 128,128")
+            parts = comma_items(value, f"{flag} value", "; give lengths like 128,128")
             cases.append(tuple(parse_int(part, "sequence length") for part in parts))
         else:
             cases.extend((n,) for n in parse_range(value, "sequence length"))
     if not cases:
-        raise ValueError("--seq-lens is empty; give at least one length")
+        raise ValueError(f"{flag} is empty; give at least one length")
     return cases
+
+
+def pair_seq_lens(queries: list[tuple[int, ...]], keys: list[tuple[int, ...]]) -> tuple[list, list]:
+    """Pair ``--seq-lens`` cases with ``--kv-seq-lens`` cases: one to one when the counts are equal, and
+    a single case on either side goes with every case of the other (``--seq-lens 1 --kv-seq-lens
+    1k..128k:x2``: one new query against caches of 1k to 128k keys)."""
+    if len(keys) == 1:
+        keys = keys * len(queries)
+    elif len(queries) == 1:
+        queries = queries * len(keys)
+    if len(queries) != len(keys):
+        raise ValueError(f"--kv-seq-lens gives {len(keys)} cases and --seq-lens {len(queries)}: give one of "
+                         "either, or the same number of each (they are paired in order)")
+    return queries, keys
 
 
 def parse_int_list(values, what: str) -> list[int]:
@@ -104,6 +118,8 @@ class Sweep:
     """Batch sizes (for varlen: repetitions of the group)."""
     seq_lens: tuple[tuple[int, ...], ...] = ((4096,),)
     """One tuple of sequence lengths per case (one value = dense, several = varlen)."""
+    kv_seq_lens: tuple[tuple[int, ...], ...] | None = None
+    """Key lengths, one tuple per ``seq_lens`` entry (None = equal to the query lengths)."""
     q_heads: tuple[int, ...] = (16,)
     """Query head counts."""
     kv_heads: tuple[int, ...] | None = None
@@ -132,6 +148,14 @@ class Sweep:
             if not getattr(self, name):
                 raise ValueError(f"{name.replace('_', '-')} is empty; give at least one value")
         object.__setattr__(self, "dtypes", tuple(normalize_dtype(d) for d in self.dtypes))
+        if self.kv_seq_lens is not None:
+            if len(self.kv_seq_lens) != len(self.seq_lens):
+                raise ValueError(f"{len(self.kv_seq_lens)} key-length cases for {len(self.seq_lens)} query-length "
+                                 "cases; pair them one to one (see pair_seq_lens)")
+            for q, k in zip(self.seq_lens, self.kv_seq_lens, strict=True):
+                if len(q) != len(k):
+                    raise ValueError(f"--kv-seq-lens {','.join(map(str, k))} has {len(k)} sequence(s) but --seq-lens "
+                                     f"{','.join(map(str, q))} has {len(q)}: a group needs one key length per sequence")
         for p in self.passes:
             if p not in PASSES:
                 raise ValueError(f"unknown pass {p!r}; allowed: {', '.join(PASSES)}")
@@ -158,10 +182,11 @@ class Sweep:
             raise ValueError(f"the sweep has {n} cases, more than the {MAX_CASES} allowed: "
                              "give fewer values per axis or split it into several runs")
         out = []
-        for dtype, batch, hq, seqs in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, self.seq_lens):
+        pairs = list(zip(self.seq_lens, self.kv_seq_lens or self.seq_lens, strict=True))
+        for dtype, batch, hq, (seqs, keys) in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, pairs):
             for hkv, d in itertools.product(self.kv_heads or (hq,), self._head_sizes(hq)):
                 for causal, pass_ in itertools.product(self.causal, self.passes):
-                    out.append(AttnSpec(batch=batch, seqlens_q=seqs, heads_q=hq, heads_kv=hkv, head_dim=d,
+                    out.append(AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv, head_dim=d,
                                         dtype=dtype, causal=causal, window=self.window, layout=self.layout,
                                         pass_=pass_))
         return out

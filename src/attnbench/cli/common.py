@@ -10,7 +10,15 @@ import typer
 import yaml
 from rich.console import Console
 
-from attnbench.sweep import CPU_DEFAULT, GPU_DEFAULT, Sweep, parse_int, parse_int_list, parse_seq_lens
+from attnbench.sweep import (
+    CPU_DEFAULT,
+    GPU_DEFAULT,
+    Sweep,
+    pair_seq_lens,
+    parse_int,
+    parse_int_list,
+    parse_seq_lens,
+)
 
 
 def _console(stderr: bool = False) -> Console:
@@ -28,7 +36,7 @@ class UserError(ValueError):
 
 
 # Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
-MULTI_VALUE = {"--seq-lens", "--seq-len", "--seq_len", "--seq_lens", "--batch-size", "--batch_size", "--q-heads",
+MULTI_VALUE = {"--seq-lens", "--seq-len", "--seq_len", "--seq_lens", "--kv-seq-lens", "--kv-seq-len", "--batch-size", "--batch_size", "--q-heads",
                "--num_heads", "--num-heads", "--kv-heads", "--head-size", "--head_size", "--emb_dim", "--emb-dim",
                "--dtype", "--pass", "--backends", "--backend", "--run", "--status"}
 CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
@@ -117,7 +125,7 @@ def load_config(path: Path | None) -> dict:
 
 # YAML keys that read naturally but differ from the parameter names.
 CONFIG_ALIASES = {"causal": "causal_mode", "pass": "pass_", "passes": "pass_", "repeats": "repeat",
-                  "seq_len": "seq_lens", "num_heads": "q_heads", "backend": "backends"}
+                  "seq_len": "seq_lens", "kv_seq_len": "kv_seq_lens", "num_heads": "q_heads", "backend": "backends"}
 
 
 def merge_options(ctx: typer.Context, config: dict, allowed: set[str]) -> dict:
@@ -195,6 +203,7 @@ def build_sweep(opts: dict, device: str) -> Sweep:
     base = GPU_DEFAULT if device.startswith("cuda") else CPU_DEFAULT
     try:
         seq = axis_values(opts, "seq_lens", groups=True)
+        kv_seq = axis_values(opts, "kv_seq_lens", groups=True)
         emb = axis_values(opts, "emb_dim")
         heads = axis_values(opts, "q_heads")
         kv = axis_values(opts, "kv_heads")
@@ -203,9 +212,14 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         dtypes = axis_values(opts, "dtype")
         passes = axis_values(opts, "pass_")
         layout = option_text(opts, "layout")
+        seq_lens = parse_seq_lens([str(s) for s in seq]) if seq else list(base.seq_lens)
+        kv_seq_lens = None
+        if kv_seq:
+            keys = parse_seq_lens([str(s) for s in kv_seq], "--kv-seq-lens")
+            seq_lens, kv_seq_lens = pair_seq_lens(seq_lens, keys)
         return Sweep(
             batch_sizes=tuple(parse_int_list(batch, "batch size")) if batch else base.batch_sizes,
-            seq_lens=tuple(parse_seq_lens([str(s) for s in seq])) if seq else base.seq_lens,
+            seq_lens=tuple(seq_lens), kv_seq_lens=tuple(kv_seq_lens) if kv_seq_lens else None,
             q_heads=tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads,
             kv_heads=tuple(parse_int_list(kv, "kv-heads")) if kv else None,
             head_sizes=tuple(parse_int_list(head_size, "head size")) if head_size else base.head_sizes,
@@ -317,6 +331,9 @@ Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help
 SeqLens = Annotated[list[str] | None, typer.Option(
     "--seq-lens", "--seq-len", "--seq_len", "--seq_lens", metavar="LENS",
     help="Each value one case; 128,128 = one grouped batch; 512..16k:x2 = a range.")]
+KvSeqLens = Annotated[list[str] | None, typer.Option(
+    "--kv-seq-lens", "--kv-seq-len", metavar="LENS",
+    help="Key lengths, paired in order with --seq-lens (or one for all); default: the query lengths.")]
 Warmup = Annotated[int | None, typer.Option("--warmup", metavar="N", help="Untimed calls before timing.")]
 Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", metavar="N", help="Timed calls per case.")]
 Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.")]

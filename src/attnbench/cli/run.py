@@ -223,6 +223,7 @@ def run(
         "--layout", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
+    kv_seq_lens: common.KvSeqLens = None,
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     warm_l2: Annotated[bool, typer.Option("--warm-l2", help="Do not flush the L2 cache between calls.")] = False,

@@ -36,7 +36,7 @@ FAILED_STATUSES = ("mismatch", "nan", "error", "implausible")
 VERDICT_STYLE = {"pass": "green", "approx-pass": "green", "fail": "red", "approx-fail": "yellow"}
 
 
-SHAPE_OPTIONS = ("seq_lens", "q_heads", "kv_heads", "batch_size", "head_size", "emb_dim", "window")
+SHAPE_OPTIONS = ("seq_lens", "kv_seq_lens", "q_heads", "kv_heads", "batch_size", "head_size", "emb_dim", "window")
 
 
 def bug_prone_specs(device: str, dtypes, causal) -> list[AttnSpec]:
@@ -179,6 +179,7 @@ def verify(
     window: common.Window = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
+    kv_seq_lens: common.KvSeqLens = None,
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     db: common.Db = None,

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # --x name -> (store column or None for a computed value, axis label)
 X_AXES: dict[str, tuple[str | None, str]] = {
     "seq_len": ("seq_len", "sequence length (tokens)"),
+    "kv_seq_len": ("seq_len_k", "key length (tokens)"),
     "num_seqs": ("num_seqs", "sequences per group"),
     "head_size": ("head_dim", "head size"),
     "emb_dim": ("emb_dim", "embedding dim (heads × head size)"),
@@ -33,7 +34,7 @@ Y_AXES: dict[str, tuple[str, str, float]] = {
     "gbps": ("gbps", "bandwidth (GB/s)", 1.0),
     "mem": ("peak_mem_bytes", "peak memory (MiB)", 1.0 / 2**20),
 }
-LOG2_X = ("seq_len", "num_seqs")
+LOG2_X = ("seq_len", "kv_seq_len", "num_seqs")
 """Always on a log2 axis; other integer axes are log2 when they span 8x or more."""
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 LEGEND_COLUMNS = 4
@@ -42,7 +43,8 @@ LEGEND_COLUMN_INCHES = 2.2
 # Columns that, when they vary beyond the x axis, split a backend's points into several lines.
 # Columns that may change along each x axis without making a new line (see _series_columns).
 ALONG_X: dict[str, set[str]] = {
-    "seq_len": {"seq_len_k", "num_seqs"}, "num_seqs": {"seq_len", "seq_len_k"},
+    "seq_len": {"seq_len_k", "num_seqs"}, "kv_seq_len": {"seq_len", "num_seqs"},
+    "num_seqs": {"seq_len", "seq_len_k"},
     "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
     "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(),
 }

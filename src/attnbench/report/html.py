@@ -14,7 +14,7 @@ import time
 from html import escape
 
 from attnbench.report import plots
-from attnbench.results.record import verdict_of
+from attnbench.results.record import clock_of, verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
 th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:nth-child(even) td{background:#fafafa}
-.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.implausible,.fail,.approx-fail{color:#b3261e}.unchecked{color:#9a6700;font-style:italic}
+.ok{color:#17702a}.unsupported{color:#777}.oom{color:#9a6700}.error,.nan,.mismatch,.implausible,.fail,.approx-fail{color:#b3261e}.unchecked{color:#9a6700;font-style:italic}.dropped{color:#9a6700;font-weight:bold}
 .pass{color:#17702a}.plots{display:flex;flex-wrap:wrap;gap:12px}figure{margin:6px 0 18px}img{max-width:100%;border:1px solid #e2e2e2}
 .muted{color:#666}code{font-size:12px}
 """
@@ -82,15 +82,26 @@ def _mem(value) -> str:
     return "n/a" if value is None else f"{value / 2**20:.1f}"
 
 
+def _clock(info) -> _Raw:
+    mhz, dropped = clock_of(info)
+    if mhz is None:
+        return _Raw("-")
+    return _Raw(f'<span class="dropped" title="SM clock fell by more than 10% during the timed calls">{mhz}↓</span>'
+                if dropped else str(mhz))
+
+
 def results_table(rows: list[dict]) -> str:
+    """One row per record; an SM MHz column (the clock at the end of the timed calls) for GPU runs."""
+    with_clock = any(clock_of(r.get("info"))[0] is not None for r in rows)
     body = []
     for r in rows:
         verdict = verdict_of(r["status"], _accuracy(r))
         body.append([r["backend"], r["label"], r["pass"], _num(r["median_ms"]), _num(r["tflops"]),
-                     _num(r["gbps"]), _mem(r["peak_mem_bytes"]),
+                     _num(r["gbps"]), _mem(r["peak_mem_bytes"]), *([_clock(r.get("info"))] if with_clock else []),
                      _Raw(f'<span class="{escape(str(verdict))}">{escape(str(verdict))}</span>'), _status(r)])
-    headers = ["backend", "case", "pass", "median ms", "TFLOP/s", "GB/s", "peak MiB", "accuracy", "status"]
-    return _table(headers, body, numeric={3, 4, 5, 6}, cls="results")
+    headers = ["backend", "case", "pass", "median ms", "TFLOP/s", "GB/s", "peak MiB",
+               *(["SM MHz"] if with_clock else []), "accuracy", "status"]
+    return _table(headers, body, numeric={3, 4, 5, 6, 7} if with_clock else {3, 4, 5, 6}, cls="results")
 
 
 def _metrics_text(acc: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.results.record import Record, verdict_of
+from attnbench.results.record import Record, clock_of, verdict_of
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
                 "mismatch": "red", "implausible": "red"}
@@ -29,9 +29,11 @@ def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | N
 
 
 def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
-    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, peak MiB, accuracy, status.
+    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, peak MiB, [SM MHz],
+    accuracy, status.
 
-    ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s (attnbench calibrate);
+    The SM MHz column (GPU runs) is the clock at the end of the timed calls, with "↓" where it fell by
+    more than 10% during them. ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s (attnbench calibrate);
     the "% peak" column appears only when it is given.
     """
     table = Table(title=title, show_lines=False, header_style="bold")
@@ -39,9 +41,14 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
                ("TF/s", "right"), ("GB/s", "right"), ("peak MiB", "right"), ("accuracy", "left"), ("status", "left")]
     if peaks:
         columns.insert(6, ("% peak", "right"))
+    clocks = [clock_of(r.info) for r in records]
+    show_clock = any(mhz is not None for mhz, _ in clocks)
+    if show_clock:  # GPU runs: the SM clock at the end of the timed calls, "↓" where it fell during them
+        columns.insert(columns.index(("peak MiB", "right")) + 1, ("SM MHz", "right"))
     for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=name != "status")
-    for r in records:
+    clock_at = [name for name, _ in columns].index("SM MHz") if show_clock else None
+    for r, (mhz, dropped) in zip(records, clocks, strict=True):
         mem = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
         verdict = verdict_of(r.status, r.accuracy)
         status = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
@@ -50,5 +57,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
                  verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]"]
         if peaks:
             cells.insert(6, _num(percent_of_peak(r, peaks), ".0f"))
+        if show_clock:
+            clock = "-" if mhz is None else f"{mhz}{'↓' if dropped else ''}"
+            cells.insert(clock_at, f"[yellow]{clock}[/]" if dropped else clock)
         table.add_row(*cells)
     return table

@@ -8,15 +8,17 @@ import io
 import json
 from pathlib import Path
 
-from attnbench.results.record import COLUMNS, Record, verdict_of
+from attnbench.results.record import COLUMNS, Record, clock_of, verdict_of
 
 # Columns written to CSV/JSON exports (raw samples and the full spec stay in the store). ``verdict`` is
-# derived (``verdict_of``): a reader sees a failed or unchecked row as such next to its speed.
+# derived (``verdict_of``): a reader sees a failed or unchecked row as such next to its speed; so are
+# ``sm_clock_mhz`` and ``clock_dropped`` (``clock_of``): the GPU clock the number was measured at.
 EXPORT_COLUMNS = (
     "run_id", "backend", "label", "pass", "status", "verdict", "reason", "device", "timing_mode", "batch", "seq_len",
     "seq_len_k", "num_seqs", "heads_q", "heads_kv", "head_dim", "emb_dim", "dtype", "causal", "varlen", "window",
     "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
-    "bytes", "tflops", "gbps", "peak_mem_bytes", "accuracy", "info", "seed", "env_id", "case_id",
+    "bytes", "tflops", "gbps", "peak_mem_bytes", "sm_clock_mhz", "clock_dropped", "accuracy", "info", "seed",
+    "env_id", "case_id",
 )
 FORMATS = ("json", "csv", "parquet")
 JSON_COLUMNS = ("accuracy", "info", "window")
@@ -28,6 +30,7 @@ def export_rows(rows: list[dict]) -> list[dict]:
     for row in rows:
         item = {c: row.get(c) for c in EXPORT_COLUMNS}
         item["verdict"] = verdict_of(row["status"], row.get("accuracy"))  # pass, fail, unchecked, ...
+        item["sm_clock_mhz"], item["clock_dropped"] = clock_of(row.get("info"))
         for c in JSON_COLUMNS:
             if isinstance(item[c], str):
                 item[c] = json.loads(item[c])
@@ -111,6 +114,10 @@ def _typed(row: dict) -> dict:
             value = None
         elif col in JSON_COLUMNS:
             value = json.loads(value) if isinstance(value, str) else value
+        elif col == "clock_dropped":
+            value = value if isinstance(value, bool) else str(value).lower() == "true"
+        elif col == "sm_clock_mhz":
+            value = int(float(value))
         elif COLUMNS.get(col, "").startswith("INTEGER"):
             value = int(value)
         elif COLUMNS.get(col, "").startswith("REAL"):

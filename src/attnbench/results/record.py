@@ -112,6 +112,16 @@ def verdict_of(status: str, accuracy: dict | str | None) -> str:
     return {"nan": "nan", "mismatch": "fail", "ok": "unchecked"}.get(status, "-")
 
 
+def clock_of(info: dict | str | None) -> tuple[int | None, bool]:
+    """The SM clock (MHz) at the end of a case's timed calls and whether it fell by more than 10% during
+    them (``info["gpu_state"]``, ``info["clock_dropped"]``): a throttled number, not a slow kernel."""
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    info = info or {}
+    end = ((info.get("gpu_state") or {}).get("end") or {}).get("sm_clock_mhz")
+    return (int(end) if isinstance(end, (int, float)) else None), bool(info.get("clock_dropped"))
+
+
 def case_id(spec: AttnSpec, backend: str, timing_mode: str) -> str:
     """Stable id of a case: the same spec, backend and timing mode always give the same id."""
     key = json.dumps({"spec": spec.to_dict(), "backend": backend, "timing": timing_mode}, sort_keys=True)

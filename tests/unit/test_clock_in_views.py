@@ -1,0 +1,57 @@
+"""The GPU clock a number was measured at is in the terminal table, the exports and the HTML report."""
+
+from results_fixtures import synthetic_record
+from rich.console import Console
+
+from attnbench.report import html
+from attnbench.report.table import records_table
+from attnbench.results import export
+from attnbench.results.record import clock_of
+from attnbench.spec import AttnSpec
+
+SPEC = AttnSpec(seqlens_q=(4096,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
+
+
+def records():
+    steady = {"gpu_state": {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1980}}}
+    throttled = {"gpu_state": {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1650}}, "clock_dropped": True}
+    return [synthetic_record("r", SPEC, "fast", [0.40, 0.41, 0.40], info=steady),
+            synthetic_record("r", SPEC, "throttled", [0.45, 0.46, 0.45], info=throttled)]
+
+
+def render(table) -> str:
+    console = Console(width=250, record=True)
+    console.print(table)
+    return console.export_text()
+
+
+def test_clock_of_reads_the_end_clock_and_the_drop():
+    steady, throttled = records()
+    assert clock_of(steady.info) == (1980, False) and clock_of(throttled.info) == (1650, True)
+    assert clock_of({}) == (None, False) and clock_of('{"clock_dropped": true}') == (None, True)
+
+
+def test_table_export_and_report_show_the_clock():
+    recs = records()
+    text = render(records_table(recs))
+    assert "SM MHz" in text and "1980" in text and "1650↓" in text
+    rows = export.export_rows([r.to_row() for r in recs])
+    assert [(r["sm_clock_mhz"], r["clock_dropped"]) for r in rows] == [(1980, False), (1650, True)]
+    page = html.results_table([r.to_row() for r in recs])
+    assert "SM MHz" in page
+    assert "1650↓" in page and 'class="dropped"' in page
+
+
+def test_cpu_records_have_no_clock_column():
+    spec = AttnSpec(seqlens_q=(128,), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")
+    rec = synthetic_record("r", spec, "naive", [1.0, 1.1, 1.0])
+    assert "SM MHz" not in render(records_table([rec]))
+    assert "SM MHz" not in html.results_table([rec.to_row()])
+
+
+def test_csv_export_round_trips_the_clock(tmp_path):
+    recs = records()
+    path = tmp_path / "x.csv"
+    export.write(recs, path)
+    back = export.read(path)
+    assert [(r["sm_clock_mhz"], r["clock_dropped"]) for r in back] == [(1980, False), (1650, True)]

@@ -55,3 +55,13 @@ def test_csv_export_round_trips_the_clock(tmp_path):
     export.write(recs, path)
     back = export.read(path)
     assert [(r["sm_clock_mhz"], r["clock_dropped"]) for r in back] == [(1980, False), (1650, True)]
+
+
+def test_percent_of_the_measured_copy_bandwidth_appears_once_calibrated():
+    recs = records()  # synthetic: 10 / median ms -> 25 GB/s for "fast"
+    plain = render(records_table(recs, peaks={"bf16": 800.0}))
+    assert "% peak" in plain and "% BW" not in plain
+    text = render(records_table(recs, peaks={"copy": 50.0}))
+    assert "% BW" in text and "% peak" not in text
+    row = next(line for line in text.splitlines() if line.startswith("│ fast"))
+    assert " 50 " in row  # 25 of 50 GB/s

@@ -285,7 +285,7 @@ def run(
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:
-        peaks = measured_peaks(plan.db, plan.options.device)
+        peaks = measured_peaks(plan.db, plan.options.device, copy=True)
         common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
         ok = sum(r.status == "ok" for r in records)
         common.console.print(f"{ok}/{len(records)} cases ok; {format_breakdown(phases)}; results in {plan.db}"

@@ -28,19 +28,29 @@ def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | N
     return None if not peak or record.tflops is None else 100.0 * record.tflops / peak
 
 
-def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
-    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, peak MiB, [SM MHz],
-    accuracy, status.
+def percent_of_bandwidth(record: Record, peaks: dict[str, float] | None) -> float | None:
+    """GB/s of the record (minimal bytes, see metrics.bytes_moved) as % of the measured copy bandwidth."""
+    copy = (peaks or {}).get("copy")
+    return None if not copy or record.gbps is None else 100.0 * record.gbps / copy
 
-    The SM MHz column (GPU runs) is the clock at the end of the timed calls, with "↓" where it fell by
-    more than 10% during them. ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s (attnbench calibrate);
-    the "% peak" column appears only when it is given.
+
+def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
+    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, [% BW], peak MiB,
+    [SM MHz], accuracy, status.
+
+    ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s and "copy" to its measured
+    copy GB/s (attnbench calibrate): the "% peak" and "% BW" columns appear only when they are known. The
+    SM MHz column (GPU runs) is the clock at the end of the timed calls, "↓" where it fell by more than 10%.
     """
     table = Table(title=title, show_lines=False, header_style="bold")
     columns = [("backend", "left"), ("case", "left"), ("pass", "left"), ("ms", "right"), ("it/s", "right"),
                ("TF/s", "right"), ("GB/s", "right"), ("peak MiB", "right"), ("accuracy", "left"), ("status", "left")]
-    if peaks:
+    with_peak = any(k in (peaks or {}) for k in ("bf16", "fp16"))
+    with_bw = "copy" in (peaks or {})
+    if with_peak:
         columns.insert(6, ("% peak", "right"))
+    if with_bw:  # memory-bound cases (decode): how close to the device's measured copy bandwidth
+        columns.insert([name for name, _ in columns].index("GB/s") + 1, ("% BW", "right"))
     clocks = [clock_of(r.info) for r in records]
     show_clock = any(mhz is not None for mhz, _ in clocks)
     if show_clock:  # GPU runs: the SM clock at the end of the timed calls, "↓" where it fell during them
@@ -55,8 +65,10 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
         cells = [r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
                  _rate(r.tflops), _rate(r.gbps), _num(mem, ".0f") if mem is not None else "n/a",
                  verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]"]
-        if peaks:
+        if with_peak:
             cells.insert(6, _num(percent_of_peak(r, peaks), ".0f"))
+        if with_bw:
+            cells.insert([name for name, _ in columns].index("% BW"), _num(percent_of_bandwidth(r, peaks), ".0f"))
         if show_clock:
             clock = "-" if mhz is None else f"{mhz}{'↓' if dropped else ''}"
             cells.insert(clock_at, f"[yellow]{clock}[/]" if dropped else clock)

@@ -148,3 +148,14 @@ def test_help_reads_as_users_type_it(command):
     assert not re.search(r"\s\.(\s|$)", text) and not re.search(r"\s\)", text), text
     if command in ("run", "verify", "dist"):
         assert "--causal,--no-causal" in text
+
+
+def test_flags_show_no_value_type_in_help():
+    import re
+
+    from reliability_helpers import attnbench
+    for command in ("export", "run", "backends"):
+        res = attnbench(command, "--help", COLUMNS="150")
+        assert res.returncode == 0
+        flags = [line for line in res.stdout.splitlines() if re.search(r"--(help|json|all-runs|quiet)\b", line)]
+        assert flags and not any("<bool>" in line for line in flags), flags

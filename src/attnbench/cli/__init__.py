@@ -42,13 +42,30 @@ app.command("compare")(compare_cmd.compare)
 app.command("merge")(compare_cmd.merge)
 
 
+def _without_flag_types(command):
+    """Help shows no value type for flags (some typer versions print ``--json <bool>`` as if it took one)."""
+    for sub in [command, *getattr(command, "commands", {}).values()]:
+        for param in sub.params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        get_help_option = sub.get_help_option
+
+        def help_option(ctx, _get=get_help_option):
+            option = _get(ctx)
+            if option is not None and option.metavar is None:
+                option.metavar = ""
+            return option
+        sub.get_help_option = help_option
+    return command
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     argv = common.normalize_argv(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=os.environ.get("ATTNBENCH_LOG", "WARNING").upper(),
                         format="%(levelname)s %(name)s: %(message)s")
     debug = bool(os.environ.get("ATTNBENCH_DEBUG"))
-    command = typer.main.get_command(app)
+    command = _without_flag_types(typer.main.get_command(app))
     try:
         code = command.main(args=argv, prog_name="attnbench", standalone_mode=False)
     except NoArgsIsHelpError:  # bare `attnbench`: typer has printed the help already

@@ -268,7 +268,8 @@ class Runner:
             return self._record(spec, backend, status="nan", reason=f"non-finite values in {bad}", info=info,
                                 peak_mem_bytes=peak, accuracy=accuracy)
         ctx = CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
-                          trace_dir=self.options.trace_dir)
+                          trace_dir=self.options.trace_dir,
+                          inputs=None if self.options.inputs.is_default else self.options.inputs.describe())
         with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
             samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
         info.update(timing_info)

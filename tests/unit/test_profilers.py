@@ -129,3 +129,24 @@ def test_rocprof_outputs_parse_inside_timed_range(tmp_path):
 def test_rocprof_missing_outputs(tmp_path):
     with pytest.raises(FileNotFoundError):
         rocprof.parse_outputs(tmp_path)
+
+
+def test_the_external_child_draws_the_same_inputs_as_the_run(monkeypatch):
+    """--input-scale / --outliers reach the child process that ncu or rocprof times."""
+    import json as _json
+    import subprocess as _subprocess
+
+    from attnbench.spec import AttnSpec
+    from attnbench.timing import external
+
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen["job"] = _json.loads(open(cmd[-1]).read())
+        return _subprocess.CompletedProcess(cmd, 1, "", "no result")
+    monkeypatch.setattr(external, "find_tool", lambda tool: "/opt/ncu")
+    monkeypatch.setattr(external.subprocess, "run", fake_run)
+    case = external.ExternalCase(spec=AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=16), backend="naive", iterations=3)
+    with pytest.raises(RuntimeError, match="run failed"):
+        external.run_external("ncu", [case], device="cuda", seed=3, inputs={"scale": 4.0, "outliers": 0.001})
+    assert seen["job"]["inputs"] == {"scale": 4.0, "outliers": 0.001} and seen["job"]["seed"] == 3

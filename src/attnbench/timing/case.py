@@ -34,6 +34,8 @@ class CaseContext:
     """Where the case runs."""
     seed: int = 0
     """Seed of the inputs (the external child redraws them)."""
+    inputs: dict | None = None
+    """How the inputs were drawn (``InputDist.describe()``), for the external child; None = N(0, 1)."""
     trace_dir: str | None = None
     """Write a Chrome/Perfetto trace per case here (None = no trace)."""
 
@@ -59,7 +61,7 @@ def _external(spec, backend, ctx: CaseContext) -> tuple[list[float], dict]:
     from attnbench.timing.external import ExternalCase, run_external
     case = ExternalCase(spec=spec, backend=backend.name, iterations=ctx.config.repeat)
     (samples, info), = run_external(ctx.config.mode, [case], device=str(ctx.device), seed=ctx.seed,
-                                    warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2)
+                                    warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2, inputs=ctx.inputs)
     return samples, info
 
 

@@ -19,7 +19,7 @@ import torch
 
 def run_job(job: dict) -> list[dict]:
     from attnbench.backends import registry
-    from attnbench.inputs import make_inputs
+    from attnbench.inputs import InputDist, make_inputs
     from attnbench.spec import AttnSpec
     from attnbench.timing.events import L2Flusher
     from attnbench.timing.marked import TIMED_RANGE, Marker, launch_marked
@@ -32,7 +32,7 @@ def run_job(job: dict) -> list[dict]:
     for case in job["cases"]:
         spec = AttnSpec.from_dict(case["spec"])
         backend = registry.get(case["backend"])
-        inputs = make_inputs(spec, device, job.get("seed", 0))
+        inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
         prepared = backend.prepare(spec, inputs)
         for _ in range(max(1, job.get("warmup", 1))):
             prepared.fn()

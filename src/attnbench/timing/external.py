@@ -59,15 +59,17 @@ def _last_line(text: str) -> str:
 
 
 def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int = 0, warmup: int = 5,
-                 cold_l2: bool = True, timeout_s: float = 900) -> list[tuple[list[float], dict]]:
-    """(samples_ms, info) per case, measured under ``tool`` in one child process."""
+                 cold_l2: bool = True, timeout_s: float = 900, inputs: dict | None = None) -> list[tuple[list[float], dict]]:
+    """(samples_ms, info) per case, measured under ``tool`` in one child process (``inputs``: how the
+    inputs are drawn, ``InputDist.describe()``; None = N(0, 1))."""
     exe = find_tool(tool)
     if exe is None:
         raise FileNotFoundError(f"{TOOLS[tool]} is not installed or not on PATH")
     cold = cold_l2 and tool != "ncu"  # ncu flushes caches before every profiled kernel itself
     with tempfile.TemporaryDirectory(prefix="attnbench-") as tmp:
         tmp = Path(tmp)
-        job = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold, "result": str(tmp / "result.json"),
+        job = {"device": device, "seed": seed, "inputs": inputs, "warmup": warmup, "cold_l2": cold,
+               "result": str(tmp / "result.json"),
                "cases": [{"spec": c.spec.to_dict(), "backend": c.backend, "iterations": c.iterations} for c in cases]}
         (tmp / "job.json").write_text(json.dumps(job))
         child = child_command(tmp / "job.json")

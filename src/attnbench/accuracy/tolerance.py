@@ -30,8 +30,8 @@ round-off when smaller, i.e. fp64), which only matters for fp32 inputs.
   one head) catch what element-wise limits dilute: a dK 1% too small has a rel-L2 of 0.01, which a
   bf16 baseline (rel-L2 ~0.005) lets through at k = 2, but a scale of -0.01, against a limit of
   about one round-off (0.0039 in bf16). Rounding has no preferred direction, so correct kernels sit
-  far below one round-off (on CPU: |scale| ≤ 1.5e-4, per block ≤ 6e-4 in bf16); rounding toward zero
-  instead of to nearest would cost about 0.75 u, still under the limit.
+  far below one round-off (on CPU in bf16, naive math included: |scale| ≤ 2e-4, per block ≤ 1e-3);
+  rounding toward zero instead of to nearest would cost about 0.75 u, still under the limit.
 - **LSE**: kernels return it in fp32 whatever the input dtype, so it is not held to the half-precision
   baseline's logsumexp but to the exact reference alone, at the round-off of the dtype it comes in
   (the floors above with no baseline term): a softmax scale 1% off shifts the LSE by about 0.01,

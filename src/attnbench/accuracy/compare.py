@@ -51,9 +51,30 @@ def _slices(x: torch.Tensor, y: torch.Tensor, chunk: int):
         yield x.narrow(dim, start, n), y.narrow(dim, start, n)
 
 
+def _token_slices(x: torch.Tensor, y: torch.Tensor, token_dim: int, chunk: int):
+    """Matching slices along ``token_dim`` of about ``chunk`` elements, whole blocks of BLOCK_TOKENS each."""
+    tokens = x.shape[token_dim]
+    per_token = max(1, x.numel() // max(1, tokens))
+    step = max(BLOCK_TOKENS, (chunk // per_token) // BLOCK_TOKENS * BLOCK_TOKENS)
+    for start in range(0, tokens, step):
+        n = min(step, tokens - start)
+        yield x.narrow(token_dim, start, n), y.narrow(token_dim, start, n)
+
+
+def _block_sums(parts: torch.Tensor, token_dim: int, feature: bool) -> torch.Tensor:
+    """(k, *slice shape) per-element terms -> (k, blocks): summed over a row's features and BLOCK_TOKENS tokens."""
+    if feature:
+        parts = parts.sum(-1)
+    parts = parts.movedim(1 + token_dim, -1)  # tokens last
+    pad = (-parts.shape[-1]) % BLOCK_TOKENS
+    if pad:
+        parts = torch.nn.functional.pad(parts, (0, pad))
+    return parts.reshape(*parts.shape[:-1], -1, BLOCK_TOKENS).sum(-1).reshape(parts.shape[0], -1)
+
+
 def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS,
                    token_dim: int | None = None) -> dict[str, float | int]:
-    """Metrics of ``x`` against reference ``y`` (same shape; any dtypes; same device).
+    """Metrics of ``x`` against reference ``y`` (same shape; any dtypes; same device), in one pass.
 
     ``token_dim``: the sequence dimension, for the block metrics (-3 for (…, S, H, D) tensors, -1 for
     an LSE (…, H, S)); every dimension after it except a last feature dimension is a head dimension.
@@ -63,81 +84,53 @@ def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS
     if x.device != y.device:
         x = x.to(y.device)
     dtype = str(x.dtype).removeprefix("torch.")
-    sums = dict.fromkeys(("abs", "sq", "xy", "xx", "yy", "yabs"), 0.0)
+    if token_dim is not None and x.dim() > 0:
+        token_dim %= x.dim()
+        slices = _token_slices(x, y, token_dim, chunk)
+    else:
+        token_dim, slices = None, _slices(x, y, chunk)
+    feature = token_dim is not None and x.dim() - token_dim > 2  # (…, S, H, D): a row's D elements first
+    sums = dict.fromkeys(("abs", "sq", "xy", "xx", "yy", "yabs", "dy", "d"), 0.0)
     max_abs, ref_max, nonfinite, inf_mismatch, counted = 0.0, 0.0, 0, 0, 0
+    worst = {"block_scale": 0.0, "block_bias": 0.0}
     with torch.no_grad():
-        for xs, ys in _slices(x, y, chunk):
+        for xs, ys in slices:
             xs, ys = xs.to(torch.float64), ys.to(torch.float64)
             nonfinite += int((~torch.isfinite(xs)).sum())
             ref_inf = torch.isinf(ys)
             if bool(ref_inf.any()):
                 inf_mismatch += int((ref_inf & ~torch.isinf(xs)).sum())
                 nonfinite -= int((ref_inf & torch.isinf(xs)).sum())  # matching "no key" rows are fine
-                keep = ~ref_inf
-                xs, ys = xs[keep], ys[keep]
+            keep = ~ref_inf  # elements where the reference is infinite are left out of every sum
+            xs, ys = torch.where(keep, xs, 0.0), torch.where(keep, ys, 0.0)
             d = xs - ys
             ad = d.abs()
-            if ad.numel():
-                max_abs = max(max_abs, float(ad.max()))
-                ref_max = max(ref_max, float(ys.abs().max()))
-            counted += ad.numel()
-            sums["abs"] += float(ad.sum())
-            sums["sq"] += float(d.square().sum())
-            sums["xy"] += float((xs * ys).sum())
-            sums["xx"] += float(xs.square().sum())
-            sums["yy"] += float(ys.square().sum())
-            sums["yabs"] += float(ys.abs().sum())
+            max_abs = max(max_abs, float(ad.max()))
+            ref_max = max(ref_max, float(ys.abs().max()))
+            counted += int(keep.sum())
+            for key, term in (("abs", ad), ("sq", d.square()), ("xy", xs * ys), ("xx", xs.square()),
+                              ("yy", ys.square()), ("yabs", ys.abs()), ("dy", d * ys), ("d", d)):
+                sums[key] += float(term.sum())
+            if token_dim is not None:
+                dy, yy, dd, cnt = _block_sums(torch.stack((d * ys, ys.square(), d, keep.to(torch.float64))),
+                                              token_dim, feature)
+                live = yy > 0
+                if bool(live.any()):
+                    for key, values in (("block_scale", dy[live] / yy[live]),
+                                        ("block_bias", dd[live] / torch.sqrt(cnt[live] * yy[live]))):
+                        i = int(values.abs().argmax())
+                        if abs(float(values[i])) > abs(worst[key]):
+                            worst[key] = float(values[i])
     out = _finish(sums, max_abs, counted, nonfinite, inf_mismatch, x.numel())
     out.update(ref_max_abs=ref_max, ref_mean_abs=sums["yabs"] / max(counted, 1), dtype=dtype)
     if not nonfinite:
-        out.update(systematic(x, y, token_dim=token_dim, chunk=chunk))
+        yy = sums["yy"]
+        scale = sums["dy"] / yy if yy > 0 else 0.0
+        bias = sums["d"] / math.sqrt(counted * yy) if yy > 0 and counted else 0.0
+        if token_dim is None:  # the whole tensor is the one block
+            worst = {"block_scale": scale, "block_bias": bias}
+        out.update(scale=scale, bias=bias, **worst)
     return out
-
-
-def systematic(x: torch.Tensor, y: torch.Tensor, *, token_dim: int | None = None,
-               chunk: int = CHUNK_ELEMS) -> dict[str, float]:
-    """scale, bias, block_scale, block_bias of ``x`` against ``y`` (see the module docstring)."""
-    if x.dim() == 0 or token_dim is None:
-        x, y, token_dim = x.reshape(1, -1, 1), y.reshape(1, -1, 1), 1
-    token_dim %= x.dim()
-    tokens = x.shape[token_dim]
-    feature = x.dim() - token_dim > 2  # (…, S, H, D): a row's D elements are summed first
-    per_token = max(1, x.numel() // max(1, tokens))
-    step = max(BLOCK_TOKENS, (chunk // per_token) // BLOCK_TOKENS * BLOCK_TOKENS)
-    total = torch.zeros(3, dtype=torch.float64)  # Σdy, Σy², Σd
-    count = 0
-    worst = {"block_scale": 0.0, "block_bias": 0.0}
-    with torch.no_grad():
-        for start in range(0, tokens, step):
-            n = min(step, tokens - start)
-            xs = x.narrow(token_dim, start, n).to(torch.float64)
-            ys = y.narrow(token_dim, start, n).to(torch.float64)
-            finite = torch.isfinite(ys)
-            d = torch.where(finite, xs - ys, 0.0)
-            ys = torch.where(finite, ys, 0.0)
-            parts = torch.stack((d * ys, ys * ys, d, finite.to(torch.float64)))  # (4, *lead, n, ...)
-            if feature:
-                parts = parts.sum(-1)
-            # blocks: (4, *lead, n, *heads) -> (4, *lead, tiles, heads...) summed over BLOCK_TOKENS tokens
-            parts = parts.movedim(1 + token_dim, -1)  # tokens last
-            pad = (-n) % BLOCK_TOKENS
-            if pad:
-                parts = torch.nn.functional.pad(parts, (0, pad))
-            blocks = parts.reshape(*parts.shape[:-1], -1, BLOCK_TOKENS).sum(-1).reshape(4, -1)
-            total += blocks[:3].sum(1).cpu()
-            count += int(blocks[3].sum())
-            dy, yy, dd, cnt = blocks
-            live = yy > 0
-            if bool(live.any()):
-                scale = dy[live] / yy[live]
-                bias = dd[live] / torch.sqrt(cnt[live] * yy[live])
-                for key, values in (("block_scale", scale), ("block_bias", bias)):
-                    i = int(values.abs().argmax())
-                    if abs(float(values[i])) > abs(worst[key]):
-                        worst[key] = float(values[i])
-    dy, yy, dd = (float(v) for v in total)
-    return {"scale": dy / yy if yy > 0 else 0.0,
-            "bias": dd / math.sqrt(count * yy) if yy > 0 and count else 0.0, **worst}
 
 
 def _ratio(num: float, den: float) -> float:

@@ -25,7 +25,7 @@ round-off when smaller, i.e. fp64), which only matters for fp32 inputs.
   depend on the seed.
 - The floors keep a correct kernel passing when the baseline happens to be near exact (fp32): a
   kernel whose only error is rounding its result to the output dtype is off by up to ``u · |ref|``.
-- The **systematic** measures (``compare.systematic``: the least-squares scale of the reference in
+- The **systematic** measures (``compare.tensor_metrics``: the least-squares scale of the reference in
   the error, the mean error in units of the reference's RMS, and the same per block of 128 tokens of
   one head) catch what element-wise limits dilute: a dK 1% too small has a rel-L2 of 0.01, which a
   bf16 baseline (rel-L2 ~0.005) lets through at k = 2, but a scale of -0.01, against a limit of

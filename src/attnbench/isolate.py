@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import attnbench
@@ -140,10 +141,16 @@ class IsolatedRunner(Runner):
             raise ValueError(f"isolated runs need picklable options and a module-level checker: {exc}") from None
 
     def run(self, specs) -> list[Record]:
+        return self.run_cases(self.cases(specs))
+
+    def run_cases(self, cases, stopped: Callable[[], bool] | None = None) -> list[Record]:
+        """Each (spec, backend) in a worker, stored through ``sink``; ``stopped`` (default: this runner's
+        ``stop_requested``) is asked before each case."""
+        stopped = stopped or (lambda: self.stop_requested)
         records: list[Record] = []
         try:
-            for spec, backend in self.cases(specs):
-                if self.stop_requested:
+            for spec, backend in cases:
+                if stopped():
                     break
                 if self.on_case:
                     self.on_case(spec, backend.name)

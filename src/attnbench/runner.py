@@ -8,6 +8,7 @@ and the rest of the sweep runs case by case in worker processes (``attnbench.iso
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import math
@@ -215,22 +216,12 @@ class Runner:
 
         log.warning("the CUDA context of this process is lost; the remaining %d cases run in worker processes",
                     len(cases))
-        isolated = IsolatedRunner(self.options, run_id=self.run_id, env_id=self.env_id, sink=self.sink,
-                                  checker=self.checker)
-        records: list[Record] = []
-        try:
-            for spec, backend in cases:
-                if self.stop_requested:
-                    break
-                if self.on_case:
-                    self.on_case(spec, backend.name)
-                with self.clock.phase("isolated"):
-                    record = isolated.run_isolated(spec, backend)
-                self.sink(record)
-                records.append(record)
-        finally:
-            isolated.close(kill=self.stop_requested)
-        return records
+        # ceilings passed on: working them out would ask the lost context for the device name
+        options = dataclasses.replace(self.options, ceilings=self.ceilings)
+        isolated = IsolatedRunner(options, run_id=self.run_id, env_id=self.env_id, sink=self.sink,
+                                  checker=self.checker, on_case=self.on_case)
+        isolated.clock = self.clock  # the run's phase breakdown includes these cases
+        return isolated.run_cases(cases, stopped=lambda: self.stop_requested)
 
     def _measure_case(self, spec, backend, inputs, info, check) -> Record:
         """Prepare, check, time; the case's wall seconds per phase go to ``info["wall_s"]``."""

@@ -66,21 +66,30 @@ class Hang(Backend):
         return Prepared(fn=hang)
 
 
-class Sleep(Backend):
-    """A well-behaved backend whose call takes $ATTNBENCH_TEST_SLEEP_S seconds (deterministic pacing)."""
+class WrapsNaive(Backend):
+    """Naive attention with ``wrap`` around its call: the base of the misbehaving-but-computing backends."""
 
-    name = "test-sleep"
-    description = "test: sleeps, then computes naive attention (so it passes accuracy checks)"
     capabilities = Capabilities()
 
     def prepare(self, spec, inputs):
         from attnbench.backends.naive import NaiveBackend
-        inner = NaiveBackend().prepare(spec, inputs).fn
+        return Prepared(fn=self.wrap(NaiveBackend().prepare(spec, inputs).fn))
 
+    def wrap(self, inner):
+        return inner
+
+
+class Sleep(WrapsNaive):
+    """A well-behaved backend whose call takes $ATTNBENCH_TEST_SLEEP_S seconds (deterministic pacing)."""
+
+    name = "test-sleep"
+    description = "test: sleeps, then computes naive attention (so it passes accuracy checks)"
+
+    def wrap(self, inner):
         def call():
             time.sleep(SLEEP_S)
             return inner()
-        return Prepared(fn=call)
+        return call
 
 
 class ContextLoss(Backend):
@@ -182,29 +191,25 @@ class BlockBias(Fp32Kernel):
         return tensors
 
 
-class Cached(Backend):
+class Cached(WrapsNaive):
     """Does its work in ``prepare``; the timed call returns the stored result (an impossible speed)."""
 
     name = "test-cached"
     description = "test: timed call returns tensors computed in prepare"
-    capabilities = Capabilities()
 
-    def prepare(self, spec, inputs):
-        from attnbench.backends.naive import NaiveBackend
-        result = NaiveBackend().prepare(spec, inputs).fn()
-        return Prepared(fn=lambda: result)
+    def wrap(self, inner):
+        result = inner()
+        return lambda: result
 
 
-class Stale(Backend):
+class Stale(WrapsNaive):
     """Right on its first call, 10% off on every later one (a stale cache, a race)."""
 
     name = "test-stale"
     description = "test: wrong after the first call"
-    capabilities = Capabilities()
 
-    def prepare(self, spec, inputs):
-        from attnbench.backends.naive import NaiveBackend
-        inner, calls = NaiveBackend().prepare(spec, inputs).fn, []
+    def wrap(self, inner):
+        calls = []
 
         def call():
             calls.append(1)
@@ -212,28 +217,24 @@ class Stale(Backend):
             if len(calls) > 1:
                 res.out = res.out * 0.9
             return res
-        return Prepared(fn=call)
+        return call
 
 
-class Jitter(Backend):
+class Jitter(WrapsNaive):
     """Correct, but the output's last bit differs from call to call (like atomics in a backward)."""
 
     name = "test-jitter"
     description = "test: not bit-reproducible"
-    capabilities = Capabilities()
 
-    def prepare(self, spec, inputs):
+    def wrap(self, inner):
         import torch
-
-        from attnbench.backends.naive import NaiveBackend
-        inner = NaiveBackend().prepare(spec, inputs).fn
 
         def call():
             res = inner()
             flip = torch.rand(res.out.shape) < 0.01
             res.out = torch.where(flip, torch.nextafter(res.out, torch.full_like(res.out, float("inf"))), res.out)
             return res
-        return Prepared(fn=call)
+        return call
 
 
 class MaskedMath(Backend):

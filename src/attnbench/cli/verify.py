@@ -20,6 +20,7 @@ from rich.table import Table
 
 import attnbench
 from attnbench.accuracy.check import AccuracyChecker
+from attnbench.accuracy.tolerance import worst_ratio
 from attnbench.cli import common
 from attnbench.cli import run as run_cmd
 from attnbench.inputs import make_inputs
@@ -147,12 +148,11 @@ def _metrics_table(acc: dict) -> Table:
             continue
         base = acc.get("baseline", {}).get(name, {})
         limit = acc.get("limits", {}).get(name, {})
-        ratios = {k: abs(m.get(k, 0.0)) / v for k, v in limit.items() if v > 0}
-        worst = max(ratios, key=ratios.get) if ratios else None
+        worst = worst_ratio({name: m}, {name: limit})
         table.add_row(LABELS.get(name, name), *(_g(m.get(k)) for k in ("max_abs", "mean_abs", "rel_l2")),
                       f"{m['cosine']:.6f}", _g(m.get("rel_l1")), _g(m.get("rmse")), _sci(m.get("scale")),
                       _sci(m.get("block_scale")), _g(base.get("max_abs")), _g(limit.get("max_abs")),
-                      f"{ratios[worst]:.2f} ({worst})" if worst else "-")
+                      f"{worst['ratio']:.2f} ({worst['metric']})" if worst else "-")
     return table
 
 

@@ -28,6 +28,7 @@ def _run(argv, capsys):
     (["--profiler", "nsys"], "nsys"),
     (["--min-time-ms", "-5"], "--min-time-ms"),
     (["--cooldown", "-1"], "--cooldown"),
+    (["--ci-target", "-1"], "--ci-target"),
     (["--min-time-ms", "lots"], "min-time-ms"),
 ])
 def test_bad_timing_options_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):
@@ -48,8 +49,8 @@ def test_ncu_and_rocprof_missing_are_user_errors(tmp_path, capsys, monkeypatch):
 
 def test_trace_min_time_and_cooldown_on_cpu(tmp_path, capsys):
     db, traces = tmp_path / "r.db", tmp_path / "traces"
-    code, _, err = _run([*SMALL, "--db", str(db), "--trace", str(traces), "--min-time-ms", "2", "--cooldown", "0"],
-                        capsys)
+    code, _, err = _run([*SMALL, "--db", str(db), "--trace", str(traces), "--min-time-ms", "2", "--ci-target", "0",
+                              "--cooldown", "0"], capsys)
     assert code == 0, err
     files = list(traces.glob("*.json"))
     assert len(files) == 1 and "traceEvents" in json.loads(files[0].read_text())

@@ -8,7 +8,13 @@ import pytest
 from attnbench.timing import TimingConfig
 from attnbench.timing.config import MIN_SAMPLES
 from attnbench.timing.cpu import time_cpu
-from attnbench.timing.stats import bootstrap_median_ci, bootstrap_medians, describe, outliers
+from attnbench.timing.stats import (
+    bootstrap_median_ci,
+    bootstrap_medians,
+    describe,
+    median_ci_half_width_pct,
+    outliers,
+)
 
 
 def test_bootstrap_ci_covers_true_median_at_about_nominal_rate():
@@ -64,7 +70,7 @@ def test_outliers_counted_not_dropped():
 
 
 def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
-    cfg = TimingConfig(repeat=10, min_time_ms=100.0, max_repeat=500)
+    cfg = TimingConfig(repeat=10, min_time_ms=100.0, max_repeat=500, ci_target_pct=0)
     assert cfg.samples_wanted([], "cuda") == 10
     assert cfg.samples_wanted([1.0] * 10, "cuda") == 90          # 10 ms measured, 1 ms each
     assert cfg.samples_wanted([20.0] * 10, "cuda") == 0          # 200 ms >= 100 ms
@@ -76,7 +82,7 @@ def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
 
 
 def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
-    cfg = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=1000.0)
+    cfg = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=1000.0, ci_target_pct=0)
     assert TimingConfig().max_time_for("cuda") == 500.0 and cfg.max_time_for("cpu") == 1000.0
     assert TimingConfig().max_time_for("cpu") == float("inf")
     assert cfg.samples_wanted([], "cuda") == MIN_SAMPLES          # first learn the per-call time
@@ -84,7 +90,7 @@ def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
     assert cfg.samples_wanted([150.0] * 3, "cuda") == MIN_SAMPLES - 3
     assert cfg.samples_wanted([40.0] * 10, "cuda") == 15           # (1000 - 400) / 40
     assert cfg.samples_wanted([1.0] * 10, "cuda") == 90            # fast: repeat is still the minimum
-    uncapped = TimingConfig(repeat=100, min_time_ms=200.0)
+    uncapped = TimingConfig(repeat=100, min_time_ms=200.0, ci_target_pct=0)
     assert uncapped.samples_wanted([], "cpu") == 100               # no cap on CPU by default
     assert uncapped.samples_wanted([150.0] * 10, "cpu") == 90
     # warm-up: about a quarter of the cap after the first call
@@ -99,10 +105,25 @@ def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
 def test_time_cap_counts_wall_time_of_host_bound_calls():
     # 30 us kernels that cost 1 ms of wall each (Python launch overhead): the minimum time would ask
     # for thousands of samples; the wall time spent caps them.
-    cfg = TimingConfig(repeat=100, min_time_ms=100.0, max_time_ms=500.0)
+    cfg = TimingConfig(repeat=100, min_time_ms=100.0, max_time_ms=500.0, ci_target_pct=0)
     assert cfg.samples_wanted([0.03] * 100, "cuda", elapsed_ms=100.0) == 400   # (500 - 100) / 1 ms each
     assert cfg.samples_wanted([0.03] * 500, "cuda", elapsed_ms=500.0) == 0
     assert cfg.samples_wanted([0.03] * 100, "cuda") > 3000                       # device time alone
+
+
+def test_sampling_stops_once_the_median_is_known_to_the_target_precision():
+    rng = np.random.default_rng(0)
+    steady = list(1.0 + 0.001 * rng.standard_normal(30))       # 0.1% spread: CI of the median ~0.04%
+    noisy = list(1.0 + 0.05 * rng.standard_normal(30))         # 5% spread: CI ~2%
+    cfg = TimingConfig(repeat=30, min_time_ms=100.0, max_time_ms=1000.0)
+    assert median_ci_half_width_pct(steady) < 0.1 < median_ci_half_width_pct(noisy)
+    assert cfg.precise_enough(steady) and cfg.samples_wanted(steady, "cuda") == 0   # 30 ms measured, stops
+    assert not cfg.precise_enough(noisy)
+    assert cfg.samples_wanted(noisy, "cuda") == 30             # at most doubles before looking again
+    assert cfg.samples_wanted(steady[:20], "cuda") == 10       # repeat stays the minimum
+    off = TimingConfig(repeat=30, min_time_ms=100.0, max_time_ms=1000.0, ci_target_pct=0)
+    assert not off.precise_enough(steady) and 70 <= off.samples_wanted(steady, "cuda") <= 71
+    assert TimingConfig(ci_target_pct=5.0).precise_enough(noisy)
 
 
 def test_fixed_config_takes_exactly_warmup_and_repeat_calls():
@@ -127,7 +148,8 @@ def test_cpu_timer_honours_an_explicit_time_cap():
 
 @pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(min_time_ms=-1.0), dict(repeat=5, max_repeat=2),
                                     dict(graph_max_copies=0), dict(max_time_ms=0.0),
-                                    dict(min_time_ms=10.0, max_time_ms=5.0)])
+                                    dict(min_time_ms=10.0, max_time_ms=5.0), dict(ci_target_pct=-0.1),
+                                    dict(ci_target_pct=float("nan"))])
 def test_bad_timing_config(kwargs):
     with pytest.raises(ValueError):
         TimingConfig(**kwargs)
@@ -136,6 +158,6 @@ def test_bad_timing_config(kwargs):
 def test_cpu_timer_keeps_sampling_until_min_time():
     calls = []
     samples = time_cpu(lambda: calls.append(sum(range(2000))),
-                       TimingConfig(warmup=1, repeat=3, min_time_ms=5.0, max_repeat=100000))
+                       TimingConfig(warmup=1, repeat=3, min_time_ms=5.0, max_repeat=100000, ci_target_pct=0))
     assert len(samples) >= 3 and sum(samples) >= 5.0
     assert len(calls) == len(samples) + 1

@@ -238,6 +238,9 @@ def run(
     max_time_ms: Annotated[float | None, typer.Option(
         "--max-time-ms", help="Stop sampling a case once this much time is measured or spent, even before "
         "--repeat samples (at least 10) (default: 500 on GPU, no cap on CPU).")] = None,
+    ci_target: Annotated[float | None, typer.Option(
+        "--ci-target", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
+        "after --repeat samples (default: 0.1; 0 = always sample --min-time-ms).")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,

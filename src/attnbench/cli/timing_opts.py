@@ -1,4 +1,4 @@
-"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --trace, --cooldown, and --profiler nsys."""
+"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --trace, --cooldown, and --profiler nsys."""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def _nonneg(value, name: str) -> float | None:
     return number
 
 
+def _given(**values) -> dict:
+    """The keyword arguments that were given (None = leave the dataclass default)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
     """TimingConfig and profiler name from the merged options; UserError for anything invalid."""
     timing = str(opts.get("timing") or "events").lower()
@@ -71,7 +76,8 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
                               cold_l2=not opts.get("warm_l2", False), mode=mode,
                               min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"),
-                              max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"))
+                              max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),
+                              **_given(ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return config, profiler

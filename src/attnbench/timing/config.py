@@ -13,6 +13,8 @@ GPU_MIN_TIME_MS = 100.0
 GPU_MAX_TIME_MS = 500.0
 MIN_SAMPLES = 10
 """Fewest samples of a case, whatever the time cap (a median and its CI need a few)."""
+CI_TARGET_PCT = 0.1
+"""Default precision goal: sampling stops once the 95% CI of the median is within +-0.1% of it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +39,10 @@ class TimingConfig:
     quarter of it. None = 500 ms on GPU (or min_time_ms if larger), no cap on CPU; inf = no cap. Keeps
     slow kernels (naive or math attention at long sequences, 100+ ms a call) from costing
     ``warmup + repeat`` calls each, and host-bound small ones from taking thousands of samples."""
+    ci_target_pct: float = CI_TARGET_PCT
+    """Stop sampling once ``repeat`` samples are taken and the 95% bootstrap CI of their median (the one
+    the record reports) lies within +- this percent of the median, even before ``min_time_ms``: a
+    steady kernel is not sampled for longer than its number needs. 0 = off (sample to the minimum time)."""
     max_repeat: int = 10_000
     """Cap on the number of samples however fast the kernel is."""
     graph_target_ms: float = 2.0
@@ -57,6 +63,8 @@ class TimingConfig:
             raise ValueError(f"max_time_ms must be a number > 0, got {self.max_time_ms!r}")
         if self.max_time_ms is not None and self.min_time_ms is not None and self.max_time_ms < self.min_time_ms:
             raise ValueError(f"max_time_ms ({self.max_time_ms}) must be >= min_time_ms ({self.min_time_ms})")
+        if not (self.ci_target_pct >= 0 and math.isfinite(self.ci_target_pct)):
+            raise ValueError(f"ci_target_pct must be a number >= 0, got {self.ci_target_pct!r}")
         if self.max_repeat < self.repeat:
             raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
         if self.graph_max_copies < 1:
@@ -110,9 +118,18 @@ class TimingConfig:
                     min(want, max(MIN_SAMPLES - n, math.ceil((cap - spent) / per_call), 1))
             return want
         floor = self.min_time_for(device_type)
-        if total >= floor:
+        if total >= floor or self.precise_enough(samples_ms):
             return 0
         want = math.ceil((floor - total) / median)
         if math.isfinite(cap):
             want = min(want, math.ceil((cap - spent) / per_call))
+        if self.ci_target_pct > 0:  # look again after at most doubling the samples
+            want = min(want, n)
         return int(min(max(want, 1), self.max_repeat - n))
+
+    def precise_enough(self, samples_ms: list[float]) -> bool:
+        """Whether the samples' median CI is within ``ci_target_pct`` (False when the target is off)."""
+        if self.ci_target_pct <= 0 or len(samples_ms) < MIN_SAMPLES:
+            return False
+        from attnbench.timing.stats import median_ci_half_width_pct
+        return median_ci_half_width_pct(samples_ms) <= self.ci_target_pct

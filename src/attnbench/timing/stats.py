@@ -67,6 +67,13 @@ def bootstrap_median_ci(samples_ms, confidence: float = 0.95, resamples: int = B
     return float(lo), float(hi)
 
 
+def median_ci_half_width_pct(samples_ms, confidence: float = 0.95) -> float:
+    """Half the width of the median's bootstrap CI, in percent of the median (inf for a zero median)."""
+    lo, hi = bootstrap_median_ci(samples_ms, confidence)
+    median = float(np.median(np.asarray(list(samples_ms), dtype=np.float64)))
+    return 100 * (hi - lo) / 2 / median if median > 0 else float("inf")
+
+
 def outliers(samples_ms, k: float = 1.5) -> dict:
     """Samples outside [Q1 - k*IQR, Q3 + k*IQR]: counts below and above and the fences (ms)."""
     x = np.asarray(list(samples_ms), dtype=np.float64)

@@ -25,6 +25,7 @@ from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
 from attnbench.inputs import AttnInputs, InputDist, make_inputs
 from attnbench.plausibility import Ceilings
+from attnbench.precompile import Precompiler
 from attnbench.results.record import Record, case_id
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, summarize
@@ -60,6 +61,9 @@ class RunOptions:
     """How q, k, v are drawn (N(0, 1) by default; larger magnitudes or outliers on request)."""
     ceilings: Ceilings | None = None
     """What the device can do at most (plausibility.ceilings); None: from its datasheet alone."""
+    compile_workers: int | None = None
+    """Worker processes that torch.compile cases ahead on a GPU (``attnbench.precompile``); None = one per
+    two host cores (at most 6), 0 = compile each case in this process when it comes."""
 
 
 @dataclass
@@ -98,6 +102,8 @@ class Runner:
         self.backends = [registry.get(name) for name in options.backends]
         self.clocks = ClockMonitor(self.device)
         self.ceilings = options.ceilings or plausibility.ceilings(self.device)
+        self.precompiler = Precompiler([], device=options.device, seed=options.seed, inputs_dist=options.inputs)
+        """Compiles cases ahead in worker processes during ``run``."""
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
 
@@ -111,9 +117,25 @@ class Runner:
         return "cpu" if self.device.type == "cpu" else self.options.timing.mode
 
     def run(self, specs: Iterable[AttnSpec]) -> list[Record]:
+        cases = self.cases(specs)
+        self.precompiler = self._start_precompiler(cases)
+        try:
+            return self._run(cases)
+        finally:
+            self.precompiler.close()
+
+    def _start_precompiler(self, cases: list[tuple[AttnSpec, Backend]]) -> Precompiler:
+        ahead = [(s, b) for s, b in cases if self.device.type == "cuda" and b.compiles_ahead
+                 and b.supports(s, self.device) is None]
+        workers = self.options.compile_workers
+        if len(ahead) < 2:  # one compile gains nothing from a worker that must start torch first
+            workers = 0
+        return Precompiler(ahead, device=str(self.device), seed=self.options.seed, inputs_dist=self.options.inputs,
+                           workers=workers)
+
+    def _run(self, cases: list[tuple[AttnSpec, Backend]]) -> list[Record]:
         records: list[Record] = []
         inputs, inputs_key = None, None
-        cases = self.cases(specs)
         for i, (spec, backend) in enumerate(cases):
             if self.stop_requested:
                 break
@@ -132,6 +154,8 @@ class Runner:
                 with self.clock.phase("inputs"):
                     inputs = self._make_inputs(spec)
             if isinstance(inputs, AttnInputs):
+                with self.clock.phase("compile"):
+                    self.precompiler.wait(spec, backend.name)
                 with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
                     record = self.run_case(spec, backend, inputs, check=self.checker is not None)
             else:  # the shape's inputs could not be made: every backend that supports it gets that status
@@ -258,6 +282,8 @@ class Runner:
         if bad:
             return self._record(spec, backend, status="nan", reason=f"non-finite values in {bad}", info=info,
                                 peak_mem_bytes=peak, accuracy=accuracy)
+        if self.precompiler.busy:
+            info["compile_workers_busy"] = True
         ctx = CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
                           trace_dir=self.options.trace_dir,
                           inputs=None if self.options.inputs.is_default else self.options.inputs.describe())

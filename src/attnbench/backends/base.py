@@ -132,6 +132,9 @@ class Backend:
     """pip distribution name used for the version (default: ``package``)."""
     default_sweep: bool = True
     """Run when no --backends are given (False for study backends such as synthetic sparsity)."""
+    compiles_ahead: bool = False
+    """``prepare`` torch.compiles code that torch's on-disk caches keep, so a worker process can compile the
+    case ahead of the main process (``attnbench.precompile``)."""
 
     def unavailable_reason(self) -> str | None:
         """Why the backend cannot run at all here (missing package, too old torch); None if it can."""

@@ -133,6 +133,7 @@ class FlexBackend(Backend):
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):
         self.compile, self.compile_backend, self.mode = compile, compile_backend, mode
+        self.compiles_ahead = compile and compile_backend == "inductor"
         if cpu:
             self.capabilities = replace(type(self).capabilities, devices=("cpu", "cuda"))
 

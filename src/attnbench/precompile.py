@@ -1,0 +1,100 @@
+"""Compile ahead: the torch.compile'd cases of a sweep are compiled in worker processes while the main
+process times the other cases.
+
+A compile (dynamo, AOTAutograd, inductor, Triton) is seconds of serial host work per shape and pass,
+and a sweep has dozens. The workers run the backend's own ``prepare`` on the case's seeded inputs,
+which fills torch's on-disk compile caches (inductor's FX graph cache and the AOTAutograd cache); when
+the main process reaches the case, its ``prepare`` finds the compiled code there and only traces
+(about 0.4 s instead of 2-5 s on an H200 host). Nothing a worker measures is used.
+
+The workers share the GPU: each compile ends with one call of the compiled kernel (forward, or forward
+and backward). Those calls can overlap samples the main process is taking; such a sample is slow, an
+outlier that the median does not follow. A case timed while workers were busy says so in its record
+(``info["compile_workers_busy"]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from attnbench.backends.base import Backend
+from attnbench.spec import AttnSpec
+
+log = logging.getLogger(__name__)
+
+MAX_WORKERS = 6
+
+
+def worker_count(jobs: int, cpus: int | None = None) -> int:
+    """Workers for ``jobs`` compiles: one per two host cores left after the main process, at most 6."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(0, min(jobs, MAX_WORKERS, (cpus - 2) // 2))
+
+
+def _init_worker() -> None:
+    # Triton's parallel compile pool in every worker would oversubscribe the host; one graph is one kernel.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    import torch._inductor.config
+    torch._inductor.config.compile_threads = int(os.environ["TORCHINDUCTOR_COMPILE_THREADS"])
+
+
+def _compile_case(spec: AttnSpec, backend: Backend, device: str, seed: int, inputs_dist) -> float:
+    """Prepare the case once in this (worker) process; the wall seconds it took."""
+    import torch
+
+    from attnbench.inputs import make_inputs
+    start = time.perf_counter()
+    dev = torch.device(device)
+    inputs = make_inputs(spec, dev, seed, inputs_dist)
+    backend.prepare(spec, inputs)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
+
+
+class Precompiler:
+    """Compiles ``cases`` ((spec, backend) pairs) in worker processes, in the order given. The backend
+    objects themselves go to the workers, configured as they are here (``--backend-opt``)."""
+
+    def __init__(self, cases: list[tuple[AttnSpec, Backend]], *, device: str, seed: int, inputs_dist,
+                 workers: int | None = None):
+        workers = worker_count(len(cases)) if workers is None else workers
+        self.futures: dict[tuple[AttnSpec, str], Future] = {}
+        self.pool = None
+        if workers < 1 or not cases:
+            return
+        # spawn: a forked child would inherit this process's CUDA context, which CUDA does not allow.
+        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_worker)
+        for spec, backend in cases:
+            self.futures[(spec, backend.name)] = self.pool.submit(_compile_case, spec, backend, device, seed,
+                                                                  inputs_dist)
+        log.info("compiling %d cases ahead in %d worker processes", len(cases), workers)
+
+    def wait(self, spec: AttnSpec, backend_name: str) -> None:
+        """Block until the worker compiling this case is done (no-op for a case not compiled ahead).
+        A worker's failure is only logged: the main process then compiles the case itself and records
+        what happens there."""
+        future = self.futures.pop((spec, backend_name), None)
+        if future is None or future.cancel():
+            return
+        try:
+            future.result()
+        except Exception as exc:  # a broken worker pool included
+            log.info("compiling %s %s ahead failed (%s); compiling it here", backend_name, spec.label(), exc)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any worker is still compiling."""
+        return any(f.running() for f in self.futures.values())
+
+    def close(self) -> None:
+        """Stop: pending compiles are dropped; running ones finish in the background and their workers exit."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+        self.futures.clear()

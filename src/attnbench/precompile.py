@@ -1,11 +1,13 @@
-"""Compile ahead: the torch.compile'd cases of a sweep are compiled in worker processes while the main
-process times the other cases.
+"""Compile ahead: the cases of a sweep that compile code per shape (``Backend.compiles_ahead``: flex's
+torch.compile, SpargeAttn's Triton kernels) are compiled in worker processes while the main process
+times the other cases.
 
 A compile (dynamo, AOTAutograd, inductor, Triton) is seconds of serial host work per shape and pass,
 and a sweep has dozens. The workers run the backend's own ``prepare`` on the case's seeded inputs,
-which fills torch's on-disk compile caches (inductor's FX graph cache and the AOTAutograd cache); when
-the main process reaches the case, its ``prepare`` finds the compiled code there and only traces
-(about 0.4 s instead of 2-5 s on an H200 host). Nothing a worker measures is used.
+which fills the on-disk caches (inductor's FX graph and AOTAutograd caches, Triton's kernel cache);
+when the main process reaches the case, its ``prepare`` finds the compiled code there (flex then only
+traces: about 0.4 s instead of 2-5 s on an H200 host). Nothing a worker measures is used. A case whose
+compile has not started in a worker when the main process reaches it is compiled there instead.
 
 The workers share the GPU: each compile ends with one call of the compiled kernel (forward, or forward
 and backward). Those calls can overlap samples the main process is taking; such a sample is slow, an

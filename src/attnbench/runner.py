@@ -108,9 +108,11 @@ class Runner:
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
 
     def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
-        """The (spec, backend) pairs still to run, shape-major."""
+        """The (spec, backend) pairs still to run, shape-major; within a shape, backends whose cases are
+        compiled ahead come last, so the workers compiling them get a head start."""
         mode = self.timing_mode
-        return [(s, b) for s in specs for b in self.backends if case_id(s, b.name, mode) not in self.skip]
+        order = sorted(self.backends, key=lambda b: b.compiles_ahead)  # stable: the given order otherwise
+        return [(s, b) for s in specs for b in order if case_id(s, b.name, mode) not in self.skip]
 
     @property
     def timing_mode(self) -> str:

@@ -126,3 +126,40 @@ def test_calibrate_measures_plausible_peaks():
     from attnbench.timing.peaks import calibrate
     got = calibrate("cuda", matmul_n=4096, copy_bytes=512 * 2**20, repeat=10)["measured"]
     assert got["matmul_bf16"] > 50 and got["copy"] > 500, got
+
+
+def test_host_bound_calls_are_timed_by_their_device_time():
+    """A call that spends 0.3 ms on the host to launch a ~20 us kernel: the spin before each chunk
+    (shortened by the device time the first samples show) must still cover the host's queueing."""
+    import time as _time
+    x = torch.randn(1 << 20, device="cuda")
+
+    def kernel():
+        return x * 2
+
+    def host_heavy():
+        t0 = _time.perf_counter()
+        while _time.perf_counter() - t0 < 3e-4:
+            pass
+        return x * 2
+    cfg = TimingConfig(warmup=5, repeat=200, min_time_ms=0.0, ci_target_pct=0)
+    fast = statistics.median(time_events(kernel, cfg, torch.device("cuda")))
+    slow = statistics.median(time_events(host_heavy, cfg, torch.device("cuda")))
+    assert slow < 1.2 * fast + 0.005, (fast, slow)   # not the 0.3 ms of host time
+
+
+def test_idle_ratio_leaves_the_device_idle_between_calls():
+    import time as _time
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    dev = torch.device("cuda")
+    a @ a  # cuBLAS set-up out of the comparison
+    torch.cuda.synchronize()
+    walls = {}
+    for ratio in (0.0, 2.0):
+        cfg = TimingConfig(warmup=3, repeat=30, min_time_ms=0.0, ci_target_pct=0, idle_ratio=ratio)
+        t0 = _time.perf_counter()
+        samples = time_events(lambda: a @ a, cfg, dev)
+        walls[ratio] = (_time.perf_counter() - t0, sum(samples))
+    (busy_wall, _), (idle_wall, idle_sum) = walls[0.0], walls[2.0]
+    assert idle_wall * 1e3 > idle_sum * 2.5       # ~3x the measured time: 2x of it idle
+    assert idle_wall > 2 * busy_wall

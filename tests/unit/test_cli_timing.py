@@ -29,6 +29,7 @@ def _run(argv, capsys):
     (["--min-time-ms", "-5"], "--min-time-ms"),
     (["--cooldown", "-1"], "--cooldown"),
     (["--ci-target", "-1"], "--ci-target"),
+    (["--idle-ratio", "inf"], "--idle-ratio"),
     (["--min-time-ms", "lots"], "min-time-ms"),
 ])
 def test_bad_timing_options_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):

@@ -149,7 +149,7 @@ def test_cpu_timer_honours_an_explicit_time_cap():
 @pytest.mark.parametrize("kwargs", [dict(mode="fast"), dict(min_time_ms=-1.0), dict(repeat=5, max_repeat=2),
                                     dict(graph_max_copies=0), dict(max_time_ms=0.0),
                                     dict(min_time_ms=10.0, max_time_ms=5.0), dict(ci_target_pct=-0.1),
-                                    dict(ci_target_pct=float("nan"))])
+                                    dict(ci_target_pct=float("nan")), dict(idle_ratio=-1.0)])
 def test_bad_timing_config(kwargs):
     with pytest.raises(ValueError):
         TimingConfig(**kwargs)
@@ -161,3 +161,14 @@ def test_cpu_timer_keeps_sampling_until_min_time():
                        TimingConfig(warmup=1, repeat=3, min_time_ms=5.0, max_repeat=100000, ci_target_pct=0))
     assert len(samples) >= 3 and sum(samples) >= 5.0
     assert len(calls) == len(samples) + 1
+
+
+def test_the_spin_before_a_chunk_covers_the_host_time_to_queue_it_and_no_more():
+    from attnbench.timing.events import HOLD_MARGIN, hold_ms
+    # host-bound: 0.2 ms to queue a call that runs 0.05 ms; the device reaches call i at
+    # hold + i * 0.05 and the host has queued it by (i + 1) * 0.2
+    hold = hold_ms(100, 0.2, 0.05)
+    assert all(hold + i * 0.05 >= (i + 1) * 0.2 for i in range(100))
+    assert hold == pytest.approx(HOLD_MARGIN * 0.2 * 100 - 0.05 * 99)
+    assert hold_ms(10, 0.1, 0.0) == pytest.approx(HOLD_MARGIN * 1.0)   # no device time known yet
+    assert hold_ms(10, 0.1, 5.0) == 0.0                                 # device-bound: no spin needed

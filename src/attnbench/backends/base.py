@@ -133,8 +133,8 @@ class Backend:
     default_sweep: bool = True
     """Run when no --backends are given (False for study backends such as synthetic sparsity)."""
     compiles_ahead: bool = False
-    """``prepare`` torch.compiles code that torch's on-disk caches keep, so a worker process can compile the
-    case ahead of the main process (``attnbench.precompile``)."""
+    """``prepare`` compiles code per shape that an on-disk cache keeps (torch.compile's, Triton's), so a worker
+    process can compile the case ahead of the main process (``attnbench.precompile``)."""
 
     def unavailable_reason(self) -> str | None:
         """Why the backend cannot run at all here (missing package, too old torch); None if it can."""

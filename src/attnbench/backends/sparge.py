@@ -107,6 +107,7 @@ class Sparge(_Sparge):
     description = "SpargeAttn spas_sage2_attn_meansim_topk_cuda (top-k block sparsity; INT8 QK, FP8 PV)"
     function = "spas_sage2_attn_meansim_topk_cuda"
     knob_names = TOPK_KNOBS
+    compiles_ahead = True  # its first call per shape JIT-compiles Triton kernels (~1.5 s each on an H200 host)
 
 
 class SpargeCdf(_Sparge):
@@ -121,6 +122,7 @@ class SpargeFp16(_Sparge):
     description = "SpargeAttn spas_sage_attn_meansim_topk_cuda (top-k block sparsity; INT8 QK, FP16 PV; causal)"
     function = "spas_sage_attn_meansim_topk_cuda"
     knob_names = TOPK_KNOBS
+    compiles_ahead = True  # as Sparge: Triton kernels compiled per shape on the first call
     capabilities = replace(_Sparge.capabilities, causal=True, min_compute_capability=(8, 0))
     causal_refused = None
 

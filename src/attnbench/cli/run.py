@@ -241,6 +241,9 @@ def run(
     ci_target: Annotated[float | None, typer.Option(
         "--ci-target", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
         "after --repeat samples (default: 0.1; 0 = always sample --min-time-ms).")] = None,
+    idle_ratio: Annotated[float | None, typer.Option(
+        "--idle-ratio", help="Leave the GPU idle this many times a call's time before each timed call: the "
+        "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
     impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,

@@ -1,4 +1,4 @@
-"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --trace, --cooldown, and --profiler nsys."""
+"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --idle-ratio, --trace, --cooldown, and --profiler nsys."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
                               cold_l2=not opts.get("warm_l2", False), mode=mode,
                               min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"),
                               max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),
-                              **_given(ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target")))
+                              **_given(ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target"),
+                                       idle_ratio=_nonneg(opts.get("idle_ratio"), "--idle-ratio")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return config, profiler

@@ -43,6 +43,10 @@ class TimingConfig:
     """Stop sampling once ``repeat`` samples are taken and the 95% bootstrap CI of their median (the one
     the record reports) lies within +- this percent of the median, even before ``min_time_ms``: a
     steady kernel is not sampled for longer than its number needs. 0 = off (sample to the minimum time)."""
+    idle_ratio: float = 0.0
+    """events mode: leave the device idle for this many times the call's median time before each timed
+    call. 0 (default) measures under sustained load, as a training step runs; 1 or more lets a
+    power-limited GPU keep the boost clock it has for isolated calls (what ncu measures)."""
     max_repeat: int = 10_000
     """Cap on the number of samples however fast the kernel is."""
     graph_target_ms: float = 2.0
@@ -65,6 +69,8 @@ class TimingConfig:
             raise ValueError(f"max_time_ms ({self.max_time_ms}) must be >= min_time_ms ({self.min_time_ms})")
         if not (self.ci_target_pct >= 0 and math.isfinite(self.ci_target_pct)):
             raise ValueError(f"ci_target_pct must be a number >= 0, got {self.ci_target_pct!r}")
+        if not (self.idle_ratio >= 0 and math.isfinite(self.idle_ratio)):
+            raise ValueError(f"idle_ratio must be a number >= 0, got {self.idle_ratio!r}")
         if self.max_repeat < self.repeat:
             raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
         if self.graph_max_copies < 1:

@@ -24,6 +24,8 @@ from attnbench.timing.config import TimingConfig
 
 FALLBACK_L2_BYTES = 128 * 1024 * 1024
 MAX_HOLD_MS = 50.0  # longest spin before a chunk; chunks are sized to fit in it
+HOLD_MARGIN = 1.25
+"""The spin before a chunk covers this many times the host's measured time to queue it (jitter margin)."""
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -69,18 +71,28 @@ def _hold_device(device: torch.device, ms: float) -> None:
         torch.cuda._sleep(int(rate * ms))
 
 
+def hold_ms(calls: int, host_ms_per_call: float, device_ms_per_call: float) -> float:
+    """Spin long enough that the device reaches none of ``calls`` before the host has queued it: the
+    host needs ``calls * host`` ms, the device reaches call i after the spin and i earlier calls."""
+    return max(0.0, HOLD_MARGIN * host_ms_per_call * calls - device_ms_per_call * (calls - 1))
+
+
 def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, device: torch.device,
-                 host_ms_per_call: float) -> list[float]:
-    """``count`` calls, each between its own event pair, queued ahead in chunks (see module doc)."""
+                 host_ms_per_call: float, device_ms_per_call: float = 0.0, idle_ms: float = 0.0) -> list[float]:
+    """``count`` calls, each between its own event pair, queued ahead in chunks (see module doc).
+    ``device_ms_per_call``: a lower bound of the device time per call (shortens the spin); ``idle_ms``:
+    the device idles (spins) this long before each call."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     chunk = max(1, min(count, int(MAX_HOLD_MS / host_ms_per_call)))
     for first in range(0, count, chunk):
         pairs = list(zip(starts[first:first + chunk], ends[first:first + chunk]))
-        _hold_device(device, 1.5 * host_ms_per_call * len(pairs))
+        _hold_device(device, hold_ms(len(pairs), host_ms_per_call, device_ms_per_call + idle_ms))
         for start, end in pairs:
             if flush is not None:
                 flush()
+            if idle_ms > 0:
+                _hold_device(device, idle_ms)
             start.record()
             fn()
             end.record()
@@ -112,12 +124,16 @@ def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.de
         t0 = time.perf_counter()
         warm_call()
         torch.cuda.synchronize(device)
-        for _ in range(config.warmup_calls((time.perf_counter() - t0) * 1e3, "cuda")):
+        first_ms = (time.perf_counter() - t0) * 1e3
+        for _ in range(config.warmup_calls(first_ms, "cuda")):
             warm_call()
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
         start = time.perf_counter()
         while (count := config.samples_wanted(samples, "cuda", (time.perf_counter() - start) * 1e3)) > 0:
-            samples += _timed_batch(fn, count, flush, device, per_call)
+            # the device time of a call, once samples show it (the fastest one: a lower bound)
+            device_ms = min(samples) if samples else 0.0
+            idle = config.idle_ratio * (statistics.median(samples) if samples else first_ms)
+            samples += _timed_batch(fn, count, flush, device, per_call, device_ms, idle)
     return samples

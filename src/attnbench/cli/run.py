@@ -237,7 +237,7 @@ def run(
         "--min-time-ms", help="Sample until this much time is measured per case (default: 100 on GPU, 0 on CPU).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
         "--max-time-ms", help="Stop sampling a case once this much time is measured or spent, even before "
-        "--repeat samples (at least 10) (default: 500 on GPU, no cap on CPU).")] = None,
+        "--repeat samples (at least 10) (default: 350 on GPU, no cap on CPU).")] = None,
     ci_target: Annotated[float | None, typer.Option(
         "--ci-target", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
         "after --repeat samples (default: 0.1; 0 = always sample --min-time-ms).")] = None,

@@ -10,7 +10,7 @@ TIMING_MODES = ("events", "graph", "profiler")
 EXTERNAL_MODES = ("ncu", "rocprof")
 ALL_MODES = TIMING_MODES + EXTERNAL_MODES
 GPU_MIN_TIME_MS = 100.0
-GPU_MAX_TIME_MS = 500.0
+GPU_MAX_TIME_MS = 350.0
 MIN_SAMPLES = 10
 """Fewest samples of a case, whatever the time cap (a median and its CI need a few)."""
 CI_TARGET_PCT = 0.1
@@ -36,7 +36,7 @@ class TimingConfig:
     max_time_ms: float | None = None
     """Stop sampling once the samples add up to this many ms, or this much wall time went into sampling,
     even before ``repeat`` samples (but never with fewer than MIN_SAMPLES); warm-up stops after about a
-    quarter of it. None = 500 ms on GPU (or min_time_ms if larger), no cap on CPU; inf = no cap. Keeps
+    quarter of it. None = 350 ms on GPU (or min_time_ms if larger), no cap on CPU; inf = no cap. Keeps
     slow kernels (naive or math attention at long sequences, 100+ ms a call) from costing
     ``warmup + repeat`` calls each, and host-bound small ones from taking thousands of samples."""
     ci_target_pct: float = CI_TARGET_PCT

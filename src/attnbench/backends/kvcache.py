@@ -1,0 +1,175 @@
+"""Attention over a KV cache (decode, and prefill with a prefix cache): flash-attn's ``flash_attn_with_kvcache``.
+
+- ``fa2-kvcache``  flash_attn.flash_attn_with_kvcache on a contiguous cache
+- ``fa2-paged``    the same on a paged cache: pages of 256 tokens (flash-attn 2 takes page sizes divisible
+                   by 256) and a block table
+- ``fa3-kvcache``  flash_attn_interface.flash_attn_with_kvcache (FlashAttention-3) on a contiguous cache
+- ``fa3-paged``    the same on pages of ``page_size`` tokens (default 16; ``--backend-opt fa3-paged.page_size=64``),
+                   for FA3 builds with paged KV
+
+A case is N requests (the sequences of a grouped case, or the batch of a dense one), each with the same
+number of new queries (1-16 for decode) and its own cache length (its key length): ``--seq-lens 1,1,1
+--kv-seq-lens 1024,8192,32768`` is one decode step of three requests. ``prepare`` builds the cache from the
+case's keys and values: contiguous, (N, longest cache, Hkv, D) with each request's keys first and
+``cache_seqlens`` giving the lengths; paged, a pool of pages handed to the requests in a shuffled order (an
+allocator gives no request adjacent pages) and a block table (N, pages of the longest cache), int32. The
+cache is not updated in the timed call (no new k, v): it times the attention of the decode step. Causal
+is the kernel's own lower-right alignment (the new queries are the last positions of their cache).
+Forward only; the LSE comes back through ``return_softmax_lse``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from attnbench.backends.base import Capabilities, Outputs, Prepared
+from attnbench.backends.fa3 import build_flags
+from attnbench.backends.kernel import KernelBackend, packed
+from attnbench.inputs import AttnInputs
+from attnbench.spec import AttnSpec
+
+_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, varlen=True, backward=False,
+                     different_v_dim=False, min_compute_capability=(8, 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVCache:
+    """A cache built from a case's keys and values."""
+
+    k_cache: torch.Tensor
+    """(N, Smax, Hkv, D) contiguous, or (pages, page_size, Hkv, D) paged."""
+    v_cache: torch.Tensor
+    """Same shape as ``k_cache``."""
+    cache_seqlens: torch.Tensor
+    """int32 (N,): tokens of each request's cache."""
+    block_table: torch.Tensor | None = None
+    """int32 (N, pages per request) page indices; None for a contiguous cache."""
+
+
+def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, ...], page_size: int | None,
+                seed: int = 0) -> KVCache:
+    """The cache of requests whose keys/values are packed in ``k_thd``/``v_thd`` (T, Hkv, D), one after
+    another with the lengths ``seqlens_k``; ``page_size`` None = contiguous."""
+    n, longest, device = len(seqlens_k), max(seqlens_k), k_thd.device
+    lengths = torch.tensor(seqlens_k, dtype=torch.int32, device=device)
+    starts = [0]
+    for s in seqlens_k[:-1]:
+        starts.append(starts[-1] + s)
+    if page_size is None:
+        k_cache = k_thd.new_zeros(n, longest, *k_thd.shape[1:])
+        v_cache = v_thd.new_zeros(n, longest, *v_thd.shape[1:])
+        for i, (start, s) in enumerate(zip(starts, seqlens_k)):
+            k_cache[i, :s], v_cache[i, :s] = k_thd[start:start + s], v_thd[start:start + s]
+        return KVCache(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths)
+    per_request = -(-longest // page_size)
+    used = [-(-s // page_size) for s in seqlens_k]
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(sum(used), generator=generator).tolist()
+    k_cache = k_thd.new_zeros(sum(used), page_size, *k_thd.shape[1:])
+    v_cache = v_thd.new_zeros(sum(used), page_size, *v_thd.shape[1:])
+    table = torch.zeros(n, per_request, dtype=torch.int32)
+    taken = 0
+    for i, (start, s) in enumerate(zip(starts, seqlens_k)):
+        for j in range(used[i]):
+            page, lo = order[taken], j * page_size
+            hi = min(s, lo + page_size)
+            k_cache[page, :hi - lo], v_cache[page, :hi - lo] = k_thd[start + lo:start + hi], v_thd[start + lo:start + hi]
+            table[i, j] = page
+            taken += 1
+    return KVCache(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, block_table=table.to(device))
+
+
+class _KVCacheBackend(KernelBackend):
+    function = "flash_attn_with_kvcache"
+    page_size: int | None = None
+    """Tokens per page; None = a contiguous cache."""
+    table_arg = "block_table"
+    """Keyword of the block table in the kernel's signature."""
+    min_page_multiple = 1
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if len(set(spec.seqlens_q)) != 1:
+            return "every request needs the same number of new queries (the kernel takes q as (N, Sq, H, D))"
+        if any(sq > sk for sq, sk in zip(spec.seqlens_q, spec.seqlens_k)):
+            return "more new queries than cached keys"
+        if self.page_size is not None and self.page_size % self.min_page_multiple:
+            return f"page size {self.page_size} is not a multiple of {self.min_page_multiple}"
+        return None
+
+    def kwargs(self, spec: AttnSpec) -> dict:
+        return {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "return_softmax_lse": True}
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        fn, p = self.kernel(), packed(spec, inputs)
+        n, sq = len(p.seqlens_q), p.seqlens_q[0]
+        k, v = p.flatten(inputs.k), p.flatten(inputs.v)
+        cache = build_cache(k, v, p.seqlens_k, self.page_size, seed=inputs.seed)
+        q_nshd = p.flatten(inputs.q).reshape(n, sq, *inputs.q.shape[-2:])
+        kwargs = self.kwargs(spec) | {"cache_seqlens": cache.cache_seqlens}
+        if cache.block_table is not None:
+            kwargs[self.table_arg] = cache.block_table
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                out, lse = fn(q_nshd, cache.k_cache, cache.v_cache, **kwargs)[:2]
+            # (N, Sq, H, D) -> the case's layout; LSE (N, H, Sq) -> (H, N*Sq), as a varlen kernel gives it
+            lse_ht = lse.transpose(0, 1).reshape(lse.shape[1], -1)
+            return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[2:])), lse=p.unflatten_lse(lse_ht))
+        cache_bytes = 2 * cache.k_cache.numel() * cache.k_cache.element_size()
+        info = self.base_info() | {"gqa": "native" if spec.gqa else "none", "cache_mib": round(cache_bytes / 2**20, 3),
+                                   "cache": f"paged, {self.page_size} tokens a page" if self.page_size else "contiguous"}
+        return Prepared(fn=call, info=info)
+
+
+class Fa2KVCache(_KVCacheBackend):
+    name = "fa2-kvcache"
+    description = "flash-attn 2 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
+    package = "flash_attn"
+    distribution = "flash-attn"
+    capabilities = _CAPS
+    default_sweep = False
+
+
+class Fa2Paged(Fa2KVCache):
+    name = "fa2-paged"
+    description = "flash-attn 2 flash_attn_with_kvcache, paged KV cache (256-token pages) + block table"
+    min_page_multiple = 256
+
+    def __init__(self, page_size: int = 256):
+        self.page_size = int(page_size)
+
+
+class Fa3KVCache(_KVCacheBackend):
+    name = "fa3-kvcache"
+    description = "FlashAttention-3 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
+    package = "flash_attn_interface"
+    distribution = "flash_attn_3"
+    capabilities = replace(_CAPS, head_dim_multiple=8, min_compute_capability=(9, 0))
+    default_sweep = False
+
+    def kwargs(self, spec: AttnSpec) -> dict:
+        kw = super().kwargs(spec)
+        flags = build_flags()
+        if flags.get("FLASHATTENTION_DISABLE_SPLIT"):
+            kw["num_splits"] = 1  # a build without split kernels crashes if the heuristic picks a split
+        if flags.get("FLASHATTENTION_DISABLE_PACKGQA"):
+            kw["pack_gqa"] = False
+        return kw
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if build_flags().get("FLASHATTENTION_DISABLE_VARLEN"):
+            return "this FlashAttention-3 build has no varlen kernels (cache_seqlens needs them)"
+        if self.page_size is not None and build_flags().get("FLASHATTENTION_DISABLE_PAGEDKV"):
+            return "this FlashAttention-3 build has no paged KV (built with FLASHATTENTION_DISABLE_PAGEDKV)"
+        return super().extra_reason(spec, device)
+
+
+class Fa3Paged(Fa3KVCache):
+    name = "fa3-paged"
+    description = "FlashAttention-3 flash_attn_with_kvcache, paged KV cache (page_size tokens a page) + page table"
+    table_arg = "page_table"
+
+    def __init__(self, page_size: int = 16):
+        self.page_size = int(page_size)

@@ -1,0 +1,94 @@
+"""KV-cache backends (fa2/fa3 flash_attn_with_kvcache): the cache they build and the call they make,
+checked on CPU against naive attention with a stand-in that reads the cache the documented way."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbench.accuracy.reference import reference_attention
+from attnbench.backends.kvcache import Fa2KVCache, Fa2Paged, Fa3KVCache, Fa3Paged, build_cache
+from attnbench.backends.naive import NaiveBackend
+from attnbench.inputs import make_inputs
+from attnbench.spec import AttnSpec
+
+CALLS: list[dict] = []
+
+
+def with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, page_table=None, softmax_scale=None,
+                 causal=False, return_softmax_lse=False, num_splits=0, pack_gqa=None):
+    """flash_attn_with_kvcache's documented result: q (N, Sq, H, D) over each request's first
+    cache_seqlens[i] cached keys (through the block table when given), causal aligned lower right."""
+    CALLS.append({"block_table": block_table, "page_table": page_table, "num_splits": num_splits})
+    table = block_table if block_table is not None else page_table
+    outs, lses = [], []
+    for i in range(q.shape[0]):
+        s = int(cache_seqlens[i])
+        k = (k_cache[i] if table is None else torch.cat([k_cache[p] for p in table[i].tolist()]))[:s]
+        v = (v_cache[i] if table is None else torch.cat([v_cache[p] for p in table[i].tolist()]))[:s]
+        groups = q.shape[2] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = torch.einsum("qhd,khd->hqk", q[i].double(), k.double()) * softmax_scale
+        if causal:
+            sq = q.shape[1]
+            keep = torch.arange(s)[None, :] <= torch.arange(sq)[:, None] + (s - sq)
+            scores = scores.masked_fill(~keep, -math.inf)
+        lse = torch.logsumexp(scores, -1)
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v.double()).to(q.dtype))
+        lses.append(lse.float())
+    return torch.stack(outs), torch.stack(lses)
+
+
+@pytest.fixture(autouse=True)
+def fake_kernel(monkeypatch):
+    CALLS.clear()
+    for cls in (Fa2KVCache, Fa3KVCache):
+        monkeypatch.setattr(cls, "kernel", lambda self: with_kvcache)
+
+
+DECODE = [
+    AttnSpec(batch=1, seqlens_q=(1, 1, 1), seqlens_k=(17, 300, 77), heads_q=8, heads_kv=2, head_dim=16, dtype="fp32"),
+    AttnSpec(batch=2, seqlens_q=(4, 4), seqlens_k=(257, 33), heads_q=4, heads_kv=4, head_dim=16, dtype="fp32",
+             causal=True),
+    AttnSpec(batch=3, seqlens_q=(5,), seqlens_k=(77,), heads_q=6, heads_kv=3, head_dim=16, dtype="fp32", causal=True),
+]
+
+
+@pytest.mark.parametrize("spec", DECODE, ids=lambda s: s.label())
+@pytest.mark.parametrize("backend", [Fa2KVCache(), Fa2Paged(page_size=256), Fa3KVCache(), Fa3Paged(page_size=16)],
+                         ids=lambda b: b.name)
+def test_the_cached_call_gives_naive_attention(spec, backend):
+    inputs = make_inputs(spec, torch.device("cpu"), seed=3)
+    got = backend.prepare(spec, inputs).fn()
+    want = NaiveBackend().prepare(spec, inputs).fn()
+    assert got.out.shape == want.out.shape
+    torch.testing.assert_close(got.out, want.out, rtol=1e-5, atol=1e-5)
+    exact = reference_attention(spec, inputs, grads=False)   # lse (B, H, Sq) dense, (H, Tq) varlen
+    torch.testing.assert_close(got.lse, exact.lse.to(got.lse.dtype), rtol=1e-5, atol=1e-5)
+    paged = backend.page_size is not None
+    table = CALLS[-1]["block_table" if backend.table_arg == "block_table" else "page_table"]
+    assert (table is not None) == paged
+
+
+def test_pages_are_scattered_and_each_request_reads_its_own_tokens():
+    k = torch.arange(40, dtype=torch.float32).view(40, 1, 1)
+    cache = build_cache(k, k.clone(), (7, 33), page_size=4, seed=1)
+    assert cache.k_cache.shape == (2 + 9, 4, 1, 1) and cache.block_table.shape == (2, 9)
+    used = cache.block_table[1].tolist()
+    assert used != sorted(used)  # not handed out in order
+    tokens = torch.cat([cache.k_cache[p] for p in used]).flatten()[:33]
+    assert tokens.tolist() == list(range(7, 40))
+    contiguous = build_cache(k, k.clone(), (7, 33), page_size=None)
+    assert contiguous.k_cache.shape == (2, 33, 1, 1) and contiguous.cache_seqlens.tolist() == [7, 33]
+
+
+def test_cases_a_cache_kernel_cannot_take_are_refused_with_the_reason():
+    mixed = AttnSpec(batch=1, seqlens_q=(1, 2), seqlens_k=(64, 64), heads_q=4, head_dim=64, dtype="bf16")
+    assert "same number of new queries" in Fa2KVCache().extra_reason(mixed, "cuda")
+    more = AttnSpec(batch=1, seqlens_q=(64,), seqlens_k=(16,), heads_q=4, head_dim=64, dtype="bf16")
+    assert "more new queries than cached keys" in Fa2KVCache().extra_reason(more, "cuda")
+    ok = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=4, head_dim=64, dtype="bf16")
+    assert "multiple of 256" in Fa2Paged(page_size=16).extra_reason(ok, "cuda")
+    assert Fa2Paged().extra_reason(ok, "cuda") is None

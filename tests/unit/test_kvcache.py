@@ -4,6 +4,7 @@ checked on CPU against naive attention with a stand-in that reads the cache the 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -92,3 +93,17 @@ def test_cases_a_cache_kernel_cannot_take_are_refused_with_the_reason():
     ok = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=4, head_dim=64, dtype="bf16")
     assert "multiple of 256" in Fa2Paged(page_size=16).extra_reason(ok, "cuda")
     assert Fa2Paged().extra_reason(ok, "cuda") is None
+
+
+def test_fa3_cache_backends_are_narrowed_to_the_installed_build(monkeypatch):
+    import sys
+
+    import fake_kernels
+    fake_kernels.install(monkeypatch, "fa3-trimmed")   # head sizes 64/128 only, no paged KV
+    monkeypatch.setattr(sys.modules["flash_attn_interface"], "flash_attn_with_kvcache", with_kvcache, raising=False)
+    d256 = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=8, heads_kv=2, head_dim=256, dtype="bf16")
+    d128 = replace(d256, head_dim=128, head_dim_v=128)
+    reason = Fa3KVCache().supports(d256, "cuda")
+    assert "head size > 128 in this FlashAttention-3 build" in reason and "HDIM256" in reason
+    assert Fa3KVCache().supports(d128, "cuda") is None
+    assert "no paged KV" in Fa3Paged().supports(d128, "cuda")

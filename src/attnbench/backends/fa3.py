@@ -70,10 +70,11 @@ def disabled_features(flags: dict[str, bool]) -> list[str]:
     return sorted(k.split("DISABLE_", 1)[1] for k, v in flags.items() if v and "DISABLE_" in k)
 
 
-class _Fa3(KernelBackend):
-    package = "flash_attn_interface"
-    distribution = "flash_attn_3"
-    declared = _CAPS
+class Fa3Build:
+    """Mixin of every backend that calls the installed FA3 build: its capabilities are ``declared`` narrowed
+    to what the build contains, and a case only the build lacks is refused naming the missing switches."""
+
+    declared: Capabilities = _CAPS
     """What FA3 can do in a full build; ``capabilities`` is this narrowed to the installed build."""
 
     @property
@@ -87,6 +88,11 @@ class _Fa3(KernelBackend):
         if reason and check_capabilities(self.declared, spec, device) is None:  # only this build lacks it
             return f"{reason} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
         return reason or self.extra_reason(spec, device)
+
+
+class _Fa3(Fa3Build, KernelBackend):
+    package = "flash_attn_interface"
+    distribution = "flash_attn_3"
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnbench.backends.base import Capabilities, Outputs, Prepared
-from attnbench.backends.fa3 import build_flags
+from attnbench.backends.fa3 import Fa3Build, build_flags
 from attnbench.backends.kernel import KernelBackend, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -72,13 +72,17 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, 
     table = torch.zeros(n, per_request, dtype=torch.int32)
     taken = 0
     for i, (start, s) in enumerate(zip(starts, seqlens_k)):
-        for j in range(used[i]):
-            page, lo = order[taken], j * page_size
-            hi = min(s, lo + page_size)
-            k_cache[page, :hi - lo], v_cache[page, :hi - lo] = k_thd[start + lo:start + hi], v_thd[start + lo:start + hi]
-            table[i, j] = page
-            taken += 1
+        pages = order[taken:taken + used[i]]
+        taken += used[i]
+        table[i, :used[i]] = torch.tensor(pages, dtype=torch.int32)
+        for cache, src in ((k_cache, k_thd), (v_cache, v_thd)):  # one request's tokens, page by page, at once
+            cache.view(-1, *src.shape[1:])[_token_slots(pages, page_size, device)[:s]] = src[start:start + s]
     return KVCache(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, block_table=table.to(device))
+
+
+def _token_slots(pages: list[int], page_size: int, device) -> torch.Tensor:
+    """Rows of the flattened (pages * page_size) pool that hold a request's tokens, in order."""
+    return (torch.tensor(pages, device=device)[:, None] * page_size + torch.arange(page_size, device=device)).flatten()
 
 
 class _KVCacheBackend(KernelBackend):
@@ -141,12 +145,12 @@ class Fa2Paged(Fa2KVCache):
         self.page_size = int(page_size)
 
 
-class Fa3KVCache(_KVCacheBackend):
+class Fa3KVCache(Fa3Build, _KVCacheBackend):
     name = "fa3-kvcache"
     description = "FlashAttention-3 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
-    capabilities = replace(_CAPS, head_dim_multiple=8, min_compute_capability=(9, 0))
+    declared = replace(_CAPS, head_dim_multiple=8, min_compute_capability=(9, 0))
     default_sweep = False
 
     def kwargs(self, spec: AttnSpec) -> dict:

@@ -95,11 +95,10 @@ def test_cases_a_cache_kernel_cannot_take_are_refused_with_the_reason():
     assert Fa2Paged().extra_reason(ok, "cuda") is None
 
 
-def test_fa3_cache_backends_are_narrowed_to_the_installed_build(monkeypatch):
+def test_fa3_cache_backends_are_narrowed_to_the_installed_build(fake, monkeypatch):
     import sys
 
-    import fake_kernels
-    fake_kernels.install(monkeypatch, "fa3-trimmed")   # head sizes 64/128 only, no paged KV
+    fake("fa3-trimmed")   # head sizes 64/128 only, no paged KV
     monkeypatch.setattr(sys.modules["flash_attn_interface"], "flash_attn_with_kvcache", with_kvcache, raising=False)
     d256 = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=8, heads_kv=2, head_dim=256, dtype="bf16")
     d128 = replace(d256, head_dim=128, head_dim_v=128)

@@ -4,7 +4,6 @@ graph mode captures (or falls back with a reason), ncu agrees when installed. Ru
 
 import shutil
 import statistics
-from dataclasses import replace
 
 import pytest
 import torch
@@ -129,11 +128,9 @@ def test_calibrate_measures_plausible_peaks():
     assert got["matmul_bf16"] > 50 and got["copy"] > 500, got
 
 
-@pytest.mark.parametrize("capture", [True, False], ids=["captured", "spin"])
-def test_host_bound_calls_are_timed_by_their_device_time(capture):
-    """A call that spends 0.3 ms on the host to launch a ~20 us kernel: replayed from a captured graph,
-    or queued behind a spin before each chunk (shortened by the device time the first samples show),
-    its samples must be the device time, not the host's."""
+def test_host_bound_calls_are_timed_by_their_device_time():
+    """A call that spends 0.3 ms on the host to launch a ~20 us kernel: the spin before each chunk
+    (shortened by the device time the first samples show) must still cover the host's queueing."""
     import time as _time
     x = torch.randn(1 << 20, device="cuda")
 
@@ -145,33 +142,10 @@ def test_host_bound_calls_are_timed_by_their_device_time(capture):
         while _time.perf_counter() - t0 < 3e-4:
             pass
         return x * 2
-    cfg = TimingConfig(warmup=5, repeat=200, min_time_ms=0.0, ci_target_pct=0, capture_host_bound=capture)
-    fast = statistics.median(time_events(kernel, replace(cfg, capture_host_bound=False), torch.device("cuda")))
-    info = {}
-    slow = statistics.median(time_events(host_heavy, cfg, torch.device("cuda"), info))
-    assert ("events_captured" in info) == capture, info
+    cfg = TimingConfig(warmup=5, repeat=200, min_time_ms=0.0, ci_target_pct=0)
+    fast = statistics.median(time_events(kernel, cfg, torch.device("cuda")))
+    slow = statistics.median(time_events(host_heavy, cfg, torch.device("cuda")))
     assert slow < 1.2 * fast + 0.005, (fast, slow)   # not the 0.3 ms of host time
-    assert slow > 0.8 * fast, (fast, slow)           # and the captured calls really ran
-
-
-def test_a_captured_small_case_times_what_the_eager_loop_times():
-    """sdpa-flash at S=128 is host-bound: captured, its median matches the eager loop's."""
-    spec = AttnSpec(batch=2, seqlens_q=(128,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
-    captured = _run("sdpa-flash", spec, repeat=300)
-    eager = _run("sdpa-flash", spec, repeat=300, capture_host_bound=False)
-    assert captured.info.get("events_captured", 0) >= 10, captured.info
-    assert "events_captured" not in eager.info
-    assert abs(captured.median_ms / eager.median_ms - 1) < 0.05, (captured.median_ms, eager.median_ms)
-
-
-def test_a_host_synchronising_call_is_not_captured_and_says_why():
-    registry.register(_HostSync.name, _HostSync)
-    spec = AttnSpec(batch=1, seqlens_q=(256,), heads_q=2, head_dim=32, dtype="fp16", pass_="fwd")
-    record = _run(_HostSync.name, spec, repeat=30)
-    assert record.status == "ok", record.reason
-    assert "not captured" in record.info.get("events_capture_fallback", ""), record.info
-    assert record.n >= 30 and record.median_ms > 0
-    assert torch.randn(1024, device="cuda").isfinite().all()
 
 
 def test_idle_ratio_leaves_the_device_idle_between_calls():

@@ -97,7 +97,6 @@ def plan_from_options(opts: dict) -> RunPlan:
         if opts.get(name) is not None:
             opts[name] = common.option_int(opts, name, lo, common.MAX_REPEAT, default=0)
     opts["warm_l2"] = common.option_bool(opts, "warm_l2")
-    opts["no_capture"] = common.option_bool(opts, "no_capture")
     timing, profiler = timing_opts.resolve(opts, device)
     extra = timing_opts.run_options(opts)
     try:
@@ -228,9 +227,6 @@ def run(
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     warm_l2: Annotated[bool, typer.Option("--warm-l2", help="Do not flush the L2 cache between calls.")] = False,
-    no_capture: Annotated[bool, typer.Option(
-        "--no-capture", help="events: queue host-bound calls one by one behind a spin, never replay them from a "
-        "captured CUDA graph.")] = False,
     flops_convention: Annotated[str | None, typer.Option(
         "--flops-convention", help="exact (attended pairs) or dense (no causal discount).")] = None,
     timing: Annotated[str | None, typer.Option(

@@ -32,9 +32,9 @@ def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.
     return measure_detailed(fn, config, device).samples_ms
 
 
-def _events(fn, config: TimingConfig, device: torch.device, info: dict | None = None) -> list[float]:
+def _events(fn, config: TimingConfig, device: torch.device) -> list[float]:
     from attnbench.timing.events import time_events
-    return time_events(fn, config, device, info)
+    return time_events(fn, config, device)
 
 
 def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], config: TimingConfig,
@@ -46,8 +46,7 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
         from attnbench.timing.cpu import time_cpu
         return Measurement(time_cpu(fns[0], config))
     if config.mode == "graph":
-        from attnbench.timing.capture import GraphCaptureError
-        from attnbench.timing.graphs import time_graph
+        from attnbench.timing.graphs import GraphCaptureError, time_graph
         try:
             samples, info = time_graph(fns, config, device)
         except GraphCaptureError as exc:
@@ -61,5 +60,4 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
         return Measurement(samples, info)
     if config.external:
         raise ValueError(f"timing mode {config.mode!r} re-runs the case under a profiler: use timing.external")
-    info: dict = {}
-    return Measurement(_events(fns[0], config, device, info), info)
+    return Measurement(_events(fns[0], config, device))

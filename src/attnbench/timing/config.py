@@ -47,10 +47,6 @@ class TimingConfig:
     """events mode: leave the device idle for this many times the call's median time before each timed
     call. 0 (default) measures under sustained load, as a training step runs; 1 or more lets a
     power-limited GPU keep the boost clock it has for isolated calls (what ncu measures)."""
-    capture_host_bound: bool = True
-    """events mode: when a call takes the host longer to launch than the device to run, capture the
-    flush/event/call sequence in a CUDA graph and replay it (``timing.events``); the device work timed is
-    the same, the host's Python no longer paces the samples. False: always queue calls eagerly."""
     max_repeat: int = 10_000
     """Cap on the number of samples however fast the kernel is."""
     graph_target_ms: float = 2.0
@@ -83,7 +79,7 @@ class TimingConfig:
     def fixed(self) -> TimingConfig:
         """The same config taking exactly ``warmup`` and ``repeat`` calls, whatever they measure: for
         processes that must call in lockstep (ranks of a distributed job meet in collectives)."""
-        return replace(self, min_time_ms=0.0, max_time_ms=math.inf, capture_host_bound=False)
+        return replace(self, min_time_ms=0.0, max_time_ms=math.inf)
 
     @property
     def external(self) -> bool:

@@ -9,13 +9,6 @@ kernels, Python-heavy wrappers), the device would idle between the start event a
 that host time would be counted as kernel time. So before each chunk of calls the device is held by
 a spin kernel (``torch.cuda._sleep``) long enough for the host to queue the whole chunk; the device
 then runs flush, start, call, end back to back and the events see device time only.
-
-Captured: when the host needs longer per call than the device (the first samples show it), the
-spin keeps the samples honest but the host's Python still paces them. Then that very sequence
-(flush, start event, call, end event, many times) is captured once in a CUDA graph and replayed:
-the device runs the same work with the same event pairs around each call, and a sample costs the
-device's time instead of the wrapper's. Calls that cannot be captured (they synchronise with the
-host, launch on other streams...) stay on the spin path, and the record says why.
 """
 
 from __future__ import annotations
@@ -27,19 +20,12 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.timing.capture import GraphCaptureError, capture, warm_on_side_stream
-from attnbench.timing.config import MIN_SAMPLES, TimingConfig
+from attnbench.timing.config import TimingConfig
 
 FALLBACK_L2_BYTES = 128 * 1024 * 1024
 MAX_HOLD_MS = 50.0  # longest spin before a chunk; chunks are sized to fit in it
 HOLD_MARGIN = 1.25
 """The spin before a chunk covers this many times the host's measured time to queue it (jitter margin)."""
-CAPTURE_REPLAY_MS = 20.0
-"""Captured events: one replay holds about this many ms of calls (the host reads its events after each),"""
-CAPTURE_HOST_MS = 25.0
-"""... and capturing it costs the host about this many ms at most,"""
-MAX_CAPTURED_CALLS = 256
-"""... and it holds at most this many calls (each with its own two events)."""
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -114,62 +100,15 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def captured_events_supported() -> bool:
-    """Whether this torch can record events inside a graph capture as event nodes (``external``)."""
-    import inspect
-    try:
-        return "external" in inspect.signature(torch.cuda.Event.__new__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-class CapturedCalls:
-    """``calls`` times (flush, start event, call, end event) captured in one CUDA graph: the device runs
-    what the eager loop would queue, event pairs included; a replay costs the host one launch."""
-
-    def __init__(self, fn: Callable[[], object], flush: L2Flusher | None, device: torch.device, calls: int):
-        self.device = device
-        self.pairs = [(torch.cuda.Event(enable_timing=True, external=True),
-                       torch.cuda.Event(enable_timing=True, external=True)) for _ in range(calls)]
-        warm_on_side_stream([fn], 2, device)
-
-        def work() -> None:
-            for start, end in self.pairs:
-                if flush is not None:
-                    flush()
-                start.record()
-                fn()
-                end.record()
-        self.graph = capture(work, device)
-        self.graph.replay()  # the first replay uploads the graph
-        torch.cuda.synchronize(device)
-
-    def replay(self) -> list[float]:
-        """One replay: ms per call, one sample per captured call."""
-        self.graph.replay()
-        torch.cuda.synchronize(self.device)
-        return [s.elapsed_time(e) for s, e in self.pairs]
-
-
-def calls_to_capture(host_ms_per_call: float, device_ms_per_call: float) -> int:
-    """Calls per captured graph: a replay of about CAPTURE_REPLAY_MS, a capture of about CAPTURE_HOST_MS."""
-    calls = min(CAPTURE_REPLAY_MS / max(device_ms_per_call, 1e-4), CAPTURE_HOST_MS / max(host_ms_per_call, 1e-4))
-    return int(max(MIN_SAMPLES, min(MAX_CAPTURED_CALLS, calls)))
-
-
-def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device,
-                info: dict | None = None) -> list[float]:
+def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device) -> list[float]:
     """Milliseconds per call of ``fn`` after ``config.warmup`` calls, one event pair per call, the L2
     flushed before each call when ``config.cold_l2``.
 
     As many samples as ``config``'s sampling policy asks for (``TimingConfig.samples_wanted``): at least
     ``repeat``, more until ``min_time_ms`` is measured, fewer (never under MIN_SAMPLES) once the samples
     or the wall time spent sampling reach the time cap. The warm-up stops early when its first call
-    shows the rest would take over a quarter of that cap. A host-bound ``fn`` is captured (module doc)
-    when ``config.capture_host_bound``; ``info`` (if given) gets ``events_captured`` (calls per replay)
-    or ``events_capture_fallback`` (why not).
+    shows the rest would take over a quarter of that cap.
     """
-    info = {} if info is None else info
     flush = L2Flusher(device) if config.cold_l2 else None
     samples: list[float] = []
     with torch.cuda.device(device):
@@ -191,26 +130,10 @@ def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.de
         torch.cuda.synchronize(device)
         # Host cost of queueing one call (the later warm-up calls: no compilation, no allocator growth).
         per_call = statistics.median(host_ms[len(host_ms) // 2:]) + 0.01
-        may_capture = config.capture_host_bound and config.idle_ratio == 0 and captured_events_supported()
-        captured: CapturedCalls | None = None
         start = time.perf_counter()
         while (count := config.samples_wanted(samples, "cuda", (time.perf_counter() - start) * 1e3)) > 0:
-            if captured is not None:
-                samples += captured.replay()[:config.max_repeat - len(samples)]
-                continue
             # the device time of a call, once samples show it (the fastest one: a lower bound)
             device_ms = min(samples) if samples else 0.0
             idle = config.idle_ratio * (statistics.median(samples) if samples else first_ms)
             samples += _timed_batch(fn, count, flush, device, per_call, device_ms, idle)
-            if may_capture and per_call > statistics.median(samples):
-                may_capture = False  # one try
-                calls = calls_to_capture(per_call, statistics.median(samples))
-                try:
-                    captured = CapturedCalls(fn, flush, device, calls)
-                except GraphCaptureError as exc:
-                    info["events_capture_fallback"] = f"host-bound call not captured, queued ahead instead: {exc}"
-                else:
-                    samples = []  # from here on every sample comes from the same captured sequence
-                    info["events_captured"] = calls
-        del captured
     return samples

@@ -17,11 +17,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attnbench.timing.capture import capture, warm_on_side_stream
 from attnbench.timing.config import TimingConfig
 from attnbench.timing.events import L2Flusher, time_events
 
 MAX_CALLS_PER_GRAPH = 1000
+
+
+class GraphCaptureError(RuntimeError):
+    """The closure cannot be captured (CPU synchronisation, unsupported op...)."""
 
 
 def copies_for(bytes_per_call: float, l2_bytes: int, *, max_copies: int, copy_bytes: int,
@@ -45,6 +48,43 @@ def clone_inputs(inputs):
                                dout=inputs.dout.clone())
 
 
+def _warm_on_side_stream(fns: Sequence[Callable[[], object]], rounds: int, device: torch.device) -> None:
+    # Capture needs lazily created handles/workspaces to exist already; warm up off the default stream.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+
+def _capture(fns: Sequence[Callable[[], object]], calls: int, device: torch.device) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    rng_before = gen.clone_state() if hasattr(gen, "clone_state") else None
+    try:
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fns[i % len(fns)]()
+    except Exception as exc:  # capture refused: report why and let the caller fall back
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            pass
+        # An aborted capture leaves the device's default RNG in capture mode ("Offset increment outside
+        # graph capture encountered unexpectedly" on the next random op): give it back a clean state.
+        if rng_before is not None:
+            try:
+                gen.graphsafe_set_state(rng_before)
+            except Exception:
+                pass
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GraphCaptureError(f"{type(exc).__name__}: {text}"[:300]) from None
+    return graph
+
+
 def time_graph(fns: Sequence[Callable[[], object]], config: TimingConfig,
                device: torch.device) -> tuple[list[float], dict]:
     """Per-call ms from replays of a graph of many calls rotating over ``fns`` (one per input copy).
@@ -55,12 +95,12 @@ def time_graph(fns: Sequence[Callable[[], object]], config: TimingConfig,
     """
     fns = list(fns)
     with torch.cuda.device(device):
-        warm_on_side_stream(fns, max(config.warmup, 2), device)
-        probe = TimingConfig(warmup=0, repeat=3, cold_l2=config.cold_l2, min_time_ms=0.0, capture_host_bound=False)
+        _warm_on_side_stream(fns, max(config.warmup, 2), device)
+        probe = TimingConfig(warmup=0, repeat=3, cold_l2=config.cold_l2, min_time_ms=0.0)
         estimate = statistics.median(time_events(fns[0], probe, device))
         calls = min(MAX_CALLS_PER_GRAPH, max(len(fns), math.ceil(config.graph_target_ms / max(estimate, 1e-4))))
         calls = math.ceil(calls / len(fns)) * len(fns)
-        graph = capture(lambda: [fns[i % len(fns)]() for i in range(calls)], device)
+        graph = _capture(fns, calls, device)
         flush = L2Flusher(device) if config.cold_l2 else None
         graph.replay()  # first replay uploads the graph
         torch.cuda.synchronize(device)

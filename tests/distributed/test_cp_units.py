@@ -117,6 +117,55 @@ def test_fa2_adapter_needs_the_package_or_says_so():
             get_kernel("fa2")
 
 
+def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monkeypatch):
+    """FA3 through flash_attn_interface's _flash_attn_forward / _flash_attn_backward (their 3.0 signatures,
+    backward's flag named is_causal), stood in for by the math kernel; a head size whose template the build
+    left out is refused before any call, since the real build crashes the process instead of raising."""
+    import sys
+    import types
+
+    from attnbench.backends import fa3 as fa3_backend
+    seen = []
+
+    def _flash_attn_forward(q, k, v, k_new=None, v_new=None, qv=None, out_=None, cu_seqlens_q=None,
+                            cu_seqlens_k=None, softmax_scale=None, causal=False, window_size_left=-1,
+                            window_size_right=-1, softcap=0.0, num_splits=1, pack_gqa=None, sm_margin=0):
+        seen.append(("fwd", causal, softmax_scale))
+        out, lse = kmod.math_fwd(q, k, v, causal, softmax_scale)
+        return out, lse, None, None
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None, dq=None,
+                             dk=None, dv=None, softmax_scale=None, is_causal=False, window_size_left=-1,
+                             window_size_right=-1, softcap=0.0, deterministic=False, sm_margin=0):
+        seen.append(("bwd", is_causal, softmax_scale))
+        for dst, src in zip((dq, dk, dv), kmod.math_bwd(dout, q, k, v, out, softmax_lse, is_causal, softmax_scale)):
+            dst.copy_(src)
+
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", types.SimpleNamespace(
+        _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=_flash_attn_backward))
+    monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(
+        CONFIG={"build_flags": {"FLASHATTENTION_DISABLE_HDIM96": True}}))
+    fa3_backend.build_flags.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        kernel = get_kernel("fa3")
+        torch.manual_seed(0)
+        q, k, v, do = (torch.randn(1, 24, 2, 32, dtype=torch.float64) for _ in range(4))
+        out, lse = kernel.fwd(q, k, v, True, 0.2)
+        want_out, want_lse = kmod.math_fwd(q, k, v, True, 0.2)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+        grads = kernel.bwd(do, q, k, v, out, lse, True, 0.2)
+        for got, want in zip(grads, kmod.math_bwd(do, q, k, v, out, lse, True, 0.2)):
+            assert torch.allclose(got, want)
+        assert seen == [("fwd", True, 0.2), ("bwd", True, 0.2)]
+        q96 = torch.randn(1, 8, 2, 80, dtype=torch.float64)  # head size 80 runs the 96 template
+        with pytest.raises(KernelUnavailable, match="HDIM96"):
+            kernel.fwd(q96, q96, q96, False, 0.1)
+        assert len(seen) == 2
+    finally:
+        fa3_backend.build_flags.cache_clear()
+
+
 def test_call_with_follows_the_flash_attn_signatures():
     seen = {}
 

@@ -18,7 +18,7 @@ from attnbench.distributed.reference import exact_attention
 from attnbench.distributed.ring import merge
 
 pytestmark = pytest.mark.gpu
-KERNELS = ["flash", "efficient", "cudnn", "fa2", "fa4"]
+KERNELS = ["flash", "efficient", "cudnn", "fa2", "fa3", "fa4"]
 
 
 def _kernel(name):

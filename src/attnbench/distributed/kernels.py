@@ -47,7 +47,7 @@ class LocalKernel:
     """One local kernel behind the fwd/bwd interface of this module."""
 
     name: str
-    """Name used on the command line (flash, efficient, cudnn, cpu-flash, math, fa2, fa4)."""
+    """Name used on the command line (flash, efficient, cudnn, cpu-flash, math, fa2, fa3, fa4)."""
     fwd: Fwd
     """(q, k, v, causal, scale) -> (out bshd, lse (B, H, S) fp32)."""
     bwd: Bwd
@@ -215,7 +215,7 @@ class _AtenCuda:
         return seed, offset
 
 
-# ---- flash-attn 2 and 4 (optional packages) -----------------------------------------------------
+# ---- flash-attn 2, 3 and 4 (optional packages) -----------------------------------------------------
 def _call_with(fn, values: dict, positional: tuple = ()):
     """Call ``fn`` passing only the keyword arguments its signature names (signatures move across versions).
 
@@ -255,6 +255,38 @@ def _fa2_kernel() -> LocalKernel:
     return LocalKernel(name="fa2", fwd=fwd, bwd=bwd, description="flash_attn.flash_attn_interface (FA2)")
 
 
+def _fa3_kernel() -> LocalKernel:
+    try:
+        import flash_attn_interface as fai
+    except ImportError as exc:
+        raise KernelUnavailable(f"kernel fa3 needs FlashAttention-3 (module flash_attn_interface): {exc}") from None
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        raise KernelUnavailable("kernel fa3 needs compute capability 9.0 (Hopper)")
+    from attnbench.backends.fa3 import HEAD_DIM_KERNELS, build_flags
+
+    def check_head_dim(d: int) -> None:
+        # a head size runs the smallest template >= it; a template the build left out crashes the process
+        template = next((t for t in HEAD_DIM_KERNELS if t >= d), None)
+        if template is None or build_flags().get(f"FLASHATTENTION_DISABLE_HDIM{template}", False):
+            raise KernelUnavailable(f"kernel fa3: head size {d} needs the HDIM{template} template, which this "
+                                    "FlashAttention-3 build does not have")
+
+    def fwd(q, k, v, causal, scale):
+        check_head_dim(q.shape[-1])
+        res = _call_with(fai._flash_attn_forward, {"softmax_scale": scale, "causal": causal}, (q, k, v))
+        return res[0], res[1]
+
+    def bwd(dout, q, k, v, out, lse, causal, scale):
+        check_head_dim(q.shape[-1])
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _call_with(fai._flash_attn_backward, {"softmax_scale": scale, "causal": causal, "is_causal": causal,
+                                              "dq": dq, "dk": dk, "dv": dv},
+                   (dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous()))
+        return dq, dk, dv
+
+    return LocalKernel(name="fa3", fwd=fwd, bwd=bwd, description="flash_attn_interface (FA3, Hopper)")
+
+
 def _fa4_kernel() -> LocalKernel:
     try:
         from flash_attn.cute import interface as cute
@@ -277,7 +309,7 @@ def _fa4_kernel() -> LocalKernel:
 
 
 # ---- registry -----------------------------------------------------------------------------------
-KERNELS = ("flash", "efficient", "cudnn", "cpu-flash", "math", "fa2", "fa4")
+KERNELS = ("flash", "efficient", "cudnn", "cpu-flash", "math", "fa2", "fa3", "fa4")
 ALL_DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
 
@@ -301,6 +333,8 @@ def get_kernel(name: str) -> LocalKernel:
                            description=f"aten._scaled_dot_product_{name}_attention (+ backward)")
     if name == "fa2":
         return _fa2_kernel()
+    if name == "fa3":
+        return _fa3_kernel()
     if name == "fa4":
         return _fa4_kernel()
     raise KernelUnavailable(f"unknown kernel {name!r}; known: {', '.join(KERNELS)}")

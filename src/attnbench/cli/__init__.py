@@ -15,6 +15,7 @@ import typer
 from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info, view
 from attnbench.cli import compare as compare_cmd
+from attnbench.cli import cp_model as cp_model_cmd
 from attnbench.cli import dist as dist_cmd
 from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import run as run_cmd
@@ -35,6 +36,7 @@ app.command("env")(info.env)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("e2e")(e2e_cmd.e2e)
 app.command("dist")(dist_cmd.dist)
+app.command("cp-model")(cp_model_cmd.cp_model)
 app.command("plot")(view.plot)
 app.command("report")(view.report)
 app.command("export")(view.export)

@@ -1,0 +1,125 @@
+"""`attnbench cp-model`: the context-parallel scaling model, calibrated and checked on measurements,
+and its predictions for more GPUs (runs on the CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from attnbench.cli import common
+from attnbench.cli.common import UserError
+
+RESULTS = Path("docs/results")
+DEFAULT_KERNELS = RESULTS / "h200-2026-11-23/cp-model/local_kernels_h200.csv"
+DEFAULT_FIT = RESULTS / "h200x2-2026-11-22/seed001_tables.csv"
+DEFAULT_CHECK = RESULTS / "h200x2-2026-11-22/cp_p4.csv"
+QUOTED = [
+    ("seed 001, 8 x H100, FA2 (quoted)", "ring/zigzag/ulysses/usp, B 2-128, S 4k-64k, non-causal: 234-345 TF/s per "
+     "device fwd, 220-307 fwd+bwd"),
+    ("ring-flash-attn README, 8 x H800 (quoted)", "zigzag ring at 8k tokens per GPU, Llama-3.1-8B heads: 85.2% of "
+     "FA2 on one GPU fwd, 90.2% fwd+bwd; plain ring 52.1% / 53.9%"),
+    ("MagiAttention (not quoted)", "publishes its scaling as figures only; no numbers to set beside these"),
+]
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from attnbench.sweep import parse_int
+    try:
+        values = [parse_int(t.strip(), what) for t in text.split(",") if t.strip()]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not values:
+        raise UserError(f"bad {what} {text!r}: expected a comma-separated list")
+    return values
+
+
+def cp_model(
+    kernels_csv: Annotated[Path, typer.Option("--kernels", help="One-GPU local-kernel times (CSV: kernel, batch, "
+                                              "seq_len, heads, head_dim, causal, pass, median_ms).")] = DEFAULT_KERNELS,
+    fit_csv: Annotated[Path, typer.Option("--fit", help="Multi-GPU records (attnbench CSV export) the free "
+                                          "parameters are fitted on.")] = DEFAULT_FIT,
+    check_csv: Annotated[Path, typer.Option("--check", help="Multi-GPU records the fitted model is checked "
+                                            "against (not used for fitting).")] = DEFAULT_CHECK,
+    kernel: Annotated[str, typer.Option("--kernel", help="Local kernel of the predictions.")] = "fa3",
+    gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to predict.")] = "2,4,8,16,64",
+    seq_lens: Annotated[str, typer.Option("--seq-lens", help="Total sequence lengths to predict.")] = "128k,256k,512k,1M",
+    heads: Annotated[int, typer.Option("--q-heads", help="Query heads.")] = 32,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="K/V heads (default: --q-heads).")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--full", help="Causal mask (default) or none.")] = True,
+) -> None:
+    """Fit the scaling model of ring, zigzag, Ulysses and USP on measurements, check it, predict more GPUs."""
+    from attnbench.distributed import model as cpm
+    for path in (kernels_csv, fit_csv, check_csv):
+        if not path.is_file():
+            raise UserError(f"{path}: no such file (run from the repository root, or pass --kernels/--fit/--check)")
+    curves = cpm.KernelCurves.from_csv(kernels_csv)
+    if kernel not in curves.kernels:
+        raise UserError(f"no one-GPU measurements of kernel {kernel!r} in {kernels_csv}; it has "
+                        f"{', '.join(curves.kernels)}")
+    counts, lengths = _ints(gpus, "--gpus"), _ints(seq_lens, "--seq-lens")
+    fit_rows, check_rows = cpm.read_measured(fit_csv), cpm.read_measured(check_csv)
+    if not fit_rows:
+        raise UserError(f"{fit_csv}: no multi-GPU cp-<method>:<kernel> records to fit on")
+    params = cpm.fit(curves, fit_rows)
+    model = cpm.Model(curves, params)
+    console = common.console
+    console.print(f"fitted on {len(fit_rows)} records of {fit_csv}: all-to-all {params.a2a_gbs:g} GB/s, ring p2p "
+                  f"{params.p2p_gbs:g} GB/s, merge {params.merge_bytes:g} B/element, {params.step_us:g} us per step; "
+                  f"between nodes: {params.inter.name}, {params.inter.gbs:g} GB/s, {params.inter.latency_us:g} us",
+                  highlight=False)
+    for title, rows in (("fit", fit_rows), ("check", check_rows)):
+        _errors_table(title, model, rows)
+    _predictions(model, kernel, counts, lengths, heads, kv_heads or heads, causal)
+    table = Table(title="published numbers, for comparison", header_style="bold")
+    table.add_column("source")
+    table.add_column("numbers")
+    for source, text in QUOTED:
+        table.add_row(source, text)
+    console.print(table)
+
+
+def _errors_table(title: str, model, rows) -> None:
+    from attnbench.distributed.model import errors
+    if not rows:
+        return
+    errs = errors(model, rows)
+    within = sum(abs(e) <= 0.05 for e in errs)
+    table = Table(title=f"{title}: predicted vs measured TF/s per device ({within} of {len(rows)} within 5%)",
+                  header_style="bold")
+    for col in ("method:kernel", "GPUs", "B", "S", "causal", "pass", "measured", "predicted", "error"):
+        table.add_column(col, justify="left" if col == "method:kernel" else "right")
+    for m, e in zip(rows, errs):
+        p = m.problem
+        table.add_row(f"{m.method}:{m.kernel}", str(m.n), str(p.batch), str(p.seq_len), "yes" if p.causal else "no",
+                      p.pass_, f"{m.tflops:.1f}", f"{m.tflops * (1 + e):.1f}", f"{100 * e:+.1f}%")
+    common.console.print(table)
+
+
+def _predictions(model, kernel: str, counts, lengths, heads: int, kv_heads: int, causal: bool) -> None:
+    from attnbench.distributed.model import Problem
+    table = Table(title=f"predicted TF/s per device (and % of {kernel} on one GPU at the same total work), B=1, "
+                  f"H={heads}/{kv_heads}, D=128, bf16, {'causal' if causal else 'no mask'}; "
+                  f"> {model.params.node_size} GPUs cross nodes", header_style="bold")
+    for col in ("GPUs", "S", *(f"{m} {pa}" for pa in ("fwd", "fwd_bwd") for m in model.METHODS)):
+        table.add_column(col, justify="right")
+    for n in counts:
+        for s in lengths:
+            cells = []
+            for pass_ in ("fwd", "fwd_bwd"):
+                p = Problem(1, s, heads, kv_heads, 128, causal, pass_)
+                one = model.tflops("ring", kernel, p, 1)
+                for method in model.METHODS:
+                    if s % (2 * n):
+                        cells.append("-")
+                        continue
+                    try:
+                        tf = model.tflops(method, kernel, p, n)
+                    except ValueError:
+                        cells.append("n/a")
+                        continue
+                    cells.append(f"{tf:.0f} ({100 * tf / one:.0f}%)")
+            table.add_row(str(n), f"{s // 1024}k", *cells)
+    common.console.print(table)

@@ -1,0 +1,267 @@
+"""A scaling model of context-parallel attention, calibrated on measurements (``attnbench cp-model``).
+
+Per rank and per ring step it adds up what the methods in ``ring.py``, ``ulysses.py`` and ``usp.py``
+do, with times taken from measurements wherever there are some:
+
+- **compute**: the local kernel's time for the step's block, from its one-GPU TF/s at the same amount
+  of work (FLOPs of the block; log-linear between measured sizes, flat beyond the largest), per pass
+  and mask. A causal diagonal block uses the causal curve, every other block the full one.
+- **ring communication**: each step's K/V shard goes to the next rank while the step computes, so a
+  step costs the longer of the two; in the backward the fp32 dK/dV accumulators leave only once the
+  step has updated them and the next step waits for them, so that transfer is exposed.
+- **merge**: the fp32 merge of each step's output into the running one (forward) and the fp32 dQ,
+  dK, dV accumulation (backward) read and write ``merge_bytes`` per element at the device's copy
+  bandwidth; plus a fixed ``step_us`` per step (launches, stream waits).
+- **Ulysses all-to-all**: q, k, v in and the output back (forward), dout in and dq, dk, dv back
+  (backward), not overlapped: (N-1)/N of each tensor crosses the link.
+- **load balance**: the slowest rank sets the time (plain ring with a causal mask: rank N-1 computes
+  N-1 full blocks and the diagonal while rank 0 computes only the diagonal).
+
+The free parameters (all-to-all bandwidth, merge bytes, per-step overhead) are fitted on one set of
+multi-GPU measurements and checked on another; the link between nodes is an input (quoted, not
+measured here).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+BWD_FACTOR = 2.5
+"""Backward FLOPs per forward FLOP (metrics.PASS_FLOP_FACTOR: fwd 1, fwd_bwd 3.5)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link's bandwidth per direction per GPU (GB/s) and its latency per message (us)."""
+
+    name: str
+    gbs: float
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class Params:
+    """What the model does not take from kernel measurements."""
+
+    a2a_gbs: float = 300.0
+    """All-to-all inside a node, GB/s per GPU per direction (fitted)."""
+    p2p_gbs: float = 300.0
+    """Ring transfers to the next GPU inside a node, GB/s per direction (fitted)."""
+    merge_bytes: float = 12.0
+    """Bytes read and written per output element per ring step by the merge / dQ accumulation (fitted)."""
+    step_us: float = 50.0
+    """Fixed cost per ring step or all-to-all (fitted)."""
+    copy_gbs: float = 4270.0
+    """Device copy bandwidth (read + write), GB/s: an H200 measures 4.27 TB/s."""
+    node_size: int = 8
+    """GPUs per node: rings and all-to-alls beyond it cross ``inter``."""
+    inter: Link = Link("InfiniBand NDR 400 Gb/s per GPU (quoted)", 50.0, 10.0)
+    """The link between nodes."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention call: B, total S, query and K/V heads, head size, bf16 by default."""
+
+    batch: int
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int = 128
+    causal: bool = False
+    pass_: str = "fwd"
+    elem_bytes: int = 2
+
+    def flops(self) -> float:
+        """FLOPs of the whole call, attnbench's exact convention (causal: attended pairs)."""
+        s = self.seq_len
+        pairs = s * (s + 1) / 2 if self.causal else s * s
+        return 4.0 * self.batch * self.heads * self.head_dim * pairs * (1 + BWD_FACTOR if self.pass_ == "fwd_bwd" else 1)
+
+
+class KernelCurves:
+    """TF/s of each local kernel against a block's work, from one-GPU measurements (a CSV with columns
+    kernel, batch, seq_len, heads, head_dim, causal, pass, median_ms)."""
+
+    def __init__(self, rows: list[dict]):
+        self.points: dict[tuple, list[tuple[float, float]]] = {}
+        for r in rows:
+            p = Problem(int(r["batch"]), int(r["seq_len"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]),
+                        bool(int(r["causal"])), r["pass"])
+            flops = p.flops()
+            self.points.setdefault((r["kernel"], r["pass"], p.causal), []).append(
+                (flops, flops / (float(r["median_ms"]) * 1e-3)))
+        for pts in self.points.values():
+            pts.sort()
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> KernelCurves:
+        with open(path, newline="") as f:
+            return cls(list(csv.DictReader(f)))
+
+    @property
+    def kernels(self) -> list[str]:
+        return sorted({k for k, _, _ in self.points})
+
+    def rate(self, kernel: str, pass_: str, causal: bool, flops: float) -> float:
+        """FLOP/s at this much work: log-linear between measured points, flat outside them."""
+        pts = self.points.get((kernel, pass_, causal))
+        if not pts:
+            raise KeyError(f"no one-GPU measurements of kernel {kernel} {pass_} {'causal' if causal else 'full'}")
+        if flops <= pts[0][0]:
+            return pts[0][1]
+        for (f0, r0), (f1, r1) in zip(pts, pts[1:]):
+            if flops <= f1:
+                t = math.log(flops / f0) / math.log(f1 / f0)
+                return r0 + t * (r1 - r0)
+        return pts[-1][1]
+
+    def ms(self, kernel: str, pass_: str, causal: bool, flops: float) -> float:
+        return flops / self.rate(kernel, pass_, causal, flops) * 1e3
+
+    def bwd_ms(self, kernel: str, causal: bool, fwd_flops: float) -> float:
+        """Backward alone: the fwd_bwd time of the block less its forward."""
+        total = self.ms(kernel, "fwd_bwd", causal, fwd_flops * (1 + BWD_FACTOR))
+        return max(total - self.ms(kernel, "fwd", causal, fwd_flops), 0.0)
+
+
+def _block_flops(p: Problem, sq: float, sk: float, heads: float, diagonal: bool) -> float:
+    pairs = sq * (sq + 1) / 2 if diagonal else sq * sk
+    return 4.0 * p.batch * heads * p.head_dim * pairs
+
+
+def _transfer_ms(nbytes: float, link: Link) -> float:
+    return link.latency_us * 1e-3 + nbytes / (link.gbs * 1e9) * 1e3
+
+
+class Model:
+    """Predicted time per call and TF/s per device of each method on N GPUs."""
+
+    METHODS = ("ring", "zigzag", "ulysses", "usp")
+
+    def __init__(self, curves: KernelCurves, params: Params = Params()):
+        self.curves, self.params = curves, params
+
+    def _links(self, n: int, p2p: bool) -> Link:
+        """The slowest link a ring (``p2p``) or an all-to-all over ``n`` GPUs uses."""
+        p = self.params
+        if n > p.node_size:
+            return p.inter
+        return Link("NVLink p2p (fitted)", p.p2p_gbs, 0.0) if p2p else Link("NVLink all-to-all (fitted)", p.a2a_gbs, 0.0)
+
+    def _ring(self, p: Problem, kernel: str, n: int, s: float, heads: float, kv_heads: float, zigzag: bool,
+              link: Link) -> float:
+        """ms of a ring over ``n`` ranks holding ``s`` tokens each (the slowest rank)."""
+        if n == 1:
+            flops = _block_flops(p, s, s, heads, p.causal)
+            return self.curves.ms(kernel, p.pass_, p.causal, flops * (1 + BWD_FACTOR if p.pass_ == "fwd_bwd" else 1))
+        par = self.params
+        out_elems = p.batch * s * heads * p.head_dim
+        kv_elems = p.batch * s * kv_heads * p.head_dim
+        per_step = par.step_us * 1e-3
+        merge = out_elems * par.merge_bytes / (par.copy_gbs * 1e9) * 1e3 + per_step
+        accumulate = (out_elems + 2 * kv_elems) * par.merge_bytes / (par.copy_gbs * 1e9) * 1e3 + per_step
+        kv_comm = _transfer_ms(2 * kv_elems * p.elem_bytes, link)
+        dkv_comm = _transfer_ms(2 * kv_elems * 4, link)
+        # the blocks the slowest rank computes, as (fwd flops, causal diagonal?)
+        if not p.causal:
+            blocks = [(_block_flops(p, s, s, heads, False), False)] * n
+        elif zigzag:
+            blocks = [(_block_flops(p, s, s, heads, True), True)] + [(_block_flops(p, s, s / 2, heads, False), False)] * (n - 1)
+        else:  # contiguous: rank n-1 sees every shard, the last one its own diagonal
+            blocks = [(_block_flops(p, s, s, heads, False), False)] * (n - 1) + [(_block_flops(p, s, s, heads, True), True)]
+        total = 0.0
+        for i, (flops, diag) in enumerate(blocks):
+            ahead = 0.0 if i == len(blocks) - 1 else kv_comm  # the next K/V arrives during this block
+            total += max(self.curves.ms(kernel, "fwd", diag, flops), ahead) + merge
+            if p.pass_ == "fwd_bwd":
+                # backward: K/V for the next step arrive during this one, but the fp32 dK/dV leave only
+                # after it (ring_backward waits for them before the next block): exposed, once more at the end
+                total += max(self.curves.bwd_ms(kernel, diag, flops), ahead) + dkv_comm + accumulate
+        return total
+
+    def _a2a(self, p: Problem, n: int, tokens: float, link: Link) -> float:
+        """ms of Ulysses' all-to-alls over ``n`` ranks, each holding ``tokens`` of every head before the swap."""
+        if n == 1:
+            return 0.0
+        q = p.batch * tokens * p.heads * p.head_dim * p.elem_bytes
+        kv = p.batch * tokens * p.kv_heads * p.head_dim * p.elem_bytes
+        tensors = [q, kv, kv, q] + ([q, q, kv, kv] if p.pass_ == "fwd_bwd" else [])
+        return sum(_transfer_ms(t * (n - 1) / n, link) + self.params.step_us * 1e-3 for t in tensors)
+
+    def predict_ms(self, method: str, kernel: str, p: Problem, n: int, ulysses: int | None = None) -> float:
+        """Predicted ms per call on ``n`` GPUs (the slowest rank); ValueError for a layout that does not fit."""
+        s = p.seq_len / n
+        if method in ("ring", "zigzag"):
+            return self._ring(p, kernel, n, s, p.heads, p.kv_heads, method == "zigzag", self._links(n, True))
+        if method == "ulysses":
+            if p.heads % n or p.kv_heads % n:
+                raise ValueError(f"ulysses needs the head counts ({p.heads}/{p.kv_heads}) to be multiples of {n}")
+            flops = _block_flops(p, p.seq_len, p.seq_len, p.heads / n, p.causal)
+            flops *= 1 + BWD_FACTOR if p.pass_ == "fwd_bwd" else 1
+            return self.curves.ms(kernel, p.pass_, p.causal, flops) + self._a2a(p, n, s, self._links(n, False))
+        if method == "usp":
+            u = ulysses or math.gcd(n, self.params.node_size, p.heads, p.kv_heads)
+            r = n // u
+            ring = self._ring(p, kernel, r, p.seq_len / r, p.heads / u, p.kv_heads / u, p.causal, self._links(n, True))
+            return ring + self._a2a(p, u, s, self._links(u, False))
+        raise ValueError(f"unknown method {method!r}; modelled: {', '.join(self.METHODS)}")
+
+    def tflops(self, method: str, kernel: str, p: Problem, n: int) -> float:
+        """Predicted TF/s per device."""
+        return p.flops() / n / (self.predict_ms(method, kernel, p, n) * 1e-3) / 1e12
+
+
+# ---- calibration against multi-GPU records ------------------------------------------------------
+@dataclass(frozen=True)
+class Measured:
+    """One multi-GPU record: method, kernel, world size, problem, measured TF/s per device."""
+
+    method: str
+    kernel: str
+    n: int
+    problem: Problem
+    tflops: float
+
+
+def read_measured(path: str | Path) -> list[Measured]:
+    """cp-<method>:<kernel> records of an attnbench CSV export (ok rows with a world size > 1)."""
+    import json
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            backend = r.get("backend", "")
+            if r.get("status") != "ok" or not backend.startswith("cp-") or ":" not in backend:
+                continue
+            method, kernel = backend[3:].split(":", 1)
+            n = int(json.loads(r.get("info") or "{}").get("world_size", 1))
+            if n < 2 or method not in Model.METHODS:
+                continue
+            p = Problem(int(r["batch"]), int(r["seq_len"]), int(r["heads_q"]), int(r["heads_kv"]), int(r["head_dim"]),
+                        r["causal"] in ("1", "True", "true"), r["pass"])
+            out.append(Measured(method, kernel, n, p, float(r["tflops"])))
+    return out
+
+
+def errors(model: Model, rows: list[Measured]) -> list[float]:
+    """Relative error of the prediction for each row (predicted / measured - 1)."""
+    return [model.tflops(m.method, m.kernel, m.problem, m.n) / m.tflops - 1 for m in rows]
+
+
+def fit(curves: KernelCurves, rows: list[Measured], base: Params = Params()) -> Params:
+    """The parameters minimising the mean squared log error over ``rows`` (a coarse grid, then finer)."""
+    import itertools
+    grid = {"a2a_gbs": [50, 100, 150, 200, 300, 400, 600],
+            "p2p_gbs": [50, 100, 150, 200, 300, 400, 600],
+            "merge_bytes": [0, 4, 8, 16, 24, 32, 48],
+            "step_us": [0, 25, 50, 100, 200, 400]}
+    best, best_loss = base, math.inf
+    for values in itertools.product(*grid.values()):
+        params = replace(base, **dict(zip(grid, values)))
+        loss = sum(math.log1p(e) ** 2 for e in errors(Model(curves, params), rows))
+        if loss < best_loss:
+            best, best_loss = params, loss
+    return best

@@ -1,0 +1,90 @@
+"""The context-parallel scaling model: its kernel curves, its accounting, and the `cp-model` command."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.distributed import model as cpm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _curves(tflops_by_len: dict[int, float]) -> cpm.KernelCurves:
+    rows = []
+    for s, tf in tflops_by_len.items():
+        for causal in (0, 1):
+            for pass_ in ("fwd", "fwd_bwd"):
+                flops = cpm.Problem(1, s, 8, 8, 128, bool(causal), pass_).flops()
+                rows.append({"kernel": "k", "batch": 1, "seq_len": s, "heads": 8, "head_dim": 128, "causal": causal,
+                             "pass": pass_, "median_ms": flops / (tf * 1e12) * 1e3})
+    return cpm.KernelCurves(rows)
+
+
+def test_curve_returns_measured_rates_and_interpolates_between_them():
+    curves = _curves({1024: 200.0, 4096: 400.0})
+    small = cpm.Problem(1, 1024, 8, 8).flops()
+    large = cpm.Problem(1, 4096, 8, 8).flops()
+    assert curves.rate("k", "fwd", False, small) == pytest.approx(200e12)
+    assert curves.rate("k", "fwd", False, large) == pytest.approx(400e12)
+    assert curves.rate("k", "fwd", False, (small * large) ** 0.5) == pytest.approx(300e12)  # halfway in log
+    assert curves.rate("k", "fwd", False, large * 100) == pytest.approx(400e12)  # flat beyond
+    with pytest.raises(KeyError, match="no one-GPU measurements"):
+        curves.rate("other", "fwd", False, small)
+
+
+def test_free_communication_keeps_a_balanced_ring_at_the_kernel_rate():
+    curves = _curves({1024: 500.0, 65536: 500.0})
+    free = cpm.Params(a2a_gbs=1e9, p2p_gbs=1e9, merge_bytes=0, step_us=0)
+    model = cpm.Model(curves, free)
+    for pass_ in ("fwd", "fwd_bwd"):
+        p = cpm.Problem(1, 65536, 8, 8, causal=False, pass_=pass_)
+        assert model.tflops("ring", "k", p, 4) == pytest.approx(500, rel=1e-6)
+        assert model.tflops("ulysses", "k", p, 4) == pytest.approx(500, rel=1e-6)
+    causal = cpm.Problem(1, 65536, 8, 8, causal=True)
+    # contiguous ring: rank N-1 computes N-1 full blocks and its diagonal while rank 0 waits; zigzag balances
+    assert model.tflops("zigzag", "k", causal, 4) == pytest.approx(500, rel=0.01)
+    # per device 1/4 of S^2/2 pairs; the slowest rank 3 full s x s blocks and a diagonal: 2 s^2 / 3.5 s^2
+    assert model.tflops("ring", "k", causal, 4) == pytest.approx(500 * 2 / 3.5, rel=0.01)
+
+
+def test_slow_links_and_exposed_transfers_cost_time():
+    curves = _curves({1024: 500.0, 65536: 500.0})
+    base = cpm.Params(a2a_gbs=1e9, p2p_gbs=1e9, merge_bytes=0, step_us=0)
+    p = cpm.Problem(1, 16384, 8, 8, pass_="fwd_bwd")
+    fast = cpm.Model(curves, base).predict_ms("ring", "k", p, 4)
+    slow_ring = cpm.Model(curves, replace(base, p2p_gbs=10)).predict_ms("ring", "k", p, 4)
+    slow_a2a = cpm.Model(curves, replace(base, a2a_gbs=10)).predict_ms("ulysses", "k", p, 4)
+    assert slow_ring > fast and slow_a2a > cpm.Model(curves, base).predict_ms("ulysses", "k", p, 4)
+    inter = cpm.Model(curves, replace(base, node_size=2)).predict_ms("ring", "k", p, 4)  # ring crosses nodes
+    assert inter > fast
+    with pytest.raises(ValueError, match="multiples of 16"):
+        cpm.Model(curves, base).predict_ms("ulysses", "k", p, 16)
+
+
+def test_cp_model_command_fits_checks_and_predicts():
+    from attnbench.cli import app
+    res = CliRunner().invoke(app, [
+        "cp-model", "--kernels", str(ROOT / "docs/results/h200-2026-11-23/cp-model/local_kernels_h200.csv"),
+        "--fit", str(ROOT / "docs/results/h200x2-2026-11-22/seed001_tables.csv"),
+        "--check", str(ROOT / "docs/results/h200x2-2026-11-22/cp_p4.csv"), "--gpus", "2,16", "--seq-lens", "128k"])
+    assert res.exit_code == 0, res.output
+    assert "check: predicted vs measured" in res.output and "within 5%" in res.output
+    assert "predicted TF/s per device" in res.output and "ring-flash-attn" in res.output
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "two"], "bad --gpus 'two'"),
+    (["--kernels", "/nonexistent.csv"], "/nonexistent.csv: no such file"),
+    (["--kernel", "nope"], "no one-GPU measurements of kernel 'nope'"),
+])
+def test_cp_model_bad_input_is_one_line(argv, message, capsys, monkeypatch):
+    from attnbench.cli import main
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main(["cp-model", *argv])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.startswith("attnbench: error:") and message in err and "\n" not in err

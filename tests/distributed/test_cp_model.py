@@ -78,6 +78,8 @@ def test_cp_model_command_fits_checks_and_predicts():
 
 @pytest.mark.parametrize("argv, message", [
     (["--gpus", "two"], "bad --gpus 'two'"),
+    (["--gpus", "2,,8"], "empty item between commas"),
+    (["--q-heads", "32", "--kv-heads", "5"], "query heads a multiple of K/V heads"),
     (["--kernels", "/nonexistent.csv"], "/nonexistent.csv: no such file"),
     (["--kernel", "nope"], "no one-GPU measurements of kernel 'nope'"),
 ])

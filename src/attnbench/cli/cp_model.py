@@ -26,14 +26,11 @@ QUOTED = [
 
 
 def _ints(text: str, what: str) -> list[int]:
-    from attnbench.sweep import parse_int
+    from attnbench.sweep import parse_int_list
     try:
-        values = [parse_int(t.strip(), what) for t in text.split(",") if t.strip()]
+        return parse_int_list(text, what)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if not values:
-        raise UserError(f"bad {what} {text!r}: expected a comma-separated list")
-    return values
 
 
 def cp_model(
@@ -60,6 +57,9 @@ def cp_model(
         raise UserError(f"no one-GPU measurements of kernel {kernel!r} in {kernels_csv}; it has "
                         f"{', '.join(curves.kernels)}")
     counts, lengths = _ints(gpus, "--gpus"), _ints(seq_lens, "--seq-lens")
+    kv_heads = kv_heads or heads
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise UserError(f"bad --q-heads {heads} / --kv-heads {kv_heads}: positive, query heads a multiple of K/V heads")
     fit_rows, check_rows = cpm.read_measured(fit_csv), cpm.read_measured(check_csv)
     if not fit_rows:
         raise UserError(f"{fit_csv}: no multi-GPU cp-<method>:<kernel> records to fit on")
@@ -72,7 +72,7 @@ def cp_model(
                   highlight=False)
     for title, rows in (("fit", fit_rows), ("check", check_rows)):
         _errors_table(title, model, rows)
-    _predictions(model, kernel, counts, lengths, heads, kv_heads or heads, causal)
+    _predictions(model, kernel, counts, lengths, heads, kv_heads, causal)
     table = Table(title="published numbers, for comparison", header_style="bold")
     table.add_column("source")
     table.add_column("numbers")

@@ -25,12 +25,13 @@ measured here).
 from __future__ import annotations
 
 import csv
+import itertools
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-BWD_FACTOR = 2.5
-"""Backward FLOPs per forward FLOP (metrics.PASS_FLOP_FACTOR: fwd 1, fwd_bwd 3.5)."""
+from attnbench.metrics import PASS_FLOP_FACTOR
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Problem:
         """FLOPs of the whole call, attnbench's exact convention (causal: attended pairs)."""
         s = self.seq_len
         pairs = s * (s + 1) / 2 if self.causal else s * s
-        return 4.0 * self.batch * self.heads * self.head_dim * pairs * (1 + BWD_FACTOR if self.pass_ == "fwd_bwd" else 1)
+        return 4.0 * self.batch * self.heads * self.head_dim * pairs * PASS_FLOP_FACTOR[self.pass_]
 
 
 class KernelCurves:
@@ -124,7 +125,7 @@ class KernelCurves:
 
     def bwd_ms(self, kernel: str, causal: bool, fwd_flops: float) -> float:
         """Backward alone: the fwd_bwd time of the block less its forward."""
-        total = self.ms(kernel, "fwd_bwd", causal, fwd_flops * (1 + BWD_FACTOR))
+        total = self.ms(kernel, "fwd_bwd", causal, fwd_flops * PASS_FLOP_FACTOR["fwd_bwd"])
         return max(total - self.ms(kernel, "fwd", causal, fwd_flops), 0.0)
 
 
@@ -157,7 +158,7 @@ class Model:
         """ms of a ring over ``n`` ranks holding ``s`` tokens each (the slowest rank)."""
         if n == 1:
             flops = _block_flops(p, s, s, heads, p.causal)
-            return self.curves.ms(kernel, p.pass_, p.causal, flops * (1 + BWD_FACTOR if p.pass_ == "fwd_bwd" else 1))
+            return self.curves.ms(kernel, p.pass_, p.causal, flops * PASS_FLOP_FACTOR[p.pass_])
         par = self.params
         out_elems = p.batch * s * heads * p.head_dim
         kv_elems = p.batch * s * kv_heads * p.head_dim
@@ -201,7 +202,7 @@ class Model:
             if p.heads % n or p.kv_heads % n:
                 raise ValueError(f"ulysses needs the head counts ({p.heads}/{p.kv_heads}) to be multiples of {n}")
             flops = _block_flops(p, p.seq_len, p.seq_len, p.heads / n, p.causal)
-            flops *= 1 + BWD_FACTOR if p.pass_ == "fwd_bwd" else 1
+            flops *= PASS_FLOP_FACTOR[p.pass_]
             return self.curves.ms(kernel, p.pass_, p.causal, flops) + self._a2a(p, n, s, self._links(n, False))
         if method == "usp":
             u = ulysses or math.gcd(n, self.params.node_size, p.heads, p.kv_heads)
@@ -229,7 +230,6 @@ class Measured:
 
 def read_measured(path: str | Path) -> list[Measured]:
     """cp-<method>:<kernel> records of an attnbench CSV export (ok rows with a world size > 1)."""
-    import json
     out = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
@@ -253,7 +253,6 @@ def errors(model: Model, rows: list[Measured]) -> list[float]:
 
 def fit(curves: KernelCurves, rows: list[Measured], base: Params = Params()) -> Params:
     """The parameters minimising the mean squared log error over ``rows`` (a coarse grid, then finer)."""
-    import itertools
     grid = {"a2a_gbs": [50, 100, 150, 200, 300, 400, 600],
             "p2p_gbs": [50, 100, 150, 200, 300, 400, 600],
             "merge_bytes": [0, 4, 8, 16, 24, 32, 48],

@@ -119,8 +119,9 @@ def test_fa2_adapter_needs_the_package_or_says_so():
 
 def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monkeypatch):
     """FA3 through flash_attn_interface's _flash_attn_forward / _flash_attn_backward (their 3.0 signatures,
-    backward's flag named is_causal), stood in for by the math kernel; a head size whose template the build
-    left out is refused before any call, since the real build crashes the process instead of raising."""
+    backward's flag named is_causal), stood in for by the math kernel; a head size above the build's largest
+    template is refused before any call, since the real build crashes the process instead of raising, while
+    one between templates runs with the next larger one the build has."""
     import sys
     import types
 
@@ -143,8 +144,8 @@ def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monk
 
     monkeypatch.setitem(sys.modules, "flash_attn_interface", types.SimpleNamespace(
         _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=_flash_attn_backward))
-    monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(
-        CONFIG={"build_flags": {"FLASHATTENTION_DISABLE_HDIM96": True}}))
+    monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(CONFIG={"build_flags": {
+        f"FLASHATTENTION_DISABLE_HDIM{d}": True for d in (96, 192, 256)}}))
     fa3_backend.build_flags.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     try:
@@ -158,10 +159,12 @@ def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monk
         for got, want in zip(grads, kmod.math_bwd(do, q, k, v, out, lse, True, 0.2)):
             assert torch.allclose(got, want)
         assert seen == [("fwd", True, 0.2), ("bwd", True, 0.2)]
-        q96 = torch.randn(1, 8, 2, 80, dtype=torch.float64)  # head size 80 runs the 96 template
-        with pytest.raises(KernelUnavailable, match="HDIM96"):
-            kernel.fwd(q96, q96, q96, False, 0.1)
-        assert len(seen) == 2
+        q80 = torch.randn(1, 8, 2, 80, dtype=torch.float64)  # no 96 template: the build runs it with the 128 one
+        kernel.fwd(q80, q80, q80, False, 0.1)
+        q160 = torch.randn(1, 8, 2, 160, dtype=torch.float64)  # above the build's largest template
+        with pytest.raises(KernelUnavailable, match="above 128.*HDIM192, HDIM256"):
+            kernel.fwd(q160, q160, q160, False, 0.1)
+        assert len(seen) == 3
     finally:
         fa3_backend.build_flags.cache_clear()
 

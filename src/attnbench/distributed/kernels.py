@@ -262,14 +262,15 @@ def _fa3_kernel() -> LocalKernel:
         raise KernelUnavailable(f"kernel fa3 needs FlashAttention-3 (module flash_attn_interface): {exc}") from None
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
         raise KernelUnavailable("kernel fa3 needs compute capability 9.0 (Hopper)")
-    from attnbench.backends.fa3 import HEAD_DIM_KERNELS, build_flags
+    from attnbench.backends.fa3 import Fa3Build, build_capabilities, build_flags, disabled_features
 
     def check_head_dim(d: int) -> None:
-        # a head size runs the smallest template >= it; a template the build left out crashes the process
-        template = next((t for t in HEAD_DIM_KERNELS if t >= d), None)
-        if template is None or build_flags().get(f"FLASHATTENTION_DISABLE_HDIM{template}", False):
-            raise KernelUnavailable(f"kernel fa3: head size {d} needs the HDIM{template} template, which this "
-                                    "FlashAttention-3 build does not have")
+        # a head size runs the smallest template >= it that the build has; above the largest, the real
+        # build crashes the process instead of raising
+        largest = build_capabilities(Fa3Build.declared, build_flags()).max_head_dim
+        if d > largest:
+            raise KernelUnavailable(f"kernel fa3: head size {d} is above {largest}, the largest template of this "
+                                    f"FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})")
 
     def fwd(q, k, v, causal, scale):
         check_head_dim(q.shape[-1])

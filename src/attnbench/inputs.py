@@ -5,6 +5,12 @@ Dense inputs are ``q_bshd`` (batch, seq, heads, dim); with ``layout="bhsd"`` the
 (total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal (never
 zeros) unless an ``InputDist`` asks for larger magnitudes or outliers, where the bugs of kernels that
 skip the running maximum or overflow in fp16 show.
+
+FP8 cases (``spec.FP8_DTYPES``) draw the bf16 inputs of the same seed and quantize q, k and v to e4m3
+(``quantize``): each tensor, or each KV head (with the queries of its GQA group), is divided by
+``amax / 448`` so that its largest magnitude lands on e4m3's largest finite value, and that factor is kept
+as the float32 descale. The bf16 inputs stay in ``unquantized``: the accuracy check measures the kernel
+against the exact attention of the dequantized inputs and against that of the bf16 ones.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from attnbench.spec import AttnSpec
 DEFAULT_SEED = 0
 OUTLIER_SIGMAS = 16.0
 """Magnitude of an outlier, in standard deviations of its tensor."""
+FP8_MAX = 448.0
+"""Largest finite e4m3 (float8_e4m3fn) value: a tensor's amax is scaled onto it."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,10 @@ class AttnInputs:
     """Longest key sequence."""
     seed: int = DEFAULT_SEED
     """Seed the tensors were drawn with (recorded)."""
+    descale: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """FP8 only: float32 (Hkv,) descales of q, k, v (value = stored x descale; q's per KV-head group)."""
+    unquantized: AttnInputs | None = None
+    """FP8 only: the bf16 inputs that were quantized."""
 
     @property
     def varlen(self) -> bool:
@@ -95,6 +107,8 @@ def cu_seqlens(lengths, device) -> torch.Tensor:
 def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = DEFAULT_SEED,
                 dist: InputDist | None = None) -> AttnInputs:
     """Draw q, k, v and dout from N(0, 1) (or ``dist``) with a fixed seed, on ``device`` in ``spec.dtype``."""
+    if spec.is_fp8:
+        return quantize(make_inputs(spec.replace(dtype="bf16"), device, seed, dist), per_head=spec.dtype == "fp8-head")
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -130,6 +144,36 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
         q=dense(sq, spec.heads_q, spec.head_dim), k=dense(sk, spec.heads_kv, spec.head_dim),
         v=dense(sk, spec.heads_kv, spec.head_dim_v), dout=dense(sq, spec.heads_q, spec.head_dim_v),
         max_seqlen_q=sq, max_seqlen_k=sk, seed=seed)
+
+
+def quantize(inputs: AttnInputs, *, per_head: bool) -> AttnInputs:
+    """``inputs`` with q, k and v in e4m3 and their descales (see the module doc); dout stays as it is."""
+    hkv = inputs.k.shape[-2]
+    stored, descales = [], []
+    for t in (inputs.q, inputs.k, inputs.v):
+        grouped = t.float().unflatten(-2, (hkv, t.shape[-2] // hkv))  # (..., Hkv, group, D)
+        if per_head:
+            amax = grouped.abs().movedim(-3, 0).reshape(hkv, -1).amax(dim=1)
+        else:
+            amax = grouped.abs().amax().expand(hkv)
+        descale = (amax.clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX).contiguous()
+        stored.append((grouped / descale[:, None, None]).flatten(-3, -2).to(torch.float8_e4m3fn))
+        descales.append(descale)
+    q, k, v = stored
+    return dataclasses.replace(inputs, q=q, k=k, v=v, descale=tuple(descales), unquantized=inputs)
+
+
+def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnInputs:
+    """FP8 ``inputs`` as the values they stand for (stored x descale) in ``dtype``; others unchanged."""
+    if inputs.descale is None:
+        return inputs
+    hkv = inputs.k.shape[-2]
+
+    def value(t, descale):
+        grouped = t.to(dtype).unflatten(-2, (hkv, t.shape[-2] // hkv))
+        return (grouped * descale.to(dtype)[:, None, None]).flatten(-3, -2)
+    q, k, v = (value(t, d) for t, d in zip((inputs.q, inputs.k, inputs.v), inputs.descale, strict=True))
+    return dataclasses.replace(inputs, q=q, k=k, v=v, descale=None, unquantized=None)
 
 
 def split_varlen(packed: torch.Tensor, cu: torch.Tensor) -> list[torch.Tensor]:

@@ -95,7 +95,7 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
     q = tq * spec.heads_q * spec.head_dim * elem
     k = tk * spec.heads_kv * spec.head_dim * elem
     v = tk * spec.heads_kv * spec.head_dim_v * elem
-    out = tq * spec.heads_q * spec.head_dim_v * elem
+    out = tq * spec.heads_q * spec.head_dim_v * spec.out_dtype.itemsize
     return MemoryEstimate(inputs=q + k + v + out, outputs=out + tq * spec.heads_q * LSE_BYTES,
                           grads=(q + k + v) if spec.pass_ != "fwd" else 0,
                           workspace=workspace_bytes(spec, backend) if backend is not None else 0)

@@ -9,7 +9,8 @@ dV, dP, dQ, dK), forward+backward = 3.5x forward.
 The ``dense`` convention counts every pair (P = sq * sk, no causal discount), as many papers do.
 
 Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_kv heads) and writes
-O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV.
+O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV. Each tensor
+counts at its own element size: with fp8 inputs Q, K and V are one byte an element and O (bf16) two.
 """
 
 from __future__ import annotations
@@ -60,13 +61,13 @@ def flops(spec: AttnSpec, pass_: str | None = None, convention: str = "exact") -
 def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
     """Minimal bytes read and written by one call of ``pass_`` (see module doc)."""
     pass_ = pass_ or spec.pass_
-    elem = spec.torch_dtype.itemsize
+    elem, out_elem = spec.torch_dtype.itemsize, spec.out_dtype.itemsize
     tq = sum(sq for sq, _ in spec.sequences)
     tk = sum(sk for _, sk in spec.sequences)
     q = tq * spec.heads_q * spec.head_dim * elem
     k = tk * spec.heads_kv * spec.head_dim * elem
     v = tk * spec.heads_kv * spec.head_dim_v * elem
-    o = tq * spec.heads_q * spec.head_dim_v * elem
+    o = tq * spec.heads_q * spec.head_dim_v * out_elem
     lse = tq * spec.heads_q * LSE_BYTES
     fwd = q + k + v + o + lse
     bwd = (q + k + v + o + o + lse) + (q + k + v)  # read q,k,v,o,do,lse; write dq,dk,dv

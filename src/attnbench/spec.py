@@ -21,9 +21,16 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "fp32": torch.float32,
     "fp64": torch.float64,
+    "fp8": torch.float8_e4m3fn,
+    "fp8-head": torch.float8_e4m3fn,
 }
 DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
-                 "float": "fp32", "float64": "fp64", "double": "fp64"}
+                 "float": "fp32", "float64": "fp64", "double": "fp64", "e4m3": "fp8", "float8_e4m3fn": "fp8",
+                 "fp8-tensor": "fp8", "e4m3-head": "fp8-head"}
+FP8_DTYPES = ("fp8", "fp8-head")
+"""e4m3 inputs with float32 descales (value = stored x descale): one per tensor (``fp8``) or one per KV head
+(``fp8-head``; the queries of a GQA group share theirs, as FlashAttention-3 takes them). Outputs are bf16,
+drawn like the bf16 case of the same seed and then quantized (``inputs.quantize``)."""
 PASSES = ("fwd", "bwd", "fwd_bwd")
 LAYOUTS = ("bshd", "bhsd")
 MAX_HEAD_DIM = 512
@@ -32,7 +39,7 @@ MAX_TOKENS = 2**31 - 1
 
 
 def normalize_dtype(name: str) -> str:
-    """Return the canonical dtype name (fp16, bf16, fp32, fp64) or raise ValueError."""
+    """Return the canonical dtype name (fp16, bf16, fp32, fp64, fp8, fp8-head) or raise ValueError."""
     key = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
     if key not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; allowed: {', '.join(DTYPES)}")
@@ -58,7 +65,7 @@ class AttnSpec:
     head_dim_v: int | None = None
     """Head size of values and output; None = ``head_dim``."""
     dtype: str = "bf16"
-    """Element type of q, k, v: fp16, bf16, fp32 or fp64."""
+    """Element type of q, k, v: fp16, bf16, fp32, fp64, or fp8 / fp8-head (e4m3 with descales, see FP8_DTYPES)."""
     causal: bool = False
     """Causal mask, aligned to the lower right when queries and keys differ in length."""
     window: tuple[int, int] | None = None
@@ -121,6 +128,15 @@ class AttnSpec:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """Element type of the output (and of dout): bf16 for fp8 inputs, the input type otherwise."""
+        return torch.bfloat16 if self.is_fp8 else self.torch_dtype
 
     @property
     def softmax_scale(self) -> float:

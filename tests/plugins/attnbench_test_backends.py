@@ -358,3 +358,42 @@ WRONG = [_scaled(t, 0.99) for t in ("out", "dq", "dk", "dv")] + [_scaled("dk", 1
 for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, Jitter, MaskedMath,
             *BUG_CLASSES, NoMaxSubtraction):
     registry.register(cls.name, cls)
+
+
+class Fp8Kernel(Backend):
+    """An fp8 kernel done right: exact attention of the values the e4m3 inputs stand for (stored x descale),
+    output rounded to bf16, the LSE in fp32. Declared exact, to show that fp8 cases are judged approximately."""
+
+    name = "test-fp8"
+    description = "test: fp8 attention over the dequantized inputs (correct)"
+    capabilities = Capabilities(dtypes=("fp8", "fp8-head"), varlen=True, backward=False)
+    use_descales = True
+
+    def prepare(self, spec, inputs):
+        import dataclasses
+
+        import torch
+
+        from attnbench.accuracy.reference import reference_attention
+        from attnbench.backends.base import Outputs
+        from attnbench.inputs import dequantized
+
+        values = dequantized(inputs) if self.use_descales else dataclasses.replace(
+            inputs, q=inputs.q.float(), k=inputs.k.float(), v=inputs.v.float())
+
+        def call():
+            ref = reference_attention(spec, values, grads=False, dtype=torch.float32)
+            return Outputs(out=ref.out.to(torch.bfloat16), lse=ref.lse)
+        return Prepared(fn=call, info={"kernel": "fp32 reference of the fp8 inputs"})
+
+
+class Fp8NoDescale(Fp8Kernel):
+    """The common fp8 bug: the descales are never applied (the stored e4m3 values taken as the values)."""
+
+    name = "test-fp8-no-descale"
+    description = "test: fp8 attention that ignores the descales"
+    use_descales = False
+
+
+for cls in (Fp8Kernel, Fp8NoDescale):
+    registry.register(cls.name, cls)

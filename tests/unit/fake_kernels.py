@@ -104,11 +104,27 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
 
 
 # ---- FlashAttention-3 (flash_attn_interface) ----------------------------------------------------
+def fa3_values(t, descale, heads_k: int, sequence_of_row=None):
+    """An FA3 fp8 input as the values it stands for: each row (a batch entry, or a token of a packed
+    tensor, with ``sequence_of_row`` its sequence) times ``descale[sequence, kv head of its group]``; a
+    missing descale is 1, as in the kernel. Other dtypes pass through."""
+    if t.dtype != torch.float8_e4m3fn:
+        return t
+    rows = t.shape[0] if sequence_of_row is None else int(sequence_of_row.max()) + 1
+    descale = torch.ones(rows, heads_k) if descale is None else descale.double()
+    per_head = descale.repeat_interleave(t.shape[-2] // heads_k, dim=1)   # (sequences, H)
+    per_row = per_head if sequence_of_row is None else per_head[sequence_of_row]
+    return t.double() * per_row.view(t.shape[0], *[1] * (t.dim() - 3), t.shape[-2], 1)
+
+
 def fa3_flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                         v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                         pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
     _record("fa3.flash_attn_func", locals())
+    fp8, hk = q.dtype == torch.float8_e4m3fn, k.shape[2]
+    q, k, v = (fa3_values(t, d, hk) for t, d in ((q, q_descale), (k, k_descale), (v, v_descale)))
     out, lse = dense_ref(q, k, v, softmax_scale, causal, _window(window_size, causal))
+    out = out.to(torch.bfloat16) if fp8 else out
     return (out, lse) if return_attn_probs else out
 
 
@@ -117,7 +133,14 @@ def fa3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
                                k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0,
                                num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
     _record("fa3.flash_attn_varlen_func", locals())
+    fp8, hk = q.dtype == torch.float8_e4m3fn, k.shape[1]
+
+    def sequence_of_row(cu):
+        return torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff().long())
+    q = fa3_values(q, q_descale, hk, sequence_of_row(cu_seqlens_q))
+    k, v = (fa3_values(t, d, hk, sequence_of_row(cu_seqlens_k)) for t, d in ((k, k_descale), (v, v_descale)))
     out, lse = varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, _window(window_size, causal))
+    out = out.to(torch.bfloat16) if fp8 else out
     return (out, lse) if return_attn_probs else out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import fake_kernels as fk
 import pytest
 import torch
 
@@ -19,25 +20,32 @@ CALLS: list[dict] = []
 
 
 def with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, page_table=None, softmax_scale=None,
-                 causal=False, return_softmax_lse=False, num_splits=0, pack_gqa=None):
+                 causal=False, return_softmax_lse=False, num_splits=0, pack_gqa=None, q_descale=None, k_descale=None,
+                 v_descale=None):
     """flash_attn_with_kvcache's documented result: q (N, Sq, H, D) over each request's first
-    cache_seqlens[i] cached keys (through the block table when given), causal aligned lower right."""
-    CALLS.append({"block_table": block_table, "page_table": page_table, "num_splits": num_splits})
+    cache_seqlens[i] cached keys (through the block table when given), causal aligned lower right;
+    fp8 inputs stand for stored x descale[request, kv head] (FA3) and give a bf16 output."""
+    CALLS.append({"block_table": block_table, "page_table": page_table, "num_splits": num_splits,
+                  "descales": [d if d is None else tuple(d.shape) for d in (q_descale, k_descale, v_descale)]})
     table = block_table if block_table is not None else page_table
+    hk = k_cache.shape[-2]
     outs, lses = [], []
     for i in range(q.shape[0]):
         s = int(cache_seqlens[i])
         k = (k_cache[i] if table is None else torch.cat([k_cache[p] for p in table[i].tolist()]))[:s]
         v = (v_cache[i] if table is None else torch.cat([v_cache[p] for p in table[i].tolist()]))[:s]
+        qi, k, v = (fk.fa3_values(t[None], None if d is None else d[i:i + 1], hk)[0]
+                    for t, d in ((q[i], q_descale), (k, k_descale), (v, v_descale)))
         groups = q.shape[2] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        scores = torch.einsum("qhd,khd->hqk", q[i].double(), k.double()) * softmax_scale
+        scores = torch.einsum("qhd,khd->hqk", qi.double(), k.double()) * softmax_scale
         if causal:
             sq = q.shape[1]
             keep = torch.arange(s)[None, :] <= torch.arange(sq)[:, None] + (s - sq)
             scores = scores.masked_fill(~keep, -math.inf)
         lse = torch.logsumexp(scores, -1)
-        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v.double()).to(q.dtype))
+        out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), v.double()).to(out_dtype))
         lses.append(lse.float())
     return torch.stack(outs), torch.stack(lses)
 

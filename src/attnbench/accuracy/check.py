@@ -8,7 +8,14 @@
      "tensors":  {"out": {max_abs, mean_abs, rel_l2, cosine, rel_l1, rmse, nonfinite, ...}, "dq": ...},
      "baseline": {"out": {...}, ...},      # the math baseline's metrics (exact backends)
      "limits":   {"out": {"max_abs": limit, ...}, ...},
-     "worst":    {"tensor": "dk", "metric": "rel_l2", "ratio": 0.45}}   # closest to its limit
+     "worst":    {"tensor": "dk", "metric": "rel_l2", "ratio": 0.45},  # closest to its limit
+     "unquantized": {"reference": "...", "tensors": {...}}}   # fp8 cases only (below)
+
+**FP8 inputs** (``spec.is_fp8``): the kernel is judged against the exact attention of the dequantized
+inputs (stored x descale, ``inputs.dequantized``), with the approximate thresholds whatever the backend
+(an fp8 kernel also rounds its probabilities to e4m3 by design), and no math baseline (PyTorch has no
+fp8 matmul). ``unquantized`` gives its error against the exact attention of the bf16 inputs before
+quantization: what choosing fp8 over bf16 costs, reported, not judged.
 
 The exact reference and the math baseline depend on the case but not on the pass or the backend,
 so they are computed once per (spec without its pass, seed, device, inputs) and cached; the cache
@@ -43,7 +50,7 @@ from attnbench.accuracy.compare import compare
 from attnbench.accuracy.reference import BlockSizes, Reference, compute_dtype_for, reference_attention
 from attnbench.accuracy.tolerance import Tolerance, judge
 from attnbench.backends.base import Backend, Outputs
-from attnbench.inputs import AttnInputs
+from attnbench.inputs import AttnInputs, dequantized
 from attnbench.spec import AttnSpec
 
 log = logging.getLogger(__name__)
@@ -59,6 +66,8 @@ class Expected:
     baseline: dict[str, dict]
     label: str
     grads: bool
+    unquantized: Reference | None = None
+    """FP8 cases: the exact reference of the bf16 inputs before quantization."""
 
 
 class AccuracyChecker:
@@ -82,7 +91,7 @@ class AccuracyChecker:
         wanted = ("out", "dq", "dk", "dv") if grads else ("out",)
         missing = tuple(name for name in wanted if name not in got)
         metrics = compare(got, expected.reference.tensors())
-        exact = backend.capabilities.exact
+        exact = backend.capabilities.exact and not spec.is_fp8
         verdict = judge(metrics, expected.baseline if exact else None, spec.dtype, exact=exact,
                         missing=missing, tol=self.tolerance,
                         reduction=max(max(spec.seqlens_q), max(spec.seqlens_k)))
@@ -94,6 +103,9 @@ class AccuracyChecker:
             result["worst"] = verdict["worst"]
         if "reason" in verdict:
             result["reason"] = verdict["reason"]
+        if expected.unquantized is not None:
+            result["unquantized"] = {"reference": f"{expected.label} of the bf16 inputs before quantization",
+                                     "tensors": compare(got, expected.unquantized.tensors())}
         return result
 
     # ---- reference and baseline, cached --------------------------------------------------------
@@ -113,6 +125,12 @@ class AccuracyChecker:
 
     def _compute(self, spec: AttnSpec, inputs: AttnInputs, grads: bool) -> Expected:
         device = inputs.q.device
+        if spec.is_fp8:  # judged approximately against the dequantized inputs; no fp8 math to compare with
+            dtype = compute_dtype_for(device, spec.out_dtype)
+            label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax, dequantized inputs"
+            ref = reference_attention(spec, dequantized(inputs, dtype), grads=grads, dtype=dtype, blocks=self.blocks)
+            unquantized = reference_attention(spec, inputs.unquantized, grads=grads, dtype=dtype, blocks=self.blocks)
+            return Expected(reference=ref, baseline={}, label=label, grads=grads, unquantized=unquantized)
         dtype = compute_dtype_for(device, inputs.q.dtype)
         ref = reference_attention(spec, inputs, grads=grads, dtype=dtype, blocks=self.blocks)
         base = math_baseline(spec, inputs, grads=grads)

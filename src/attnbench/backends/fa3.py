@@ -12,6 +12,10 @@ needs a missing template does not raise, it crashes the process. Builds record t
 module ``flash_attn_config`` (``CONFIG["build_flags"]``), so the capabilities are narrowed to what the
 installed build has (``build_capabilities``) and a case it lacks is an ``unsupported`` record whose
 reason names the switch, never a crash of the sweep.
+
+FP8 (``fp8`` / ``fp8-head`` cases, forward only): the e4m3 q, k, v go in as they are with
+``q_descale``, ``k_descale``, ``v_descale`` of shape (sequences, KV heads) in float32 — the case's
+per-tensor or per-KV-head descales repeated for every sequence — and the output comes back in bf16.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from attnbench.backends.kernel import (
     varlen_closure,
 )
 from attnbench.inputs import AttnInputs
-from attnbench.spec import AttnSpec
+from attnbench.spec import FP8_DTYPES, AttnSpec
 
-_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
+_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", *FP8_DTYPES), max_head_dim=256, head_dim_multiple=8,
                      window=True, min_compute_capability=(9, 0))
+NO_FP8_BACKWARD = "FlashAttention-3 has no FP8 backward (fp8 cases are forward only)"
 HEAD_DIM_KERNELS = (64, 96, 128, 192, 256)
 """FA3's head-size templates: a head size runs the smallest template at least as large."""
 
@@ -56,7 +61,7 @@ def build_capabilities(caps: Capabilities, flags: dict[str, bool]) -> Capabiliti
     return replace(
         caps,
         max_head_dim=min(caps.max_head_dim, max(kept, default=0)),
-        dtypes=tuple(d for d in caps.dtypes if not (d == "fp16" and off("FP16"))),
+        dtypes=tuple(d for d in caps.dtypes if not (d == "fp16" and off("FP16")) and not (d in FP8_DTYPES and off("FP8"))),
         window=caps.window and not off("LOCAL"),
         backward=caps.backward and not off("BACKWARD"),
         varlen=caps.varlen and not off("VARLEN"),
@@ -87,7 +92,18 @@ class Fa3Build:
         reason = check_capabilities(self.capabilities, spec, device)
         if reason and check_capabilities(self.declared, spec, device) is None:  # only this build lacks it
             return f"{reason} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
+        if not reason and spec.is_fp8 and spec.pass_ != "fwd":
+            reason = NO_FP8_BACKWARD
         return reason or self.extra_reason(spec, device)
+
+
+def descale_kwargs(inputs: AttnInputs, sequences: int) -> dict:
+    """FP8 inputs' ``q_descale``/``k_descale``/``v_descale`` as FA3 takes them, (sequences, KV heads) float32;
+    {} for other inputs. Built once in ``prepare``, outside the timed call."""
+    if inputs.descale is None:
+        return {}
+    return {f"{name}_descale": d[None].expand(sequences, -1).contiguous()
+            for name, d in zip("qkv", inputs.descale, strict=True)}
 
 
 class _Fa3(Fa3Build, KernelBackend):
@@ -118,7 +134,8 @@ class Fa3(_Fa3):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        return Prepared(fn=dense_closure(spec, inputs, fn, self.kwargs(spec, fn)), info=self.info(spec))
+        kwargs = self.kwargs(spec, fn) | descale_kwargs(inputs, spec.batch)
+        return Prepared(fn=dense_closure(spec, inputs, fn, kwargs), info=self.info(spec))
 
 
 class Fa3Varlen(_Fa3):
@@ -129,5 +146,6 @@ class Fa3Varlen(_Fa3):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn))
+        sequences = len(spec.sequences)
+        closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn) | descale_kwargs(inputs, sequences))
         return Prepared(fn=closure, info=self.info(spec, flattened_dense=p.batch is not None))

@@ -15,7 +15,8 @@ case's keys and values: contiguous, (N, longest cache, Hkv, D) with each request
 allocator gives no request adjacent pages) and a block table (N, pages of the longest cache), int32. The
 cache is not updated in the timed call (no new k, v): it times the attention of the decode step. Causal
 is the kernel's own lower-right alignment (the new queries are the last positions of their cache).
-Forward only; the LSE comes back through ``return_softmax_lse``.
+Forward only; the LSE comes back through ``return_softmax_lse``. FA3 also takes fp8 caches (``--dtype
+fp8`` / ``fp8-head``, with the descales of ``fa3.descale_kwargs``, one row per request).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from attnbench.backends.base import Capabilities, Outputs, Prepared
-from attnbench.backends.fa3 import Fa3Build, build_flags
+from attnbench.backends.fa3 import Fa3Build, build_flags, descale_kwargs
 from attnbench.backends.kernel import KernelBackend, packed
 from attnbench.inputs import AttnInputs
-from attnbench.spec import AttnSpec
+from attnbench.spec import FP8_DTYPES, AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, varlen=True, backward=False,
                      different_v_dim=False, min_compute_capability=(8, 0))
@@ -52,6 +53,9 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, 
                 seed: int = 0) -> KVCache:
     """The cache of requests whose keys/values are packed in ``k_thd``/``v_thd`` (T, Hkv, D), one after
     another with the lengths ``seqlens_k``; ``page_size`` None = contiguous."""
+    if k_thd.dtype == torch.float8_e4m3fn:  # index_put is not on every torch for fp8: move the bytes
+        c = build_cache(k_thd.view(torch.uint8), v_thd.view(torch.uint8), seqlens_k, page_size, seed)
+        return replace(c, k_cache=c.k_cache.view(k_thd.dtype), v_cache=c.v_cache.view(v_thd.dtype))
     n, longest, device = len(seqlens_k), max(seqlens_k), k_thd.device
     lengths = torch.tensor(seqlens_k, dtype=torch.int32, device=device)
     starts = [0]
@@ -102,7 +106,7 @@ class _KVCacheBackend(KernelBackend):
             return f"page size {self.page_size} is not a multiple of {self.min_page_multiple}"
         return None
 
-    def kwargs(self, spec: AttnSpec) -> dict:
+    def kwargs(self, spec: AttnSpec, inputs: AttnInputs) -> dict:
         return {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "return_softmax_lse": True}
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
@@ -111,7 +115,7 @@ class _KVCacheBackend(KernelBackend):
         k, v = p.flatten(inputs.k), p.flatten(inputs.v)
         cache = build_cache(k, v, p.seqlens_k, self.page_size, seed=inputs.seed)
         q_nshd = p.flatten(inputs.q).reshape(n, sq, *inputs.q.shape[-2:])
-        kwargs = self.kwargs(spec) | {"cache_seqlens": cache.cache_seqlens}
+        kwargs = self.kwargs(spec, inputs) | {"cache_seqlens": cache.cache_seqlens}
         if cache.block_table is not None:
             kwargs[self.table_arg] = cache.block_table
 
@@ -150,11 +154,11 @@ class Fa3KVCache(Fa3Build, _KVCacheBackend):
     description = "FlashAttention-3 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
-    declared = replace(_CAPS, head_dim_multiple=8, min_compute_capability=(9, 0))
+    declared = replace(_CAPS, dtypes=(*_CAPS.dtypes, *FP8_DTYPES), head_dim_multiple=8, min_compute_capability=(9, 0))
     default_sweep = False
 
-    def kwargs(self, spec: AttnSpec) -> dict:
-        kw = super().kwargs(spec)
+    def kwargs(self, spec: AttnSpec, inputs: AttnInputs) -> dict:
+        kw = super().kwargs(spec, inputs) | descale_kwargs(inputs, len(spec.sequences))
         flags = build_flags()
         if flags.get("FLASHATTENTION_DISABLE_SPLIT"):
             kw["num_splits"] = 1  # a build without split kernels crashes if the heuristic picks a split

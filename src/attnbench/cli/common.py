@@ -322,7 +322,9 @@ KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", he
 HeadSize = Annotated[list[str] | None, typer.Option("--head-size", "--head_size", metavar="D", help="Head size(s).")]
 EmbDim = Annotated[list[str] | None, typer.Option(
     "--emb_dim", "--emb-dim", metavar="N", help="Embedding dim(s); head size = emb_dim / q-heads (seed 003).")]
-Dtype = Annotated[list[str] | None, typer.Option("--dtype", metavar="DTYPE", help="fp16, bf16, fp32 (or fp64).")]
+Dtype = Annotated[list[str] | None, typer.Option(
+    "--dtype", metavar="DTYPE",
+    help="fp16, bf16, fp32 (or fp64); fp8 / fp8-head: e4m3 inputs with one descale per tensor / per KV head.")]
 CausalMode = Annotated[str | None, typer.Option(
     "--causal", "--no-causal", metavar="[both]", show_default=False,
     help="--causal, --no-causal or --causal both (default: not causal).")]

@@ -20,7 +20,7 @@ from attnbench.results import env as envmod
 from attnbench.results import export
 from attnbench.results.record import Record
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
-from attnbench.spec import normalize_dtype
+from attnbench.spec import FP8_DTYPES, normalize_dtype
 
 DEFAULT_BACKENDS = {"cpu": ("naive", "sdpa-math"), "cuda": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")}
 
@@ -45,6 +45,8 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
     try:
         backend_options.apply(backend_opt)
         dtype = _one(dtype, "--dtype")
+        if dtype and normalize_dtype(dtype) in FP8_DTYPES:
+            raise UserError(f"--dtype {dtype}: fp8 inputs are for kernel runs (run, verify); models run in fp16, bf16 or fp32")
         names = resolve_backends(common._as_list(backends), None, dev) if backends else \
             DEFAULT_BACKENDS["cpu" if dev == "cpu" else "cuda"]
         batch, seq = _one(batch_size, "--batch-size"), _one(seq_len, "--seq-len")

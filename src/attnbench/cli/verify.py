@@ -115,7 +115,8 @@ def print_record(record: Record) -> None:
         out.print(f"[bold]{escape(head)}[/]: [{style}]{record.status}: {escape(record.reason or '')}[/]")
         return
     verdict = acc["verdict"]
-    kind = "" if acc.get("exact", True) else " (approximate backend)"
+    kind = "" if acc.get("exact", True) else \
+        " (fp8 inputs, judged approximately)" if record.spec.is_fp8 else " (approximate backend)"
     out.print(f"[bold]{escape(head)}[/]: [{VERDICT_STYLE.get(verdict, 'white')}]{verdict.upper()}[/]{kind}")
     tensors = acc.get("tensors", {})
     # Seed 001's order: Output max, Output mean, dQ/dK/dV max, dQ/dK/dV mean (then LSE).
@@ -126,6 +127,11 @@ def print_record(record: Record) -> None:
             word = "max" if stat == "max_abs" else "mean"
             out.print(f"{LABELS[name]} {word} diff: {_g(tensors[name][stat])}", markup=False, highlight=False)
     out.print(_metrics_table(acc))
+    if "unquantized" in acc:
+        m = acc["unquantized"]["tensors"].get("out", {})
+        if "cosine" in m:
+            out.print(f"Against the bf16 inputs before quantization: out cosine {m['cosine']:.6f}, "
+                      f"rel L1 {_g(m.get('rel_l1'))}, max abs {_g(m.get('max_abs'))}", markup=False, highlight=False)
     repeat = acc.get("repeat")
     if repeat:
         same = ("bit-identical" if repeat["deterministic"] else

@@ -180,7 +180,8 @@ class Model:
             total += max(self.curves.ms(kernel, "fwd", diag, flops), ahead) + merge
             if p.pass_ == "fwd_bwd":
                 # backward: K/V for the next step arrive during this one, but the fp32 dK/dV leave only
-                # after it (ring_backward waits for them before the next block): exposed, once more at the end
+                # after it. Fitted on runs where ring_backward waited for them before each block (exposed,
+                # once more at the end); it now waits only to add them, which 2 GPUs have yet to measure.
                 total += max(self.curves.bwd_ms(kernel, diag, flops), ahead) + dkv_comm + accumulate
         return total
 

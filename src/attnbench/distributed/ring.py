@@ -67,9 +67,10 @@ class RingComm:
         return recv, dist.batch_isend_irecv(ops)
 
 
-def _wait(reqs) -> None:
-    for req in reqs:
-        req.wait()
+def _wait(reqs: list) -> None:
+    """Wait for the requests and empty the list: a second wait on a finished gloo send never returns."""
+    while reqs:
+        reqs.pop(0).wait()
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -108,20 +109,26 @@ def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
         merge(state[0], state[1], bo, bl)
 
 
-def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dk, dv) -> None:
-    """Add one block's gradients into the fp32 accumulators dq (local) and dk, dv (travelling)."""
+def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dkv) -> None:
+    """Add one block's gradients into the fp32 accumulators dq (local) and dK, dV (travelling).
+
+    ``dkv()`` returns the dK, dV accumulators; it is called only after the block's kernel is launched,
+    so that in the ring the accumulators can still be on their way from the previous rank while the
+    kernel runs (their wait orders the additions, not the kernel)."""
     if kind == SKIP:
         return
     if kind == Q_BACK:
         h = q.shape[1] // 2
         bdq, bdk, bdv = kernel.bwd(dout[:, h:], q[:, h:], k, v, out[:, h:], lse[:, :, h:], False, scale)
         dq[:, h:] += bdq
+        dk, dv = dkv()
         dk += bdk
         dv += bdv
         return
     n = k.shape[1] // 2 if kind == KV_FRONT else k.shape[1]
     bdq, bdk, bdv = kernel.bwd(dout, q, k[:, :n], v[:, :n], out, lse, kind == DIAG, scale)
     dq += bdq
+    dk, dv = dkv()
     dk[:, :n] += bdk
     dv[:, :n] += bdv
 
@@ -143,21 +150,27 @@ def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
 
 
 def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm, zigzag: bool):
-    """(dq, dk, dv) of the local shard; dk/dv accumulate in fp32 while travelling with their K/V."""
+    """(dq, dk, dv) of the local shard; dk/dv accumulate in fp32 while travelling with their K/V.
+
+    The accumulators of a step's K/V block arrive from the previous rank while this rank's kernel for
+    that block runs: they are waited for only when the block's dK/dV are added (``_bwd_block``)."""
     acc = _acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv, dkv, dkv_reqs = (k, v), None, None
+    kv = (k, v)
+    dkv = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
+    dkv_reqs: list = []
+
+    def arrived():
+        _wait(dkv_reqs)  # the accumulators for this K/V block, from the previous rank
+        return dkv
     for step in range(comm.world):
         if step + 1 < comm.world:
             nxt, kv_reqs = comm.exchange(kv)
         src = (comm.rank - step) % comm.world
-        kind = block_kind(comm.rank, src, causal, zigzag)
-        if step == 0:
-            dkv = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
-        else:
-            _wait(dkv_reqs)  # the accumulators for this K/V block, from the previous rank
-        _bwd_block(kernel, kind, dout, q, kv[0], kv[1], out, lse, scale, dq, dkv[0], dkv[1])
+        _bwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), dout, q, kv[0], kv[1], out, lse, scale, dq,
+                   arrived)
         if comm.world > 1:
+            _wait(dkv_reqs)  # a skipped block still hands on what it received
             dkv, dkv_reqs = comm.exchange(dkv)
         if step + 1 < comm.world:
             _wait(kv_reqs)
@@ -193,7 +206,7 @@ def allgather_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: Rin
     for step in range(comm.world):
         src = (comm.rank - step) % comm.world
         _bwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), dout, q, ks[src], vs[src], out, lse,
-                   scale, dq, dk[src], dv[src])
+                   scale, dq, lambda src=src: (dk[src], dv[src]))
     dk, dv = _reduce_to_owners(dk, comm), _reduce_to_owners(dv, comm)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

@@ -26,7 +26,8 @@ def with_kvcache(q, k_cache, v_cache, cache_seqlens=None, block_table=None, page
     cache_seqlens[i] cached keys (through the block table when given), causal aligned lower right;
     fp8 inputs stand for stored x descale[request, kv head] (FA3) and give a bf16 output."""
     CALLS.append({"block_table": block_table, "page_table": page_table, "num_splits": num_splits,
-                  "descales": [d if d is None else tuple(d.shape) for d in (q_descale, k_descale, v_descale)]})
+                  "descales": [d if d is None else tuple(d.shape) for d in (q_descale, k_descale, v_descale)],
+                  "cache_dtype": k_cache.dtype})
     table = block_table if block_table is not None else page_table
     hk = k_cache.shape[-2]
     outs, lses = [], []

@@ -96,7 +96,8 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
     k = tk * spec.heads_kv * spec.head_dim * elem
     v = tk * spec.heads_kv * spec.head_dim_v * elem
     out = tq * spec.heads_q * spec.head_dim_v * spec.out_dtype.itemsize
-    return MemoryEstimate(inputs=q + k + v + out, outputs=out + tq * spec.heads_q * LSE_BYTES,
+    kept = 2 * (q + k + v) if spec.is_fp8 else 0  # fp8 inputs keep their bf16 originals (inputs.unquantized)
+    return MemoryEstimate(inputs=q + k + v + out + kept, outputs=out + tq * spec.heads_q * LSE_BYTES,
                           grads=(q + k + v) if spec.pass_ != "fwd" else 0,
                           workspace=workspace_bytes(spec, backend) if backend is not None else 0)
 

@@ -71,6 +71,14 @@ def test_bytes_count_fp8_inputs_at_one_byte_and_the_bf16_output_at_two():
     assert metrics.bytes_moved(spec.replace(dtype="bf16")) == 2 * (kv + q) + out + lse
 
 
+def test_the_memory_estimate_counts_the_kept_bf16_inputs():
+    from attnbench.memory import estimate
+    spec = spec_()
+    fp8, bf16 = estimate(spec).inputs, estimate(spec.replace(dtype="bf16")).inputs
+    elements = 2 * (40 * 6 * 64 + 2 * 70 * 2 * 64)  # q, k, v of both sequences (the bf16 output cancels)
+    assert fp8 - bf16 == elements                   # one byte more per element: e4m3 beside the bf16 copy
+
+
 def test_backends_without_fp8_refuse_it_with_the_reason(fake):
     fake("fa3-trimmed")  # the trimmed build: FLASHATTENTION_DISABLE_FP8
     spec = spec_(pass_="fwd")

@@ -356,6 +356,76 @@ def single_prefill_with_kv_cache(q, k, v, scale_q=None, scale_k=None, scale_v=No
     return (out[0], lse[0]) if return_lse else out[0]
 
 
+def _paged_requests(kv_cache, indptr, indices, last_page_len):
+    """Each request's (keys, values) read through FlashInfer's page metadata (NHD pages)."""
+    k_cache, v_cache = kv_cache
+    page, ptr = k_cache.shape[1], indptr.tolist()
+    out = []
+    for i in range(len(ptr) - 1):
+        pages = indices[ptr[i]:ptr[i + 1]].tolist()
+        length = (len(pages) - 1) * page + int(last_page_len[i])
+        out.append((torch.cat([k_cache[j] for j in pages])[:length], torch.cat([v_cache[j] for j in pages])[:length]))
+    return out
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """flashinfer 0.7 decode.py: plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+    page_size, *deprecated_positional_args, **kwargs); run(q (N, Hq, D), paged_kv_cache, *, ...)."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto", jit_args=None):
+        assert kv_layout == "NHD"
+        self.planned = None
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             *deprecated_positional_args, **kwargs):
+        assert not deprecated_positional_args
+        self.planned = _record("decode.plan", dict(indptr=indptr, indices=indices, last_page_len=last_page_len,
+                                                   page_size=page_size, **kwargs))
+
+    def run(self, q, paged_kv_cache, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=1,
+            skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        p = self.planned
+        assert paged_kv_cache[0].shape[1] == p["page_size"]
+        outs = [dense_ref(q[None, i:i + 1], k[None], v[None], p["sm_scale"], False, None)[0][0]
+                for i, (k, v) in enumerate(_paged_requests(paged_kv_cache, p["indptr"], p["indices"], p["last_page_len"]))]
+        return torch.cat(outs)
+
+
+class BatchPrefillWithPagedKVCacheWrapper:
+    """flashinfer 0.7 prefill.py: plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len,
+    num_qo_heads, num_kv_heads, head_dim_qk, page_size, ..., causal=, sm_scale=, q_data_type=, ...)."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
+                 variant_owns_mask=False):
+        assert kv_layout == "NHD"
+        self.planned = None
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+             head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None, causal=False,
+             pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
+             logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+             o_data_type=None, non_blocking=True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+             token_pos_in_items_len=0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None, block_tables=None,
+             max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None, disable_split_kv=False,
+             uniform_q_len=None):
+        self.planned = _record("prefill.plan", {k: v for k, v in locals().items() if k != "self"})
+
+    def run(self, q, paged_kv_cache, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, window_left=None, sinks=None,
+            kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=False, uses_spcompress=False):
+        p = self.planned
+        qo = p["qo_indptr"].tolist()
+        reqs = _paged_requests(paged_kv_cache, p["paged_kv_indptr"], p["paged_kv_indices"], p["paged_kv_last_page_len"])
+        outs = [dense_ref(q[None, a:b], k[None], v[None], p["sm_scale"], p["causal"], None)[0][0]
+                for (a, b), (k, v) in zip(zip(qo[:-1], qo[1:]), reqs, strict=True)]
+        return torch.cat(outs)
+
+
 class BatchPrefillWithRaggedKVCacheWrapper:
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None,
@@ -432,7 +502,9 @@ def install(monkeypatch, family: str) -> None:
             spas_sage_attn_meansim_cuda)})},
         "flashinfer": {"flashinfer": _module(
             "flashinfer", single_prefill_with_kv_cache=single_prefill_with_kv_cache,
-            BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper)},
+            BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper,
+            BatchDecodeWithPagedKVCacheWrapper=BatchDecodeWithPagedKVCacheWrapper,
+            BatchPrefillWithPagedKVCacheWrapper=BatchPrefillWithPagedKVCacheWrapper)},
     }[family]
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)

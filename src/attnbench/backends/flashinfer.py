@@ -9,6 +9,10 @@
 FlashInfer aligns causal masks to the lower right like the spec. Its window has a left side only
 (``window_left``; the right side is 0 when causal, unbounded otherwise), so windows with a bounded
 right side that is not causal are unsupported. Kernels are JIT-built on first use (untimed).
+
+- ``flashinfer-decode`` BatchDecodeWithPagedKVCacheWrapper, one new query per request, paged KV cache;
+- ``flashinfer-paged``  BatchPrefillWithPagedKVCacheWrapper, new queries (prefill with a prefix cache, or
+  several decode queries) over a paged KV cache; both take ``--backend-opt NAME.page_size=N`` (default 16).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import importlib
 
 import torch
 
-from attnbench.backends.base import Capabilities, Prepared, autograd_closure
+from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -77,3 +81,97 @@ class FlashInfer(KernelBackend):
         info = self.base_info() | {"kernel": "flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run",
                                    "window_left": left, "flattened_dense": p.batch is not None}
         return Prepared(fn=closure, info=info)
+
+
+class _FlashInferPaged(KernelBackend):
+    """FlashInfer over a paged KV cache (``kvcache.build_cache``: pages handed out in a shuffled order), NHD
+    layout, the page metadata FlashInfer takes: ``indptr`` (N+1) into ``indices`` (every request's pages in
+    order) and ``last_page_len`` (tokens in each request's last page). ``plan`` runs in ``prepare``; only
+    ``run(q, (k_cache, v_cache))`` is timed. FlashInfer's LSE is base 2 by default and is not returned, so
+    the check judges the output alone. Written against flashinfer-python 0.7's API; not run on hardware
+    here (see docs/backends.md)."""
+
+    package = "flashinfer"
+    distribution = "flashinfer-python"
+    default_sweep = False
+    capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
+                                backward=False, different_v_dim=False, min_compute_capability=(8, 0))
+    wrapper = ""
+
+    def __init__(self, page_size: int = 16):
+        self.page_size = int(page_size)
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if self.page_size < 1:
+            return f"page size must be positive, got {self.page_size}"
+        if any(sq > sk for sq, sk in zip(spec.seqlens_q, spec.seqlens_k)):
+            return "more new queries than cached keys"
+        return None
+
+    def unavailable_reason(self) -> str | None:
+        reason = super().unavailable_reason()
+        if reason is None and not hasattr(importlib.import_module(self.package), self.wrapper):
+            return f"{self.package} has no {self.wrapper}"
+        return reason
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        from attnbench.backends.kvcache import build_cache
+
+        mod, p = importlib.import_module(self.package), packed(spec, inputs)
+        cache = build_cache(p.flatten(inputs.k), p.flatten(inputs.v), p.seqlens_k, self.page_size, seed=inputs.seed)
+        indptr, indices, last_page_len = page_metadata(cache.block_table, p.seqlens_k, self.page_size)
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
+        wrapper = getattr(mod, self.wrapper)(workspace, "NHD")
+        self.plan(wrapper, spec, p, indptr, indices, last_page_len)
+        q, kv = self.queries(p.flatten(inputs.q)), (cache.k_cache, cache.v_cache)
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                out = wrapper.run(q, kv)
+            return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[-2:])))
+        info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
+                                   "cache": f"paged, {self.page_size} tokens a page"}
+        return Prepared(fn=call, info=info)
+
+    def queries(self, q_thd: torch.Tensor) -> torch.Tensor:
+        return q_thd.contiguous()
+
+
+class FlashInferDecode(_FlashInferPaged):
+    name = "flashinfer-decode"
+    description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper (one new query per request, paged KV cache)"
+    function = "BatchDecodeWithPagedKVCacheWrapper"
+    wrapper = "BatchDecodeWithPagedKVCacheWrapper"
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if set(spec.seqlens_q) != {1}:
+            return "the decode wrapper takes one new query per request (use flashinfer-paged for more)"
+        return super().extra_reason(spec, device)
+
+    def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
+        # one query that sees every cached key: causal or not is the same attention
+        wrapper.plan(indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim, self.page_size,
+                     sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype)
+
+
+class FlashInferPaged(_FlashInferPaged):
+    name = "flashinfer-paged"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper (new queries over a paged KV cache)"
+    function = "BatchPrefillWithPagedKVCacheWrapper"
+    wrapper = "BatchPrefillWithPagedKVCacheWrapper"
+
+    def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
+        wrapper.plan(p.cu_seqlens_q, indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim,
+                     self.page_size, causal=spec.causal, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
+                     kv_data_type=spec.torch_dtype)
+
+
+def page_metadata(block_table: torch.Tensor, seqlens_k, page_size: int):
+    """FlashInfer's (indptr, indices, last_page_len), int32, from a block table (N, pages) and the cache lengths."""
+    used = [-(-s // page_size) for s in seqlens_k]
+    indices = torch.cat([block_table[i, :n] for i, n in enumerate(used)])
+    indptr = torch.zeros(len(used) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(used), 0)
+    last = torch.tensor([s - (n - 1) * page_size for s, n in zip(seqlens_k, used)], dtype=torch.int32)
+    device = block_table.device
+    return indptr.to(device), indices.to(torch.int32), last.to(device)

@@ -55,6 +55,8 @@ BUILTIN: dict[str, str] = {
     "sparge-fp16": "attnbench.backends.sparge:SpargeFp16",
     "sparge-fp16-cdf": "attnbench.backends.sparge:SpargeFp16Cdf",
     "flashinfer": "attnbench.backends.flashinfer:FlashInfer",
+    "flashinfer-decode": "attnbench.backends.flashinfer:FlashInferDecode",
+    "flashinfer-paged": "attnbench.backends.flashinfer:FlashInferPaged",
 }
 
 _extra: dict[str, object] = {}

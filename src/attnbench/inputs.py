@@ -146,12 +146,17 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
         max_seqlen_q=sq, max_seqlen_k=sk, seed=seed)
 
 
+def _by_kv_head(t: torch.Tensor, hkv: int) -> torch.Tensor:
+    """(..., H, D) -> (..., Hkv, H / Hkv, D): the heads of each KV head's group side by side (a view)."""
+    return t.unflatten(-2, (hkv, t.shape[-2] // hkv))
+
+
 def quantize(inputs: AttnInputs, *, per_head: bool) -> AttnInputs:
     """``inputs`` with q, k and v in e4m3 and their descales (see the module doc); dout stays as it is."""
     hkv = inputs.k.shape[-2]
     stored, descales = [], []
     for t in (inputs.q, inputs.k, inputs.v):
-        grouped = t.float().unflatten(-2, (hkv, t.shape[-2] // hkv))  # (..., Hkv, group, D)
+        grouped = _by_kv_head(t.float(), hkv)
         if per_head:
             amax = grouped.abs().movedim(-3, 0).reshape(hkv, -1).amax(dim=1)
         else:
@@ -170,7 +175,7 @@ def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnI
     hkv = inputs.k.shape[-2]
 
     def value(t, descale):
-        grouped = t.to(dtype).unflatten(-2, (hkv, t.shape[-2] // hkv))
+        grouped = _by_kv_head(t.to(dtype), hkv)
         return (grouped * descale.to(dtype)[:, None, None]).flatten(-3, -2)
     q, k, v = (value(t, d) for t, d in zip((inputs.q, inputs.k, inputs.v), inputs.descale, strict=True))
     return dataclasses.replace(inputs, q=q, k=k, v=v, descale=None, unquantized=None)

@@ -306,7 +306,7 @@ class Runner:
                  "gbps": metrics.gb_per_s(nbytes, stats["median_ms"])}
         cold = not cuda or (self.options.timing.cold_l2 and info.get("graph_cold") is not False)
         impossible = plausibility.check(tflops=rates["tflops"], gbps=rates["gbps"], info=info,
-                                        exact=backend.capabilities.exact and not spec.is_fp8, cold_l2=cold, limits=self.ceilings)
+                                        exact=backend.judged_exactly(spec), cold_l2=cold, limits=self.ceilings)
         if bad:
             status, reason = "nan", f"non-finite values in {bad}"
         elif accuracy is not None and accuracy.get("verdict") == "fail":

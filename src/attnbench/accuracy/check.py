@@ -91,7 +91,7 @@ class AccuracyChecker:
         wanted = ("out", "dq", "dk", "dv") if grads else ("out",)
         missing = tuple(name for name in wanted if name not in got)
         metrics = compare(got, expected.reference.tensors())
-        exact = backend.capabilities.exact and not spec.is_fp8
+        exact = backend.judged_exactly(spec)
         verdict = judge(metrics, expected.baseline if exact else None, spec.dtype, exact=exact,
                         missing=missing, tol=self.tolerance,
                         reduction=max(max(spec.seqlens_q), max(spec.seqlens_k)))
@@ -125,18 +125,17 @@ class AccuracyChecker:
 
     def _compute(self, spec: AttnSpec, inputs: AttnInputs, grads: bool) -> Expected:
         device = inputs.q.device
+        dtype = compute_dtype_for(device, spec.out_dtype if spec.is_fp8 else inputs.q.dtype)
+        label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax"
         if spec.is_fp8:  # judged approximately against the dequantized inputs; no fp8 math to compare with
-            dtype = compute_dtype_for(device, spec.out_dtype)
-            label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax, dequantized inputs"
             ref = reference_attention(spec, dequantized(inputs, dtype), grads=grads, dtype=dtype, blocks=self.blocks)
             unquantized = reference_attention(spec, inputs.unquantized, grads=grads, dtype=dtype, blocks=self.blocks)
-            return Expected(reference=ref, baseline={}, label=label, grads=grads, unquantized=unquantized)
-        dtype = compute_dtype_for(device, inputs.q.dtype)
+            return Expected(reference=ref, baseline={}, label=f"{label}, dequantized inputs", grads=grads,
+                            unquantized=unquantized)
         ref = reference_attention(spec, inputs, grads=grads, dtype=dtype, blocks=self.blocks)
         base = math_baseline(spec, inputs, grads=grads)
         baseline = compare(base, ref.tensors())
         del base
-        label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax"
         log.debug("reference for %s: %s", spec.label(), label)
         return Expected(reference=ref, baseline=baseline, label=label, grads=grads)
 

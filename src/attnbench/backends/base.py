@@ -167,6 +167,11 @@ class Backend:
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def judged_exactly(self, spec: AttnSpec) -> bool:
+        """Whether ``spec``'s result is held to exactness: not for approximate backends (``exact=False``)
+        nor for fp8 inputs, which every kernel rounds by design (the verdict and the plausibility ceiling)."""
+        return self.capabilities.exact and not spec.is_fp8
+
     def base_info(self) -> dict:
         return {"backend": self.name, "package": self.package or "torch", "version": self.version(),
                 "exact": self.capabilities.exact}

@@ -123,7 +123,7 @@ class _FlashInferPaged(KernelBackend):
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
         wrapper = getattr(mod, self.wrapper)(workspace, "NHD")
         self.plan(wrapper, spec, p, indptr, indices, last_page_len)
-        q, kv = self.queries(p.flatten(inputs.q)), (cache.k_cache, cache.v_cache)
+        q, kv = p.flatten(inputs.q).contiguous(), (cache.k_cache, cache.v_cache)
 
         def call() -> Outputs:
             with torch.no_grad():
@@ -132,9 +132,6 @@ class _FlashInferPaged(KernelBackend):
         info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
                                    "cache": f"paged, {self.page_size} tokens a page"}
         return Prepared(fn=call, info=info)
-
-    def queries(self, q_thd: torch.Tensor) -> torch.Tensor:
-        return q_thd.contiguous()
 
 
 class FlashInferDecode(_FlashInferPaged):

@@ -21,6 +21,12 @@ pytestmark = pytest.mark.gpu
 KERNELS = ["flash", "efficient", "cudnn", "fa2", "fa3", "fa4"]
 
 
+def _pythonpath() -> str:
+    """This checkout's src first, then what the caller had (kernel packages installed with --target)."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    return os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def _kernel(name):
     try:
         return get_kernel(name)
@@ -76,8 +82,7 @@ def test_causal_diagonal_block(name):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_torchrun_every_method_passes_on_gpus(tmp_path):
     n = min(4, torch.cuda.device_count())
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, PYTHONPATH=src, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "attnbench", "dist",
            "--method", "ring,zigzag,ulysses,usp,torch-cp", "--kernel", "flash", "--seq-lens", "8192",
            "--q-heads", "8", "--kv-heads", "8", "--head-size", "128", "--dtype", "bf16", "--causal", "both",
@@ -86,3 +91,23 @@ def test_torchrun_every_method_passes_on_gpus(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("verdict: pass") == 10, res.stdout[-5000:]
     assert "verdict: fail" not in res.stdout
+
+
+@pytest.mark.parametrize("kernel", ["fa3", "fa2", "cudnn"])
+def test_ranks_sharing_one_gpu_check_every_method(tmp_path, kernel):
+    # Four ranks on one GPU (gloo through host memory): every method, the USP 2 x 2 mesh included, runs its
+    # real multi-rank path with the real kernel and passes the per-rank check; nothing is timed.
+    _kernel(kernel)
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")[:1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "-m", "attnbench", "dist",
+           "--method", "ring,zigzag,ulysses,usp", "--ulysses-degree", "2", "--kernel", kernel,
+           "--seq-lens", "4104", "--q-heads", "8", "--kv-heads", "4", "--head-size", "128", "--dtype", "bf16",
+           "--causal", "both", "--pass", "fwd_bwd", "--db", str(tmp_path / "s.db")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("verdict: pass") == 8, res.stdout[-5000:]
+    assert "4 ranks share each GPU" in res.stdout and "not timed" in res.stdout
+    from attnbench.results.store import ResultStore
+    rows = ResultStore(tmp_path / "s.db").records()
+    assert len(rows) == 8 and all(r.median_ms is None and r.accuracy["verdict"] == "pass" for r in rows)
+    assert {r.info["world_size"] for r in rows} == {4} and {r.info["backend"] for r in rows} == {"gloo"}

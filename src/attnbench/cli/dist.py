@@ -111,6 +111,10 @@ def dist(
         raise SystemExit(2) from exc  # every rank rejects; only rank 0 says why
     try:
         _execute(plan)
+    except UserError as exc:
+        if rank_env == 0:
+            raise
+        raise SystemExit(2) from exc
     except Exception as exc:
         rank = int(os.environ.get("RANK", "0"))
         if os.environ.get("ATTNBENCH_DEBUG"):
@@ -151,6 +155,15 @@ def _plan(ctx: typer.Context) -> dict:
 def _execute(plan: dict) -> None:
     opts = plan["opts"]
     ctx = bench.init_distributed(plan["device"], opts["timeout"])
+    if ctx.ranks_per_device > 1:
+        if not opts["check"]:
+            import torch.distributed as torch_dist
+            torch_dist.destroy_process_group()
+            raise UserError(f"{ctx.ranks_per_device} ranks share each GPU, so cases are checked and not timed: "
+                            "--no-check would leave nothing to do")
+        if ctx.rank == 0:
+            common.console.print(f"{ctx.ranks_per_device} ranks share each GPU: gloo through host memory; every case "
+                                 "is checked against one device, none is timed", highlight=False)
     store = None
     if ctx.rank == 0:
         env = envmod.collect(ctx.device)
@@ -254,4 +267,5 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
                 cells = [f"{1e3 / med:.3f}", f"{med:.3f}", mem, f"{tf:.1f}" if tf >= 0.1 else f"{tf:.2g}", ""]
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
+        lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
         common.console.print("\n".join(lines), highlight=False, markup=False)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from attnbench import metrics
 from attnbench.distributed import layout as lay
 from attnbench.distributed import peers
+from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
 from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
 from attnbench.distributed.ring import ring_attention
@@ -48,9 +49,13 @@ from attnbench.timing import TimingConfig, measure, summarize
 log = logging.getLogger(__name__)
 
 METHODS = ("ring", "zigzag", "ulysses", "usp", "torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
+OWN_COLLECTIVES = ("torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
+"""Other implementations, which move tensors with collectives of their own (NCCL on CUDA)."""
 VERDICT_K = 2.5
 FLOOR_ULPS = 2
 FAIL_RANK_ENV = "ATTNBENCH_DIST_FAIL_RANK"  # fault injection for testing the failure path
+SHARED_NOT_TIMED = ("not timed: {n} ranks share each GPU (gloo through host memory), so a time would be "
+                    "neither per device nor of the real transfers")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +67,8 @@ class DistContext:
     local_rank: int
     device: torch.device
     backend: str
+    ranks_per_device: int = 1
+    """Ranks of this node on each GPU: above 1 the job runs on gloo and checks results without timing them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +96,11 @@ def _free_port() -> int:
 
 
 def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> DistContext:
-    """Join the torchrun job (or make a one-process one); NCCL on GPUs, gloo on CPU."""
+    """Join the torchrun job (or make a one-process one); NCCL on GPUs, gloo on CPU.
+
+    A node with more ranks than GPUs (``torchrun --nproc_per_node 4`` on one GPU) shares the GPUs
+    round-robin and runs on gloo through host memory, since NCCL refuses two ranks on one device:
+    such a job checks every method with the real kernels, and its times are not recorded."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     if "RANK" not in os.environ:  # plain `attnbench dist`: a world of one
@@ -97,14 +108,18 @@ def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> Dis
                           MASTER_PORT=str(_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
-    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    per_device = 1
+    dev = torch.device("cpu")
     if use_cuda:
+        gpus = torch.cuda.device_count()
+        per_device = -(-int(os.environ.get("LOCAL_WORLD_SIZE", "1")) // max(gpus, 1))
+        dev = torch.device("cuda", local_rank % max(gpus, 1))
         torch.cuda.set_device(dev)
-    backend = "nccl" if use_cuda else "gloo"
+    backend = "nccl" if use_cuda and per_device == 1 else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     ctx = DistContext(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank, device=dev,
-                      backend=backend)
+                      backend=dist.get_backend(), ranks_per_device=per_device)
     if os.environ.get(FAIL_RANK_ENV) == str(ctx.rank):
         raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={ctx.rank})")
     return ctx
@@ -114,6 +129,9 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
                  comm: str = "p2p") -> Method:
     """The method ``name`` for this case; ValueError for a bad case, MethodUnavailable for a missing peer."""
     causal, scale, seq = spec.causal, spec.softmax_scale, spec.seqlens_q[0]
+    if name in OWN_COLLECTIVES and ctx.ranks_per_device > 1:
+        raise MethodUnavailable(f"{name} moves CUDA tensors with its own collectives, which need one GPU per rank "
+                                f"(NCCL); here {ctx.ranks_per_device} ranks share each GPU")
     if name in ("ring", "zigzag", "rfa-ring", "rfa-zigzag"):
         layout = "zigzag" if name.endswith("zigzag") else "contiguous"
         lay.check_seq_len(seq, layout, ctx.world, what=f"{name}: {'2 x ' if layout == 'zigzag' else ''}world size")
@@ -246,7 +264,7 @@ def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float]
     samples = measure(fn, timing.fixed(), ctx.device)
     peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
     buf = torch.tensor([*samples, float(peak)], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    all_reduce(buf, op=dist.ReduceOp.MAX)
     values = buf.tolist()
     return values[:-1], (int(values[-1]) if cuda else None)
 
@@ -299,17 +317,20 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             dist.all_gather_object(gathered, mine)
             result.per_rank = gathered
         wall["check_s"] = time.perf_counter() - t0
-        shards = shard_inputs(inputs, idx)
-        del inputs
-        _free(ctx.device)
-        t0 = time.perf_counter()
-        samples, result.peak_bytes = time_method(timed_closure(method, shards, spec.pass_), timing, ctx)
-        wall["timing_s"] = time.perf_counter() - t0
+        if ctx.ranks_per_device > 1:
+            result.info["not_timed"] = SHARED_NOT_TIMED.format(n=ctx.ranks_per_device)
+        else:
+            shards = shard_inputs(inputs, idx)
+            del inputs
+            _free(ctx.device)
+            t0 = time.perf_counter()
+            samples, result.peak_bytes = time_method(timed_closure(method, shards, spec.pass_), timing, ctx)
+            wall["timing_s"] = time.perf_counter() - t0
+            result.samples, result.stats = samples, summarize(samples)
+            flop = metrics.flops(spec, convention=convention) / ctx.world
+            result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])
     result.info["wall_s"] = wall
     log.info("%s %s: %s", method_name, spec.label(), ", ".join(f"{k} {v:.1f}" for k, v in wall.items()))
-    result.samples, result.stats = samples, summarize(samples)
-    flop = metrics.flops(spec, convention=convention) / ctx.world
-    result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])
     if result.verdict == "fail":
         result.status, result.reason = "mismatch", "distributed result outside the verdict bound on some rank"
     return result

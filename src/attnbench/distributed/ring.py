@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from attnbench.distributed import comm as xfer
 from attnbench.distributed.kernels import LocalKernel
 from attnbench.distributed.layout import zigzag_shard, zigzag_unshard  # noqa: F401  (public helpers)
 
@@ -61,10 +62,7 @@ class RingComm:
 
     def exchange(self, tensors) -> tuple[list[torch.Tensor], list]:
         """Post sends of ``tensors`` to the next rank and receives of the same shapes from the previous one."""
-        recv = [torch.empty_like(t) for t in tensors]
-        ops = [dist.P2POp(dist.isend, t, self.next_peer, self.group) for t in tensors]
-        ops += [dist.P2POp(dist.irecv, r, self.prev_peer, self.group) for r in recv]
-        return recv, dist.batch_isend_irecv(ops)
+        return xfer.send_recv(tensors, self.next_peer, self.prev_peer, self.group)
 
 
 def _wait(reqs: list) -> None:
@@ -181,9 +179,7 @@ def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm
 
 
 def _gather(t: torch.Tensor, comm: RingComm) -> list[torch.Tensor]:
-    parts = [torch.empty_like(t) for _ in range(comm.world)]
-    dist.all_gather(parts, t.contiguous(), group=comm.group)
-    return parts
+    return xfer.all_gather(t, comm.world, comm.group)
 
 
 def allgather_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
@@ -213,8 +209,8 @@ def allgather_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: Rin
 
 def _reduce_to_owners(parts: torch.Tensor, comm: RingComm) -> torch.Tensor:
     """Sum over ranks of parts[i], delivered to rank i (gloo has no reduce_scatter: all_reduce there)."""
-    if dist.get_backend(comm.group) == "gloo":
-        dist.all_reduce(parts, group=comm.group)
+    if xfer.through_host(comm.group):
+        xfer.all_reduce(parts, group=comm.group)
         return parts[comm.rank]
     mine = torch.empty_like(parts[0])
     dist.reduce_scatter_tensor(mine, parts, group=comm.group)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from attnbench.distributed.comm import all_to_all
 from attnbench.distributed.kernels import LocalKernel, local_attention
 
 
@@ -30,7 +31,7 @@ def _seq_to_heads(x: torch.Tensor, group, world: int) -> torch.Tensor:
     b, s, h, d = x.shape
     send = x.reshape(b, s, world, h // world, d).permute(2, 0, 1, 3, 4).contiguous()
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # recv[j] = rank j's sequence chunk of my heads
+    all_to_all(recv, send, group)  # recv[j] = rank j's sequence chunk of my heads
     return recv.permute(1, 0, 2, 3, 4).reshape(b, world * s, h // world, d)
 
 
@@ -39,7 +40,7 @@ def _heads_to_seq(x: torch.Tensor, group, world: int) -> torch.Tensor:
     b, s, h, d = x.shape
     send = x.reshape(b, world, s // world, h, d).permute(1, 0, 2, 3, 4).contiguous()
     recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # recv[j] = my sequence chunk of rank j's heads
+    all_to_all(recv, send, group)  # recv[j] = my sequence chunk of rank j's heads
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s // world, world * h, d)
 
 

@@ -85,3 +85,31 @@ def test_rejects_length_not_divisible_before_starting(tmp_path):
     assert "sequence length 66 is not a multiple of 4" in res.stderr and "64 or 68" in res.stderr
     assert res.stderr.count("\n") == 1  # one line, no traceback
     assert not db.exists()
+
+
+def test_timeline_records_every_step_phase_by_phase(tmp_path):
+    # zigzag causal fwd_bwd on 2 ranks: two steps per pass, each with its kernel and merge, the backward's
+    # dK/dV waits, and phases that add up to about the call's time (not double counted, nothing left out).
+    db = tmp_path / "t.db"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "attnbench", "dist", "--method", "zigzag,ulysses", "--kernel", "cpu-flash", "--device", "cpu",
+           "--seq-lens", "1032", "--q-heads", "4", "--kv-heads", "2", "--head-size", "32", "--dtype", "fp32",
+           "--warmup", "1", "--repeat", "5", "--causal", "--pass", "fwd_bwd", "--no-check", "--timeline", "3",
+           "--db", str(db)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("timeline, ms per call (median of 3 recorded calls") == 2
+    with sqlite3.connect(db) as conn:
+        rows = dict(conn.execute("SELECT backend, info || '|' || median_ms FROM records").fetchall())
+    info, median = rows["cp-zigzag:cpu-flash"].split("|")
+    per_rank = json.loads(info)["timeline"]
+    assert len(per_rank) == 2
+    for phases in per_rank:
+        seen = {(p, s, ph) for p, s, ph, _ in phases}
+        for pass_ in ("fwd", "bwd"):
+            for step in (0, 1):
+                assert {(pass_, step, "kernel"), (pass_, step, "merge")} <= seen
+        assert ("bwd", 1, "wait") in seen and all(ms >= 0 for *_, ms in phases)
+        assert 0.5 < sum(ms for *_, ms in phases) / float(median) < 1.5
+    uly = json.loads(rows["cp-ulysses:cpu-flash"].split("|")[0])["timeline"][0]
+    assert {(p, ph) for p, _, ph, _ in uly} >= {("fwd", "a2a"), ("fwd", "kernel"), ("bwd", "a2a"), ("bwd", "kernel")}

@@ -20,7 +20,7 @@ import typer
 import attnbench
 from attnbench.cli import common
 from attnbench.cli.common import UserError
-from attnbench.distributed import bench
+from attnbench.distributed import bench, timeline
 from attnbench.distributed import layout as lay
 from attnbench.distributed.kernels import KERNELS, KernelUnavailable, get_kernel
 from attnbench.distributed.ulysses import check_heads
@@ -96,6 +96,10 @@ def dist(
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Compare every rank with one device.")] = True,
+    timeline: Annotated[int, typer.Option(
+        "--timeline", metavar="CALLS",
+        help="After the timed calls, record CALLS more step by step: kernel, merge, exposed waits, all-to-alls, "
+             "launch gaps per rank (0: off).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a collective may wait for a peer.")] = 600.0,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or .csv.")] = None,
@@ -144,6 +148,8 @@ def _plan(ctx: typer.Context) -> dict:
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (3 if cpu else 20))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if (opts.get("timeline") or 0) < 0:
+        raise UserError(f"bad --timeline {opts['timeline']}: give a number of calls (0 for none)")
     if opts.get("output") is not None:
         try:
             export.format_for(Path(opts["output"]))
@@ -180,9 +186,10 @@ def _execute(plan: dict) -> None:
             for spec in plan["specs"]:
                 res = bench.run_case(spec, method, opts["kernel"], ctx, timing=plan["timing"], check=opts["check"],
                                      ulysses_degree=opts.get("ulysses_degree"), comm=opts["ring_comm"],
-                                     seed=opts.get("seed") or 0)
+                                     seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline") or 0)
                 if ctx.rank == 0:
                     _print_case(res, ctx.world)
+                    _print_timeline(res)
                     record = _record(res, run_id, env_id, ctx, opts.get("seed") or 0)
                     store.write(record)
                     records.append(record)
@@ -247,6 +254,28 @@ def _print_case(res: bench.CaseResult, world: int) -> None:
     lines.append(f"verdict: {res.verdict} (error vs exact <= {bench.VERDICT_K} x single-device error + "
                  f"{bench.FLOOR_ULPS} ulp; worst: rank {worst[1]} {worst[2]} at {worst[0]:.2f} of the bound)")
     out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _print_timeline(res: bench.CaseResult) -> None:
+    """Where the time of a recorded call goes: per step (min-max over ranks), then per rank."""
+    per_rank = res.info.get("timeline")
+    if not per_rank:
+        return
+    steps, totals = timeline.summarize(per_rank)
+    calls = res.info.get("timeline_calls", "")
+
+    def span(v):
+        return "" if v is None else (f"{v[0]:.2f}" if abs(v[1] - v[0]) < 0.005 else f"{v[0]:.2f}-{v[1]:.2f}")
+    lines = [f"timeline, ms per call (median of {calls} recorded calls; per step: min-max over ranks)",
+             "| pass | step | " + " | ".join(timeline.PHASES) + " |", "|---|---:|" + "---:|" * len(timeline.PHASES)]
+    lines += [f"| {r['pass']} | {r['step']} | " + " | ".join(span(r.get(ph)) for ph in timeline.PHASES) + " |"
+              for r in steps]
+    cols = (*timeline.PHASES, "total", "imbalance")
+    lines += ["| rank | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
+    lines += [f"| {i} | " + " | ".join(f"{t[c]:.2f}" for c in cols) + " |" for i, t in enumerate(totals)]
+    lines.append("imbalance: the slowest rank's kernel time less this rank's; wait: communication not hidden "
+                 "under compute, waits for slower peers included; gap: the GPU idle while the host launches")
+    common.console.print("\n".join(lines), highlight=False, markup=False)
 
 
 def _print_tables(results: list[bench.CaseResult], world: int) -> None:

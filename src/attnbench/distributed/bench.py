@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from attnbench import metrics
 from attnbench.distributed import layout as lay
-from attnbench.distributed import peers
+from attnbench.distributed import peers, timeline
 from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
 from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
@@ -294,8 +294,11 @@ class CaseResult:
 
 def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContext, *, timing: TimingConfig,
              check: bool = True, ulysses_degree: int | None = None, comm: str = "p2p", seed: int = 0,
-             convention: str = "exact") -> CaseResult:
-    """Check and time one case on every rank; the result is complete on rank 0."""
+             convention: str = "exact", timeline_calls: int = 0) -> CaseResult:
+    """Check and time one case on every rank; the result is complete on rank 0.
+
+    ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
+    (``timeline.py``); every rank's phases go to ``info["timeline"]``."""
     result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
     peer = method_name in ("rfa-ring", "rfa-zigzag", "yunchang")
     try:
@@ -324,8 +327,14 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             del inputs
             _free(ctx.device)
             t0 = time.perf_counter()
-            samples, result.peak_bytes = time_method(timed_closure(method, shards, spec.pass_), timing, ctx)
+            closure = timed_closure(method, shards, spec.pass_)
+            samples, result.peak_bytes = time_method(closure, timing, ctx)
             wall["timing_s"] = time.perf_counter() - t0
+            if timeline_calls:
+                mine = timeline.record(closure, ctx.device, timeline_calls)
+                result.info["timeline_calls"] = timeline_calls
+                result.info["timeline"] = [None] * ctx.world
+                dist.all_gather_object(result.info["timeline"], mine)
             result.samples, result.stats = samples, summarize(samples)
             flop = metrics.flops(spec, convention=convention) / ctx.world
             result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnbench.distributed import timeline
+
 Fwd = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 Bwd = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -347,6 +349,7 @@ class LocalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, kernel: LocalKernel, causal: bool, scale: float):
         out, lse = kernel.fwd(q, k, v, causal, scale)
+        timeline.mark("kernel")
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.kernel, ctx.causal, ctx.scale = kernel, causal, scale
         return out
@@ -354,7 +357,9 @@ class LocalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
+        timeline.begin_step("bwd", 0)
         dq, dk, dv = ctx.kernel.bwd(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.scale)
+        timeline.mark("kernel")
         return dq, dk, dv, None, None, None
 
 

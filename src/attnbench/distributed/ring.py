@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnbench.distributed import comm as xfer
+from attnbench.distributed import timeline
 from attnbench.distributed.kernels import LocalKernel
 from attnbench.distributed.layout import zigzag_shard, zigzag_unshard  # noqa: F401  (public helpers)
 
@@ -94,17 +95,21 @@ def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
     if kind == Q_BACK:
         h = q.shape[1] // 2
         bo, bl = kernel.fwd(q[:, h:], k, v, False, scale)
+        timeline.mark("kernel")
         merge(state[0][:, h:], state[1][:, h:], bo, bl)
+        timeline.mark("merge")
         return
     if kind == KV_FRONT:
         h = k.shape[1] // 2
         k, v = k[:, :h], v[:, :h]
     bo, bl = kernel.fwd(q, k, v, kind == DIAG, scale)
+    timeline.mark("kernel")
     if state[0] is None:  # the first block (always the local one) starts the accumulators
         acc = _acc_dtype(q.dtype)
         state[0], state[1] = bo.to(acc), bl.transpose(1, 2).unsqueeze(-1).to(acc)
     else:
         merge(state[0], state[1], bo, bl)
+    timeline.mark("merge")
 
 
 def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dkv) -> None:
@@ -118,17 +123,23 @@ def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, d
     if kind == Q_BACK:
         h = q.shape[1] // 2
         bdq, bdk, bdv = kernel.bwd(dout[:, h:], q[:, h:], k, v, out[:, h:], lse[:, :, h:], False, scale)
+        timeline.mark("kernel")
         dq[:, h:] += bdq
+        timeline.mark("merge")
         dk, dv = dkv()
         dk += bdk
         dv += bdv
+        timeline.mark("merge")
         return
     n = k.shape[1] // 2 if kind == KV_FRONT else k.shape[1]
     bdq, bdk, bdv = kernel.bwd(dout, q, k[:, :n], v[:, :n], out, lse, kind == DIAG, scale)
+    timeline.mark("kernel")
     dq += bdq
+    timeline.mark("merge")
     dk, dv = dkv()
     dk[:, :n] += bdk
     dv[:, :n] += bdv
+    timeline.mark("merge")
 
 
 def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
@@ -138,11 +149,13 @@ def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
     for step in range(comm.world):
         if step + 1 < comm.world:
             nxt, reqs = comm.exchange(kv)
+        timeline.begin_step("fwd", step)
         src = (comm.rank - step) % comm.world
         _fwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), q, kv[0], kv[1], state, scale)
         if step + 1 < comm.world:
             _wait(reqs)
             kv = tuple(nxt)
+            timeline.mark("wait")
     out, lse = state
     return out.to(q.dtype), lse.squeeze(-1).transpose(1, 2).contiguous()
 
@@ -153,28 +166,34 @@ def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm
     The accumulators of a step's K/V block arrive from the previous rank while this rank's kernel for
     that block runs: they are waited for only when the block's dK/dV are added (``_bwd_block``)."""
     acc = _acc_dtype(q.dtype)
+    timeline.begin_step("bwd", 0)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = (k, v)
     dkv = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
+    timeline.mark("merge")  # zeroing the fp32 accumulators
     dkv_reqs: list = []
 
     def arrived():
-        _wait(dkv_reqs)  # the accumulators for this K/V block, from the previous rank
+        if dkv_reqs:
+            _wait(dkv_reqs)  # the accumulators for this K/V block, from the previous rank
+            timeline.mark("wait")
         return dkv
     for step in range(comm.world):
         if step + 1 < comm.world:
             nxt, kv_reqs = comm.exchange(kv)
+        timeline.begin_step("bwd", step)
         src = (comm.rank - step) % comm.world
         _bwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), dout, q, kv[0], kv[1], out, lse, scale, dq,
                    arrived)
         if comm.world > 1:
-            _wait(dkv_reqs)  # a skipped block still hands on what it received
+            arrived()  # a skipped block still hands on what it received
             dkv, dkv_reqs = comm.exchange(dkv)
         if step + 1 < comm.world:
             _wait(kv_reqs)
             kv = tuple(nxt)
+            timeline.mark("wait")
     if comm.world > 1:
-        _wait(dkv_reqs)  # after a full turn each rank receives its own block's accumulators
+        arrived()  # after a full turn each rank receives its own block's accumulators
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from attnbench.distributed import timeline
 from attnbench.distributed.comm import all_to_all
 from attnbench.distributed.kernels import LocalKernel, local_attention
 
@@ -54,7 +55,9 @@ class SeqToHeads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _heads_to_seq(grad.contiguous(), ctx.group, ctx.world), None, None
+        out = _heads_to_seq(grad.contiguous(), ctx.group, ctx.world)
+        timeline.mark("a2a")
+        return out, None, None
 
 
 class HeadsToSeq(torch.autograd.Function):
@@ -67,7 +70,10 @@ class HeadsToSeq(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _seq_to_heads(grad.contiguous(), ctx.group, ctx.world), None, None
+        timeline.begin_step("bwd", 0)  # the first thing Ulysses' backward does
+        out = _seq_to_heads(grad.contiguous(), ctx.group, ctx.world)
+        timeline.mark("a2a")
+        return out, None, None
 
 
 def ulysses_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: float,
@@ -79,12 +85,18 @@ def ulysses_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: floa
     """
     world = dist.get_world_size(group)
     check_heads(q.shape[2], k.shape[2], world)
+    timeline.begin_step("fwd", 0)
     if world == 1:
         qh, kh, vh = q, k, v
     else:
         qh, kh, vh = (SeqToHeads.apply(t.contiguous(), group, world) for t in (q, k, v))
+        timeline.mark("a2a")
     if inner is None:
         out = local_attention(qh, kh, vh, kernel, causal, scale)
     else:
         out = inner(qh, kh, vh)
-    return out if world == 1 else HeadsToSeq.apply(out.contiguous(), group, world)
+    if world == 1:
+        return out
+    out = HeadsToSeq.apply(out.contiguous(), group, world)
+    timeline.mark("a2a")
+    return out

@@ -90,3 +90,15 @@ def test_cp_model_bad_input_is_one_line(argv, message, capsys, monkeypatch):
         main(["cp-model", *argv])
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and err.startswith("attnbench: error:") and message in err and "\n" not in err
+
+
+def test_twins_pair_only_methods_that_do_the_same_work():
+    full = cpm.Problem(1, 16384, 32, 32, causal=False)
+    causal = replace(full, causal=True)
+    rows = [cpm.Measured("ring", "k", 2, full, 500.0), cpm.Measured("zigzag", "k", 2, full, 490.0),
+            cpm.Measured("ring", "k", 2, causal, 300.0), cpm.Measured("zigzag", "k", 2, causal, 450.0),
+            cpm.Measured("ulysses", "k", 2, full, 520.0), cpm.Measured("usp", "k", 2, full, 515.0),
+            cpm.Measured("ulysses", "k", 16, full, 400.0), cpm.Measured("usp", "k", 16, full, 410.0)]
+    pairs = {(a.method, b.method, a.n, a.problem.causal) for a, b in cpm.twins(rows)}
+    # a causal mask makes ring and zigzag differ; on 16 GPUs USP keeps a ring of 2 (Ulysses inside 8-GPU nodes)
+    assert pairs == {("ring", "zigzag", 2, False), ("ulysses", "usp", 2, False)}

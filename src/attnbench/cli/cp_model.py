@@ -13,7 +13,7 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 
 RESULTS = Path("docs/results")
-DEFAULT_KERNELS = RESULTS / "h200-2026-11-23/cp-model/local_kernels_h200.csv"
+DEFAULT_KERNELS = RESULTS / "h200-2026-11-24/cp-model/local_kernels_h200.csv"
 DEFAULT_FIT = RESULTS / "h200x2-2026-11-22/seed001_tables.csv"
 DEFAULT_CHECK = RESULTS / "h200x2-2026-11-22/cp_p4.csv"
 QUOTED = [
@@ -82,11 +82,12 @@ def cp_model(
 
 
 def _errors_table(title: str, model, rows) -> None:
-    from attnbench.distributed.model import errors
+    from attnbench.distributed.model import errors, twins
     if not rows:
         return
     errs = errors(model, rows)
     within = sum(abs(e) <= 0.05 for e in errs)
+    spread = sorted(abs(a.tflops / b.tflops - 1) for a, b in twins(rows))
     table = Table(title=f"{title}: predicted vs measured TF/s per device ({within} of {len(rows)} within 5%)",
                   header_style="bold")
     for col in ("method:kernel", "GPUs", "B", "S", "causal", "pass", "measured", "predicted", "error"):
@@ -96,6 +97,11 @@ def _errors_table(title: str, model, rows) -> None:
         table.add_row(f"{m.method}:{m.kernel}", str(m.n), str(p.batch), str(p.seq_len), "yes" if p.causal else "no",
                       p.pass_, f"{m.tflops:.1f}", f"{m.tflops * (1 + e):.1f}", f"{100 * e:+.1f}%")
     common.console.print(table)
+    if spread:
+        common.console.print(
+            f"{title}: repeatability of these records: {len(spread)} pairs doing the same work (ring and zigzag "
+            f"without a mask, Ulysses and USP with no ring) differ by {100 * spread[len(spread) // 2]:.1f}% "
+            f"(median), {100 * spread[-1]:.1f}% at most", highlight=False)
 
 
 def _predictions(model, kernel: str, counts, lengths, heads: int, kv_heads: int, causal: bool) -> None:

@@ -247,6 +247,20 @@ def read_measured(path: str | Path) -> list[Measured]:
     return out
 
 
+def twins(rows: list[Measured], node_size: int = Params.node_size) -> list[tuple[Measured, Measured]]:
+    """Pairs of records of one problem whose methods do the same work, so that their difference is the
+    measurement's own repeatability: ring and zigzag without a mask (the same full blocks), Ulysses and
+    USP where USP's Ulysses degree is the whole world (no ring)."""
+    by = {(m.method, m.kernel, m.n, m.problem): m for m in rows}
+    pairs = []
+    for (method, kernel, n, p), m in by.items():
+        if method == "ring" and not p.causal and ("zigzag", kernel, n, p) in by:
+            pairs.append((m, by[("zigzag", kernel, n, p)]))
+        if method == "ulysses" and math.gcd(n, node_size, p.heads, p.kv_heads) == n and ("usp", kernel, n, p) in by:
+            pairs.append((m, by[("usp", kernel, n, p)]))
+    return pairs
+
+
 def errors(model: Model, rows: list[Measured]) -> list[float]:
     """Relative error of the prediction for each row (predicted / measured - 1)."""
     return [model.tflops(m.method, m.kernel, m.problem, m.n) / m.tflops - 1 for m in rows]

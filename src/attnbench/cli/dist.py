@@ -30,7 +30,6 @@ from attnbench.results.record import Record
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.timing import TimingConfig
 
-PEERS = ("rfa-ring", "rfa-zigzag", "yunchang")
 SEP = "#" * 30
 TABLE_COLUMNS = ("batch_size", "seq_len", "nheads", "head_size", "fwd_only", "throughput(iters/s)",
                  "latency(ms/iter)", "peak memory(MB/device)", "speed(TFLOPS)")
@@ -132,7 +131,7 @@ def _plan(ctx: typer.Context) -> dict:
     methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
     if opts["ring_comm"] not in ("p2p", "allgather"):
         raise UserError(f"bad --ring-comm {opts['ring_comm']!r}; allowed: p2p, allgather")
-    if any(m not in PEERS for m in methods):
+    if any(m not in bench.OWN_KERNEL for m in methods):
         try:
             get_kernel(opts["kernel"])
         except KernelUnavailable as exc:
@@ -212,7 +211,7 @@ def _execute(plan: dict) -> None:
 
 
 def _backend_name(res: bench.CaseResult) -> str:
-    return f"cp-{res.method}" if res.method in PEERS else f"cp-{res.method}:{res.kernel}"
+    return f"cp-{res.method}" if res.method in bench.OWN_KERNEL else f"cp-{res.method}:{res.kernel}"
 
 
 def _record(res: bench.CaseResult, run_id: str, env_id: str, ctx: bench.DistContext, seed: int) -> Record:

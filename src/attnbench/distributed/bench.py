@@ -49,7 +49,9 @@ from attnbench.timing import TimingConfig, measure, summarize
 log = logging.getLogger(__name__)
 
 METHODS = ("ring", "zigzag", "ulysses", "usp", "torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
-OWN_COLLECTIVES = ("torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
+OWN_KERNEL = ("rfa-ring", "rfa-zigzag", "yunchang")
+"""Other implementations that bring their own local kernel (``--kernel`` does not apply)."""
+OWN_COLLECTIVES = ("torch-cp", *OWN_KERNEL)
 """Other implementations, which move tensors with collectives of their own (NCCL on CUDA)."""
 VERDICT_K = 2.5
 FLOOR_ULPS = 2
@@ -300,7 +302,7 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
     (``timeline.py``); every rank's phases go to ``info["timeline"]``."""
     result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
-    peer = method_name in ("rfa-ring", "rfa-zigzag", "yunchang")
+    peer = method_name in OWN_KERNEL
     try:
         kernel = None if peer else kernel_for(kernel_name, spec, ctx.device)
         method = build_method(method_name, kernel_name, spec, ctx, ulysses_degree=ulysses_degree, comm=comm)

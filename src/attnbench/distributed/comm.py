@@ -18,6 +18,11 @@ def through_host(group=None) -> bool:
     return dist.get_backend(group) == "gloo"
 
 
+def _staged(t: torch.Tensor, group) -> bool:
+    """True when ``t`` must go through a host copy to travel over ``group``."""
+    return t.device.type != "cpu" and through_host(group)
+
+
 class _CopyBack:
     """The requests of a staged transfer; ``wait`` also copies the host buffers into their targets."""
 
@@ -51,7 +56,7 @@ def send_recv(tensors, next_peer: int, prev_peer: int, group=None) -> tuple[list
 
 def all_to_all(recv: torch.Tensor, send: torch.Tensor, group=None) -> None:
     """``all_to_all_single`` of equal splits along dim 0, into ``recv``."""
-    if through_host(group) and send.device.type != "cpu":
+    if _staged(send, group):
         wire = torch.empty_like(recv, device="cpu")
         dist.all_to_all_single(wire, send.cpu(), group=group)
         recv.copy_(wire)
@@ -61,7 +66,7 @@ def all_to_all(recv: torch.Tensor, send: torch.Tensor, group=None) -> None:
 
 def all_gather(t: torch.Tensor, world: int, group=None) -> list[torch.Tensor]:
     """Every rank's ``t``, in rank order."""
-    host = through_host(group) and t.device.type != "cpu"
+    host = _staged(t, group)
     src = t.contiguous().cpu() if host else t.contiguous()
     parts = [torch.empty_like(src) for _ in range(world)]
     dist.all_gather(parts, src, group=group)
@@ -70,7 +75,7 @@ def all_gather(t: torch.Tensor, world: int, group=None) -> list[torch.Tensor]:
 
 def all_reduce(t: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> None:
     """In-place all-reduce of ``t``."""
-    if through_host(group) and t.device.type != "cpu":
+    if _staged(t, group):
         wire = t.cpu()
         dist.all_reduce(wire, op=op, group=group)
         t.copy_(wire)

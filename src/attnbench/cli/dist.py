@@ -95,7 +95,7 @@ def dist(
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Compare every rank with one device.")] = True,
-    timeline: Annotated[int, typer.Option(
+    timeline_calls: Annotated[int, typer.Option(
         "--timeline", metavar="CALLS",
         help="After the timed calls, record CALLS more step by step: kernel, merge, exposed waits, all-to-alls, "
              "launch gaps per rank (0: off).")] = 0,
@@ -147,8 +147,8 @@ def _plan(ctx: typer.Context) -> dict:
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (3 if cpu else 20))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if (opts.get("timeline") or 0) < 0:
-        raise UserError(f"bad --timeline {opts['timeline']}: give a number of calls (0 for none)")
+    if (opts.get("timeline_calls") or 0) < 0:
+        raise UserError(f"bad --timeline {opts['timeline_calls']}: give a number of calls (0 for none)")
     if opts.get("output") is not None:
         try:
             export.format_for(Path(opts["output"]))
@@ -185,7 +185,7 @@ def _execute(plan: dict) -> None:
             for spec in plan["specs"]:
                 res = bench.run_case(spec, method, opts["kernel"], ctx, timing=plan["timing"], check=opts["check"],
                                      ulysses_degree=opts.get("ulysses_degree"), comm=opts["ring_comm"],
-                                     seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline") or 0)
+                                     seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline_calls") or 0)
                 if ctx.rank == 0:
                     _print_case(res, ctx.world)
                     _print_timeline(res)

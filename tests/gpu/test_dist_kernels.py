@@ -6,6 +6,7 @@ Run on the GPU machine: PYTHONPATH=src python3 -m pytest -q -m gpu tests/gpu/tes
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,24 @@ def test_torchrun_every_method_passes_on_gpus(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("verdict: pass") == 10, res.stdout[-5000:]
     assert "verdict: fail" not in res.stdout
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_ranks_time_the_same_calls_on_gpus(tmp_path):
+    # The first case of a job with one warm-up call holds each device for a long, per-rank spin before every
+    # timed call; unless the devices start each call together, one rank waits for the other inside its
+    # timed calls (seen: 2x its peer's time). Every rank's own median must match the others'.
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "attnbench", "dist",
+           "--method", "zigzag", "--kernel", "cudnn", "--seq-lens", "64k", "--q-heads", "16", "--head-size", "128",
+           "--dtype", "bf16", "--pass", "fwd", "--warmup", "1", "--repeat", "5", "--no-check",
+           "--db", str(tmp_path / "t.db")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    from attnbench.results.store import ResultStore
+    (rec,) = ResultStore(tmp_path / "t.db").records()
+    medians = [statistics.median(s) for s in rec.info["samples_per_rank"]]
+    assert max(medians) < 1.05 * min(medians), medians
 
 
 @pytest.mark.parametrize("kernel", ["fa3", "fa2", "cudnn"])

@@ -163,3 +163,20 @@ def test_idle_ratio_leaves_the_device_idle_between_calls():
     (busy_wall, _), (idle_wall, idle_sum) = walls[0.0], walls[2.0]
     assert idle_wall * 1e3 > idle_sum * 2.5       # ~3x the measured time: 2x of it idle
     assert idle_wall > 2 * busy_wall
+
+
+def test_align_is_queued_before_each_start_event():
+    """What ``align`` queues (in a job: a wait for the other ranks' devices) runs before each call's start
+    event, so it never counts as the call's time: here it sleeps the device ~20 ms before every call."""
+    x = torch.randn(1 << 20, device="cuda")
+    dev = torch.device("cuda")
+    calls = []
+
+    def align():
+        calls.append(1)
+        torch.cuda._sleep(40_000_000)  # tens of ms at any clock
+
+    cfg = TimingConfig(warmup=2, repeat=20, min_time_ms=0.0, ci_target_pct=0)
+    samples = time_events(lambda: x * 2, cfg, dev, align)
+    assert len(calls) == len(samples) == 20
+    assert max(samples) < 2.0, max(samples)  # the multiply, not the sleep

@@ -254,21 +254,41 @@ def timed_closure(method: Method, shards: list[torch.Tensor], pass_: str):
     return fwd_bwd
 
 
-def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float], int | None]:
-    """Per-iteration max-over-ranks samples (ms) and the max-over-ranks peak allocated bytes."""
+def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float], int | None, list[list[float]]]:
+    """Per-iteration max-over-ranks samples (ms), the max-over-ranks peak allocated bytes, and every rank's
+    own samples (a rank that waits on a slower one shows it there)."""
     cuda = ctx.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(ctx.device)
         torch.cuda.reset_peak_memory_stats(ctx.device)
     dist.barrier()
     # Every rank must make the same number of calls (each call meets the others in collectives), so
-    # no time-based warm-up or sample count: exactly warmup + repeat calls.
-    samples = measure(fn, timing.fixed(), ctx.device)
+    # no time-based warm-up or sample count: exactly warmup + repeat calls; and every device starts each
+    # timed call together with the others (``align``), so that no rank's time holds a wait for a late peer.
+    align = _device_barrier(ctx.device) if cuda else None
+    samples = measure(fn, timing.fixed(), ctx.device, align=align)
     peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
-    buf = torch.tensor([*samples, float(peak)], dtype=torch.float64, device=ctx.device)
+    values = _max_over_ranks([*samples, float(peak)])
+    per_rank = [None] * ctx.world
+    dist.all_gather_object(per_rank, [round(x, 4) for x in samples])
+    return values[:-1], (int(values[-1]) if cuda else None), per_rank
+
+
+def _device_barrier(device: torch.device):
+    """A callable that queues, on the current stream, a wait for every rank's device to reach it (a
+    one-element all-reduce: the compute stream waits for NCCL's, which starts once every rank is there)."""
+    token = torch.zeros(1, device=device)
+
+    def align() -> None:
+        dist.all_reduce(token)
+    return align
+
+
+def _max_over_ranks(values: list[float]) -> list[float]:
+    """Element-wise maximum over the ranks of the default group."""
+    buf = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     all_reduce(buf, op=dist.ReduceOp.MAX)
-    values = buf.tolist()
-    return values[:-1], (int(values[-1]) if cuda else None)
+    return buf.tolist()
 
 
 @dataclass(kw_only=True)
@@ -330,7 +350,7 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             _free(ctx.device)
             t0 = time.perf_counter()
             closure = timed_closure(method, shards, spec.pass_)
-            samples, result.peak_bytes = time_method(closure, timing, ctx)
+            samples, result.peak_bytes, result.info["samples_per_rank"] = time_method(closure, timing, ctx)
             wall["timing_s"] = time.perf_counter() - t0
             if timeline_calls:
                 mine = timeline.record(closure, ctx.device, timeline_calls)

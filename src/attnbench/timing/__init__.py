@@ -27,18 +27,21 @@ class Measurement:
     info: dict = field(default_factory=dict)
 
 
-def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.device) -> list[float]:
-    """Time ``fn`` as ``config`` says on ``device``; returns per-call samples in milliseconds."""
-    return measure_detailed(fn, config, device).samples_ms
+def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.device,
+            align: Callable[[], object] | None = None) -> list[float]:
+    """Time ``fn`` as ``config`` says on ``device``; returns per-call samples in milliseconds.
+
+    ``align``: for processes whose calls meet each other (see ``events.time_events``)."""
+    return measure_detailed(fn, config, device, align).samples_ms
 
 
-def _events(fn, config: TimingConfig, device: torch.device) -> list[float]:
+def _events(fn, config: TimingConfig, device: torch.device, align=None) -> list[float]:
     from attnbench.timing.events import time_events
-    return time_events(fn, config, device)
+    return time_events(fn, config, device, align)
 
 
 def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], config: TimingConfig,
-                     device: str | torch.device) -> Measurement:
+                     device: str | torch.device, align: Callable[[], object] | None = None) -> Measurement:
     """Time ``fn`` (or, in graph mode, closures prepared over different input copies) on ``device``."""
     device = torch.device(device)
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
@@ -60,4 +63,4 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
         return Measurement(samples, info)
     if config.external:
         raise ValueError(f"timing mode {config.mode!r} re-runs the case under a profiler: use timing.external")
-    return Measurement(_events(fns[0], config, device))
+    return Measurement(_events(fns[0], config, device, align))

@@ -78,10 +78,11 @@ def hold_ms(calls: int, host_ms_per_call: float, device_ms_per_call: float) -> f
 
 
 def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, device: torch.device,
-                 host_ms_per_call: float, device_ms_per_call: float = 0.0, idle_ms: float = 0.0) -> list[float]:
+                 host_ms_per_call: float, device_ms_per_call: float = 0.0, idle_ms: float = 0.0,
+                 align: Callable[[], object] | None = None) -> list[float]:
     """``count`` calls, each between its own event pair, queued ahead in chunks (see module doc).
     ``device_ms_per_call``: a lower bound of the device time per call (shortens the spin); ``idle_ms``:
-    the device idles (spins) this long before each call."""
+    the device idles (spins) this long before each call; ``align``: queued right before each start event."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     chunk = max(1, min(count, int(MAX_HOLD_MS / host_ms_per_call)))
@@ -93,6 +94,8 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
                 flush()
             if idle_ms > 0:
                 _hold_device(device, idle_ms)
+            if align is not None:
+                align()
             start.record()
             fn()
             end.record()
@@ -100,9 +103,18 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device) -> list[float]:
+def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device,
+                align: Callable[[], object] | None = None) -> list[float]:
     """Milliseconds per call of ``fn`` after ``config.warmup`` calls, one event pair per call, the L2
     flushed before each call when ``config.cold_l2``.
+
+    ``align``, for processes whose calls meet each other (the ranks of a distributed job): it queues, on
+    the current stream, a wait until every process's device has reached the same point (a collective),
+    and it is queued right before each start event. Without it each device starts a call when its own
+    spin ends; spins are timed in clock cycles from each process's own estimate of its host time, so
+    the ranks' devices leave them at different moments, and a rank that starts later makes the others
+    wait inside their timed calls: that wait would be counted as their time (seen on two H200s: one
+    rank's samples at 2x the other's).
 
     As many samples as ``config``'s sampling policy asks for (``TimingConfig.samples_wanted``): at least
     ``repeat``, more until ``min_time_ms`` is measured, fewer (never under MIN_SAMPLES) once the samples
@@ -135,5 +147,5 @@ def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.de
             # the device time of a call, once samples show it (the fastest one: a lower bound)
             device_ms = min(samples) if samples else 0.0
             idle = config.idle_ratio * (statistics.median(samples) if samples else first_ms)
-            samples += _timed_batch(fn, count, flush, device, per_call, device_ms, idle)
+            samples += _timed_batch(fn, count, flush, device, per_call, device_ms, idle, align)
     return samples

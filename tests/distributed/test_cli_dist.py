@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from cp_workers import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -52,6 +54,9 @@ def test_torchrun_two_ranks(tmp_path):
     info, accuracy = json.loads(zig[3]), json.loads(zig[4])
     assert info["method"] == "zigzag" and info["world_size"] == 2 and info["layout"] == "zigzag"
     assert len(info["per_rank_diffs"]) == 2 and set(info["per_rank_diffs"][1]) == {"out", "dq", "dk", "dv"}
+    per_rank = info["samples_per_rank"]  # each rank's own samples; the record's are their element-wise max
+    assert len(per_rank) == 2 and all(len(s) == 2 for s in per_rank)
+    assert zig[6] == pytest.approx(statistics.median(max(a, b) for a, b in zip(*per_rank)), rel=1e-3)
     assert accuracy["verdict"] == "pass" and len(accuracy["per_rank"]) == 2
     assert by_backend["cp-torch-cp:math"][1] == "unsupported" and "CUDA" in by_backend["cp-torch-cp:math"][2]
 
@@ -113,3 +118,30 @@ def test_timeline_records_every_step_phase_by_phase(tmp_path):
         assert 0.5 < sum(ms for *_, ms in phases) / float(median) < 1.5
     uly = json.loads(rows["cp-ulysses:cpu-flash"].split("|")[0])["timeline"][0]
     assert {(p, ph) for p, _, ph, _ in uly} >= {("fwd", "a2a"), ("fwd", "kernel"), ("bwd", "a2a"), ("bwd", "kernel")}
+
+
+def test_links_on_two_gloo_ranks(tmp_path):
+    """`attnbench links` measures ring send/recv and all-to-all at every size and fits latency and bandwidth."""
+    out_json = tmp_path / "links.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "attnbench", "links", "--max-mib", "1", "--repeat", "3", "--output", str(out_json)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    assert doc["world_size"] == 2 and doc["backend"] == "gloo"
+    sizes = sorted({r["bytes"] for r in doc["rows"]})
+    assert sizes == [4096, 16384, 65536, 262144, 1048576]
+    for kind in ("p2p", "a2a"):
+        rows = [r for r in doc["rows"] if r["kind"] == kind]
+        assert len(rows) == len(sizes) and all(r["median_ms"] > 0 and r["gbs"] > 0 for r in rows)
+        fit = doc["fit"][kind]
+        assert fit["latency_us"] > 0 and fit["gbs"] > 0 and fit["to_bytes"] == 1048576
+    a2a = next(r for r in doc["rows"] if r["kind"] == "a2a" and r["bytes"] == 4096)
+    assert a2a["counted_bytes"] == 2048  # half of the tensor crosses to the other rank
+    assert "p2p: latency" in res.stdout and "bandwidth" in res.stdout
+
+
+def test_links_refuses_a_world_of_one():
+    res = subprocess.run([sys.executable, "-m", "attnbench", "links"], capture_output=True, text=True, env=_env(),
+                         timeout=120)
+    assert res.returncode == 2 and "torchrun" in res.stderr and "Traceback" not in res.stderr

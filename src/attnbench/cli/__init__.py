@@ -18,6 +18,7 @@ from attnbench.cli import compare as compare_cmd
 from attnbench.cli import cp_model as cp_model_cmd
 from attnbench.cli import dist as dist_cmd
 from attnbench.cli import e2e as e2e_cmd
+from attnbench.cli import links as links_cmd
 from attnbench.cli import run as run_cmd
 from attnbench.cli import verify as verify_cmd
 
@@ -37,6 +38,7 @@ app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("e2e")(e2e_cmd.e2e)
 app.command("dist")(dist_cmd.dist)
 app.command("cp-model")(cp_model_cmd.cp_model)
+app.command("links")(links_cmd.links)
 app.command("plot")(view.plot)
 app.command("report")(view.report)
 app.command("export")(view.export)

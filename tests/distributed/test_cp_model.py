@@ -38,7 +38,7 @@ def test_curve_returns_measured_rates_and_interpolates_between_them():
 
 def test_free_communication_keeps_a_balanced_ring_at_the_kernel_rate():
     curves = _curves({1024: 500.0, 65536: 500.0})
-    free = cpm.Params(a2a_gbs=1e9, p2p_gbs=1e9, merge_bytes=0, step_us=0)
+    free = cpm.Params(a2a_gbs=1e9, p2p_gbs=1e9, merge_bytes=0, step_us=0, copy_gbs=1e12)
     model = cpm.Model(curves, free)
     for pass_ in ("fwd", "fwd_bwd"):
         p = cpm.Problem(1, 65536, 8, 8, causal=False, pass_=pass_)
@@ -49,6 +49,12 @@ def test_free_communication_keeps_a_balanced_ring_at_the_kernel_rate():
     assert model.tflops("zigzag", "k", causal, 4) == pytest.approx(500, rel=0.01)
     # per device 1/4 of S^2/2 pairs; the slowest rank 3 full s x s blocks and a diagonal: 2 s^2 / 3.5 s^2
     assert model.tflops("ring", "k", causal, 4) == pytest.approx(500 * 2 / 3.5, rel=0.01)
+    # Ulysses' re-layout copies (two per tensor, read + write) cost time at the device's copy bandwidth
+    p = cpm.Problem(1, 65536, 8, 8)
+    slow_copies = cpm.Model(curves, replace(free, copy_gbs=1000.0))
+    extra_ms = slow_copies.predict_ms("ulysses", "k", p, 4) - model.predict_ms("ulysses", "k", p, 4)
+    tensor = 65536 // 4 * 8 * 128 * 2  # bytes of q (and of k, v, out) per rank
+    assert extra_ms == pytest.approx(4 * 4 * tensor / 1000e9 * 1e3, rel=1e-3)
 
 
 def test_slow_links_and_exposed_transfers_cost_time():
@@ -102,3 +108,54 @@ def test_twins_pair_only_methods_that_do_the_same_work():
     pairs = {(a.method, b.method, a.n, a.problem.causal) for a, b in cpm.twins(rows)}
     # a causal mask makes ring and zigzag differ; on 16 GPUs USP keeps a ring of 2 (Ulysses inside 8-GPU nodes)
     assert pairs == {("ring", "zigzag", 2, False), ("ulysses", "usp", 2, False)}
+
+
+def _links_doc(p2p_ms: dict[int, float], a2a_ms: dict[int, float]) -> dict:
+    rows = [{"kind": "p2p", "bytes": b, "counted_bytes": b, "median_ms": t} for b, t in p2p_ms.items()]
+    rows += [{"kind": "a2a", "bytes": b, "counted_bytes": b / 2, "median_ms": t} for b, t in a2a_ms.items()]
+    fit = {k: {"gbs": 100.0, "latency_us": 10.0} for k in ("p2p", "a2a")}
+    return {"rows": rows, "fit": fit}
+
+
+def test_measured_links_are_read_off_their_sizes():
+    doc = _links_doc({1000: 0.01, 1_000_000: 0.04, 100_000_000: 1.0}, {1000: 0.01, 1_000_000: 0.05})
+    params = cpm.with_links(cpm.Params(), doc, "test")
+    p2p = params.p2p_link
+    assert cpm._transfer_ms(10, p2p) == pytest.approx(0.01)            # below the smallest: its time
+    assert cpm._transfer_ms(1_000_000, p2p) == pytest.approx(0.04)     # a measured size: its time
+    assert cpm._transfer_ms(10_000_000, p2p) == pytest.approx(0.2)     # halfway in log-log between 0.04 and 1.0
+    assert cpm._transfer_ms(200_000_000, p2p) == pytest.approx(1.0 + 100e6 / 100e9 * 1e3)  # beyond: at gbs
+    assert params.a2a_link.curve[-1] == (500_000, 0.05)                # the bytes that cross, not the tensor's
+    with pytest.raises(ValueError, match="no a2a measurements"):
+        cpm.with_links(cpm.Params(), {"rows": doc["rows"][:3], "fit": doc["fit"]}, "test")
+
+
+def test_fit_keeps_measured_links_and_fits_the_rest():
+    curves = _curves({1024: 500.0, 65536: 500.0})
+    rows = [cpm.Measured("ring", "k", 2, cpm.Problem(1, 16384, 8, 8, pass_="fwd_bwd"), 400.0)]
+    base = cpm.with_links(cpm.Params(), _links_doc({1000: 0.01, 10**9: 5.0}, {1000: 0.01, 10**9: 5.0}), "t")
+    fitted = cpm.fit(curves, rows, base, free=("merge_bytes", "step_us"))
+    assert fitted.p2p_link == base.p2p_link and fitted.a2a_gbs == base.a2a_gbs
+    assert (fitted.merge_bytes, fitted.step_us) != (base.merge_bytes, base.step_us)
+
+
+def test_cp_model_uses_the_measured_links_by_default_and_can_fit_them():
+    from attnbench.cli import app
+    args = ["cp-model", "--gpus", "2", "--seq-lens", "128k"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "links inside a node: measured" in " ".join(res.output.split())
+    fitted = CliRunner().invoke(app, [*args, "--fit-links"])
+    assert fitted.exit_code == 0 and "(fitted)" in fitted.output
+
+
+def test_cp_model_refuses_a_file_that_is_not_a_links_file(tmp_path, capsys, monkeypatch):
+    from attnbench.cli import main
+    monkeypatch.chdir(ROOT)
+    for text in ('{"rows": []}', "not json"):
+        bad = tmp_path / "links.json"
+        bad.write_text(text)
+        with pytest.raises(SystemExit) as exc:
+            main(["cp-model", "--links", str(bad)])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and "not a file written by `attnbench links --output`" in err and "\n" not in err

@@ -15,7 +15,8 @@ from attnbench.cli.common import UserError
 RESULTS = Path("docs/results")
 DEFAULT_KERNELS = RESULTS / "h200-2026-11-24/cp-model/local_kernels_h200.csv"
 DEFAULT_FIT = RESULTS / "h200x2-2026-11-22/seed001_tables.csv"
-DEFAULT_CHECK = RESULTS / "h200x2-2026-11-22/cp_p4.csv"
+DEFAULT_CHECK = RESULTS / "h200x2-2026-11-24/cp_p4_fa3_128k.csv"
+DEFAULT_LINKS = RESULTS / "h200x2-2026-11-24/links.json"
 QUOTED = [
     ("seed 001, 8 x H100, FA2 (quoted)", "ring/zigzag/ulysses/usp, B 2-128, S 4k-64k, non-causal: 234-345 TF/s per "
      "device fwd, 220-307 fwd+bwd"),
@@ -46,10 +47,16 @@ def cp_model(
     heads: Annotated[int, typer.Option("--q-heads", help="Query heads.")] = 32,
     kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="K/V heads (default: --q-heads).")] = None,
     causal: Annotated[bool, typer.Option("--causal/--full", help="Causal mask (default) or none.")] = True,
+    links: Annotated[Path, typer.Option("--links", help="Peer transfer times measured by `attnbench links` "
+                                        "(JSON), used for the links inside a node.")] = DEFAULT_LINKS,
+    fit_links: Annotated[bool, typer.Option("--fit-links", help="Fit the two link bandwidths on the --fit records "
+                                            "instead of using --links.")] = False,
 ) -> None:
     """Fit the scaling model of ring, zigzag, Ulysses and USP on measurements, check it, predict more GPUs."""
     from attnbench.distributed import model as cpm
-    for path in (kernels_csv, fit_csv, check_csv):
+    if fit_links:
+        links = None
+    for path in (kernels_csv, fit_csv, check_csv, *([links] if links else [])):
         if not path.is_file():
             raise UserError(f"{path}: no such file (run from the repository root, or pass --kernels/--fit/--check)")
     curves = cpm.KernelCurves.from_csv(kernels_csv)
@@ -63,13 +70,23 @@ def cp_model(
     fit_rows, check_rows = cpm.read_measured(fit_csv), cpm.read_measured(check_csv)
     if not fit_rows:
         raise UserError(f"{fit_csv}: no multi-GPU cp-<method>:<kernel> records to fit on")
-    params = cpm.fit(curves, fit_rows)
+    base, free = cpm.Params(), tuple(cpm.GRID)
+    if links is not None:
+        base = _measured_links(links)
+        free = tuple(k for k in cpm.GRID if k not in cpm.LINK_PARAMS)
+    params = cpm.fit(curves, fit_rows, base, free)
     model = cpm.Model(curves, params)
     console = common.console
-    console.print(f"fitted on {len(fit_rows)} records of {fit_csv}: all-to-all {params.a2a_gbs:g} GB/s, ring p2p "
-                  f"{params.p2p_gbs:g} GB/s, merge {params.merge_bytes:g} B/element, {params.step_us:g} us per step; "
-                  f"between nodes: {params.inter.name}, {params.inter.gbs:g} GB/s, {params.inter.latency_us:g} us",
-                  highlight=False)
+    if links is None:
+        comm = f"all-to-all {params.a2a_gbs:g} GB/s, ring p2p {params.p2p_gbs:g} GB/s (fitted)"
+    else:
+        p2p, a2a = params.p2p_link, params.a2a_link
+        comm = (f"measured ({links}): ring p2p {p2p.gbs:.0f} GB/s, {p2p.latency_us:.0f} us; all-to-all "
+                f"{a2a.gbs:.0f} GB/s, {a2a.latency_us:.0f} us (at the largest and smallest messages; each transfer's "
+                f"time is read off the measured sizes)")
+    console.print(f"links inside a node: {comm}; fitted on {len(fit_rows)} records of {fit_csv}: merge "
+                  f"{params.merge_bytes:g} B/element, {params.step_us:g} us per step; between nodes: "
+                  f"{params.inter.name}, {params.inter.gbs:g} GB/s, {params.inter.latency_us:g} us", highlight=False)
     for title, rows in (("fit", fit_rows), ("check", check_rows)):
         _errors_table(title, model, rows)
     _predictions(model, kernel, counts, lengths, heads, kv_heads, causal)
@@ -79,6 +96,18 @@ def cp_model(
     for source, text in QUOTED:
         table.add_row(source, text)
     console.print(table)
+
+
+def _measured_links(path: Path):
+    import json
+
+    from attnbench.distributed import model as cpm
+    try:
+        doc = json.loads(path.read_text())
+        source = f"{doc.get('device', '?')} x {doc.get('world_size', '?')}, {doc.get('date', '?')}"
+        return cpm.with_links(cpm.Params(), doc, source)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{path}: not a file written by `attnbench links --output` ({exc})") from None
 
 
 def _errors_table(title: str, model, rows) -> None:

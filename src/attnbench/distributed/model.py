@@ -13,7 +13,8 @@ do, with times taken from measurements wherever there are some:
   dK, dV accumulation (backward) read and write ``merge_bytes`` per element at the device's copy
   bandwidth; plus a fixed ``step_us`` per step (launches, stream waits).
 - **Ulysses all-to-all**: q, k, v in and the output back (forward), dout in and dq, dk, dv back
-  (backward), not overlapped: (N-1)/N of each tensor crosses the link.
+  (backward), not overlapped: (N-1)/N of each tensor crosses the link, and each is copied twice on the
+  device (to put heads in front for the swap, and back after it).
 - **load balance**: the slowest rank sets the time (plain ring with a causal mask: rank N-1 computes
   N-1 full blocks and the diagonal while rank 0 computes only the diagonal).
 
@@ -36,11 +37,14 @@ from attnbench.metrics import PASS_FLOP_FACTOR
 
 @dataclass(frozen=True)
 class Link:
-    """A link's bandwidth per direction per GPU (GB/s) and its latency per message (us)."""
+    """A link's bandwidth per direction per GPU (GB/s) and its latency per message (us), or its measured
+    times: ``curve`` of (bytes, ms) points, read log-log between points, at ``gbs`` past the largest and
+    at the smallest's time below it."""
 
     name: str
     gbs: float
     latency_us: float
+    curve: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class Params:
     """Bytes read and written per output element per ring step by the merge / dQ accumulation (fitted)."""
     step_us: float = 50.0
     """Fixed cost per ring step or all-to-all (fitted)."""
+    p2p_link: Link | None = None
+    """Ring transfers inside a node as measured (``attnbench links``): replaces ``p2p_gbs`` when given."""
+    a2a_link: Link | None = None
+    """All-to-alls inside a node as measured: replaces ``a2a_gbs`` when given."""
     copy_gbs: float = 4270.0
     """Device copy bandwidth (read + write), GB/s: an H200 measures 4.27 TB/s."""
     node_size: int = 8
@@ -135,7 +143,16 @@ def _block_flops(p: Problem, sq: float, sk: float, heads: float, diagonal: bool)
 
 
 def _transfer_ms(nbytes: float, link: Link) -> float:
-    return link.latency_us * 1e-3 + nbytes / (link.gbs * 1e9) * 1e3
+    pts = link.curve
+    if not pts:
+        return link.latency_us * 1e-3 + nbytes / (link.gbs * 1e9) * 1e3
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            w = math.log(nbytes / b0) / math.log(b1 / b0)
+            return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
+    return pts[-1][1] + (nbytes - pts[-1][0]) / (link.gbs * 1e9) * 1e3
 
 
 class Model:
@@ -151,7 +168,9 @@ class Model:
         p = self.params
         if n > p.node_size:
             return p.inter
-        return Link("NVLink p2p (fitted)", p.p2p_gbs, 0.0) if p2p else Link("NVLink all-to-all (fitted)", p.a2a_gbs, 0.0)
+        if p2p:
+            return p.p2p_link or Link("NVLink p2p (fitted)", p.p2p_gbs, 0.0)
+        return p.a2a_link or Link("NVLink all-to-all (fitted)", p.a2a_gbs, 0.0)
 
     def _ring(self, p: Problem, kernel: str, n: int, s: float, heads: float, kv_heads: float, zigzag: bool,
               link: Link) -> float:
@@ -192,7 +211,10 @@ class Model:
         q = p.batch * tokens * p.heads * p.head_dim * p.elem_bytes
         kv = p.batch * tokens * p.kv_heads * p.head_dim * p.elem_bytes
         tensors = [q, kv, kv, q] + ([q, q, kv, kv] if p.pass_ == "fwd_bwd" else [])
-        return sum(_transfer_ms(t * (n - 1) / n, link) + self.params.step_us * 1e-3 for t in tensors)
+        # each tensor is also re-laid out twice on the device (heads to the front before the swap, back
+        # after it): two copies, each reading and writing it
+        relayout_ms = 4 / (self.params.copy_gbs * 1e9) * 1e3
+        return sum(_transfer_ms(t * (n - 1) / n, link) + t * relayout_ms + self.params.step_us * 1e-3 for t in tensors)
 
     def predict_ms(self, method: str, kernel: str, p: Problem, n: int, ulysses: int | None = None) -> float:
         """Predicted ms per call on ``n`` GPUs (the slowest rank); ValueError for a layout that does not fit."""
@@ -266,12 +288,32 @@ def errors(model: Model, rows: list[Measured]) -> list[float]:
     return [model.tflops(m.method, m.kernel, m.problem, m.n) / m.tflops - 1 for m in rows]
 
 
-def fit(curves: KernelCurves, rows: list[Measured], base: Params = Params()) -> Params:
-    """The parameters minimising the mean squared log error over ``rows`` (a coarse grid, then finer)."""
-    grid = {"a2a_gbs": [50, 100, 150, 200, 300, 400, 600],
-            "p2p_gbs": [50, 100, 150, 200, 300, 400, 600],
-            "merge_bytes": [0, 4, 8, 16, 24, 32, 48],
-            "step_us": [0, 25, 50, 100, 200, 400]}
+def with_links(base: Params, doc: dict, source: str) -> Params:
+    """``base`` with the inside-a-node links measured by ``attnbench links`` (its JSON document): each
+    transfer's time read off the measured sizes."""
+    links = {}
+    for kind in ("p2p", "a2a"):
+        rows = sorted((r for r in doc.get("rows", []) if r["kind"] == kind), key=lambda r: r["counted_bytes"])
+        if len(rows) < 2 or kind not in doc.get("fit", {}):
+            raise ValueError(f"no {kind} measurements in the links file")
+        f = doc["fit"][kind]
+        links[kind] = Link(f"NVLink {kind} (measured, {source})", f["gbs"], f["latency_us"],
+                           tuple((float(r["counted_bytes"]), float(r["median_ms"])) for r in rows))
+    return replace(base, p2p_link=links["p2p"], a2a_link=links["a2a"], p2p_gbs=links["p2p"].gbs,
+                   a2a_gbs=links["a2a"].gbs)
+
+
+GRID = {"a2a_gbs": [50, 100, 150, 200, 300, 400, 600],
+        "p2p_gbs": [50, 100, 150, 200, 300, 400, 600],
+        "merge_bytes": [0, 4, 8, 16, 24, 32, 48],
+        "step_us": [0, 25, 50, 100, 200, 400]}
+LINK_PARAMS = ("a2a_gbs", "p2p_gbs")
+
+
+def fit(curves: KernelCurves, rows: list[Measured], base: Params = Params(), free=tuple(GRID)) -> Params:
+    """The ``free`` parameters minimising the mean squared log error over ``rows`` (a grid search); the
+    others keep their values in ``base``."""
+    grid = {k: v for k, v in GRID.items() if k in free}
     best, best_loss = base, math.inf
     for values in itertools.product(*grid.values()):
         params = replace(base, **dict(zip(grid, values)))

@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/cp_benchmark.sh 2 fa3          # on 2 H200s (kind nvidia-h200-x2)
 #   bash benchmarks/cp_benchmark.sh 4 cudnn        # on 4 H200s
-#   LENGTHS=512k WARMUP=1 REPEAT=3 CHECK=0 bash benchmarks/cp_benchmark.sh 2 fa3   # one long length per call
+#   LENGTHS=512k REPEAT=3 CAUSAL=causal CHECK=0 bash benchmarks/cp_benchmark.sh 2 fa3   # one long length per call
 #
 # Writes logs and a results DB under ${OUT:-cp-results}. Correctness is checked first at S = 16k
 # (every rank against one GPU and the exact fp32 result); the long cases run with --no-check (the
@@ -20,6 +20,10 @@ LENGTHS=${LENGTHS:-128k 256k}
 WARMUP=${WARMUP:-2}
 REPEAT=${REPEAT:-5}
 TIMELINE=${TIMELINE:-3}
+CAUSAL=${CAUSAL:-both}            # both | causal | no-causal
+case "$CAUSAL" in both) CAUSAL_OPT=(--causal both) ;; causal) CAUSAL_OPT=(--causal) ;; no-causal) CAUSAL_OPT=(--no-causal) ;;
+                  *) echo "CAUSAL=$CAUSAL: give both, causal or no-causal" >&2; exit 2 ;; esac
+METHODS=${METHODS:-zigzag,ring,ulysses,usp}
 mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -39,19 +43,19 @@ python3 -c "import torch; print(torch.__version__, torch.cuda.device_count(), to
 
 for S in $LENGTHS; do
   # 2. every method in one job, then torch's CP (the peer to beat), each case with its timeline
-  timeout 420 "${RUN[@]}" --method zigzag,ring,ulysses,usp --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens "$S" \
-    --causal both --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --timeline "$TIMELINE" --db "$DB" \
+  timeout 420 "${RUN[@]}" --method "$METHODS" --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens "$S" \
+    "${CAUSAL_OPT[@]}" --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --timeline "$TIMELINE" --db "$DB" \
     > "$OUT/p4_${N}gpu_${KERNEL}_S${S}.log" 2>&1 || echo "P4 run at $S failed or timed out: see its log"
   timeout 300 "${RUN[@]}" --method torch-cp --kernel "$PEER_KERNEL" "${SHAPE[@]}" --seq-lens "$S" \
-    --causal both --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --db "$DB" \
+    "${CAUSAL_OPT[@]}" --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --db "$DB" \
     > "$OUT/p4_${N}gpu_torch-cp_${PEER_KERNEL}_S${S}.log" 2>&1 || echo "torch-cp at $S failed: see its log"
   # 3. the local kernel alone on one GPU at the shard's size (S / N): the dist harness as a world of
   #    one, and the bare kernel through `attnbench run`
   LOCAL=$(python3 -c "from attnbench.sweep import parse_int_list as p; print(p('$S', 'S')[0] // $N)")
   timeout 300 python3 -m attnbench dist --method ring --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens "$LOCAL" \
-    --causal both --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --db "$DB" \
+    "${CAUSAL_OPT[@]}" --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --db "$DB" \
     > "$OUT/local_1gpu_S${LOCAL}_${KERNEL}.log" 2>&1 || echo "one-GPU harness at $LOCAL failed: see its log"
-  timeout 300 python3 -m attnbench run --backends "$RUN_BACKEND" "${SHAPE[@]}" --seq-lens "$LOCAL" --causal both \
+  timeout 300 python3 -m attnbench run --backends "$RUN_BACKEND" "${SHAPE[@]}" --seq-lens "$LOCAL" "${CAUSAL_OPT[@]}" \
     --pass fwd fwd_bwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --db "$DB" > "$OUT/local_run_S${LOCAL}_${RUN_BACKEND}.log" 2>&1 \
     || echo "one-GPU run at $LOCAL failed: see its log"
 done

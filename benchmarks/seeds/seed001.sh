@@ -11,6 +11,8 @@
 #
 #   bash benchmarks/seeds/seed001.sh OUT [BACKENDS]     # BACKENDS for the table; default fa2-qkvpacked,fa3,sdpa-cudnn
 # SEED_QUICK=1 shrinks every axis (a smoke test of the script, e.g. on CPU with BACKENDS=naive).
+# SEED_PARTS picks parts: "check table dist" (default, all), e.g. SEED_PARTS=dist on a multi-GPU machine
+# when the one-GPU parts have been run already.
 set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
 out=${1:?output directory}; backends=${2:-fa2-qkvpacked,fa3,sdpa-cudnn}
@@ -29,21 +31,30 @@ else
   dist=(--kernel fa2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 16k)
 fi
 
-ab verify "${check_shape[@]}" --causal both --db "$db" > "$out/check.txt" 2>&1
-echo "check: exit $? (0 = every exact backend passed; see check.txt)"
+parts=" ${SEED_PARTS:-check table dist} "
+part() { [[ "$parts" == *" $1 "* ]]; }
+
+if part check; then
+  ab verify "${check_shape[@]}" --causal both --db "$db" > "$out/check.txt" 2>&1
+  echo "check: exit $? (0 = every exact backend passed; see check.txt)"
+fi
 
 # The seed's TFLOPS are 2*B*H*S^2*D / latency, the FLOPs of a causal call (its benchmark ran causal):
 # both settings are measured (attnbench counts causal FLOPs exactly, non-causal ones in full).
 run=(run --db "$db" --quiet --causal both --pass fwd fwd_bwd "${table[@]}" --backends "$backends")
-ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id seed001-batch > "$out/table_batch.txt" 2>&1 \
-  || echo "batch sweep ended with status $? (see table_batch.txt)"
-ab "${run[@]}" --batch-size 2 --seq-lens "${seqs[@]}" --run-id seed001-seq > "$out/table_seq.txt" 2>&1 \
-  || echo "sequence sweep ended with status $? (see table_seq.txt)"
-python3 "$here/tables.py" seed001 --db "$db" --run seed001-batch seed001-seq -o "$out/table_1gpu.md" && cat "$out/table_1gpu.md"
+if part table; then
+  ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id seed001-batch > "$out/table_batch.txt" 2>&1 \
+    || echo "batch sweep ended with status $? (see table_batch.txt)"
+  ab "${run[@]}" --batch-size 2 --seq-lens "${seqs[@]}" --run-id seed001-seq > "$out/table_seq.txt" 2>&1 \
+    || echo "sequence sweep ended with status $? (see table_seq.txt)"
+  python3 "$here/tables.py" seed001 --db "$db" --run seed001-batch seed001-seq -o "$out/table_1gpu.md" && cat "$out/table_1gpu.md"
+fi
 
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 [ "$quick" = 1 ] && gpus=2
-if [ "$gpus" -ge 2 ]; then
+if ! part dist; then
+  :
+elif [ "$gpus" -ge 2 ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   tr=(python3 -m torch.distributed.run --nproc_per_node "$gpus" -m attnbench dist --db "$db")
   "${tr[@]}" "${dist[@]}" --method ring,zigzag --batch-size 2 --causal --pass fwd_bwd > "$out/dist_check.txt" 2>&1

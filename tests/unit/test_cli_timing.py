@@ -61,3 +61,19 @@ def test_trace_min_time_and_cooldown_on_cpu(tmp_path, capsys):
     assert total == "cpu" and n >= 3 and info["measured_ms"] >= 2.0
     assert info["trace"] == str(files[0]) and info["median_ci95_ms"][0] <= info["median_ci95_ms"][1]
     assert set(info["outliers"]) == {"low", "high", "fences_ms"}
+
+
+def test_profiler_nsys_reaches_the_nsys_path(tmp_path, capsys, monkeypatch):
+    """`run --profiler nsys` re-runs the command under nsys (timing_opts.run_nsys) instead of timing with events:
+    the option once got lost between the options and the plan, and the run silently timed with events."""
+    from attnbench.cli import common, timing_opts
+    monkeypatch.setattr("attnbench.timing.nsys.find_nsys", lambda: "/usr/bin/nsys")
+    monkeypatch.setattr(common, "resolve_device", lambda name: "cuda")  # nsys needs a GPU; nothing runs here
+    monkeypatch.setattr("attnbench.plausibility.ceilings", lambda device, peaks: {})
+    calls = []
+    monkeypatch.setattr(timing_opts, "run_nsys", lambda db: calls.append(db))
+    db = tmp_path / "r.db"
+    code, out, err = _run(["run", "--db", str(db), "--profiler", "nsys", "--seq-lens", "64", "--backends", "naive"],
+                          capsys)
+    assert code in (0, None) and calls == [db], (out, err)
+    assert "cases ok" not in out  # nothing was timed in this process

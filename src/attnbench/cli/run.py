@@ -122,7 +122,7 @@ def plan_from_options(opts: dict) -> RunPlan:
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
                          inputs=common.input_dist(opts), **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
-    return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None,
+    return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
                    isolate=common.option_bool(opts, "isolate") or timeout is not None, case_timeout=timeout,
                    resume=opts.get("resume"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -31,24 +32,50 @@ console = _console()
 err_console = _console(stderr=True)
 
 
+def view_console() -> Console:
+    """The console for summaries: the terminal, or one $COLUMNS (default 100) wide for a pipe or a file."""
+    if console.is_terminal:
+        return console
+    return Console(width=summary_width(), force_terminal=False, soft_wrap=False)
+
+
+def summary_width() -> int:
+    """Columns the run summary is laid out for: the terminal's, or $COLUMNS (default 100) when the output is
+    a pipe or a file, which people read in a terminal later."""
+    if console.is_terminal:
+        return console.width
+    try:
+        return max(60, int(os.environ.get("COLUMNS", "100")))
+    except ValueError:
+        return 100
+
+
 class UserError(ValueError):
     """Bad input from the user: reported as one line on stderr, exit status 2."""
 
 
 # Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
-MULTI_VALUE = {"--seq-lens", "--seq-len", "--seq_len", "--seq_lens", "--kv-seq-lens", "--kv-seq-len", "--batch-size", "--batch_size", "--q-heads",
-               "--num_heads", "--num-heads", "--kv-heads", "--head-size", "--head_size", "--emb_dim", "--emb-dim",
-               "--dtype", "--pass", "--backends", "--backend", "--run", "--status"}
+MULTI_VALUE = {"--seq-lens", "--kv-seq-lens", "--batch-size", "--q-heads", "--kv-heads", "--head-size", "--emb-dim",
+               "--dtype", "--pass", "--backends", "--run", "--status"}
 CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
+ALIASES = {"--batch_size": "--batch-size", "--num_heads": "--q-heads", "--num-heads": "--q-heads",
+           "--head_size": "--head-size", "--emb_dim": "--emb-dim", "--seq-len": "--seq-lens", "--seq_len": "--seq-lens",
+           "--seq_lens": "--seq-lens", "--kv-seq-len": "--kv-seq-lens", "--repeats": "--repeat", "--backend": "--backends"}
+"""Other spellings the write-ups' scripts use, accepted and rewritten before parsing (help shows one name)."""
+ALIASED_COMMANDS = ("run", "verify", "dist")
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
     """Rewrite multi-value options into repeated options and ``--causal [both|true|false]``."""
     out: list[str] = []
+    aliases = ALIASES if argv and argv[0] in ALIASED_COMMANDS else {}
     i = 0
     while i < len(argv):
         tok = argv[i]
         flag, eq, value = tok.partition("=")
+        if flag in aliases:
+            flag = aliases[flag]
+            tok = flag + eq + value
         if tok == "--":
             out.extend(argv[i:])
             break
@@ -313,38 +340,43 @@ def option_bool(opts: dict, name: str) -> bool:
 
 
 # ---- reusable option declarations (one place for names, aliases and help) -----------------------
-Device = Annotated[str | None, typer.Option("--device", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cuda if available).")]
+Device = Annotated[str | None, typer.Option("--device", metavar="DEVICE", help="cpu, cuda or cuda:N (default: cuda if available).",
+                                            rich_help_panel="Backends")]
 Backends = Annotated[list[str] | None, typer.Option(
-    "--backends", "--backend", metavar="NAME,...", help="Backends to run, comma separated or repeated (default: all available).")]
-BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", "--batch_size", metavar="N", help="Batch size(s).")]
-QHeads = Annotated[list[str] | None, typer.Option("--q-heads", "--num_heads", "--num-heads", metavar="N", help="Query heads.")]
-KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", help="Key/value heads (GQA/MQA); default = q-heads.")]
-HeadSize = Annotated[list[str] | None, typer.Option("--head-size", "--head_size", metavar="D", help="Head size(s).")]
+    "--backends", metavar="NAME,...", rich_help_panel="Backends", help="Backends to run, comma separated or repeated (default: all available).")]
+BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", metavar="N", help="Batch size(s).", rich_help_panel="Shape")]
+QHeads = Annotated[list[str] | None, typer.Option("--q-heads", metavar="N", help="Query heads (also --num_heads).", rich_help_panel="Shape")]
+KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", help="Key/value heads (GQA/MQA); default = q-heads.", rich_help_panel="Shape")]
+HeadSize = Annotated[list[str] | None, typer.Option("--head-size", metavar="D", help="Head size(s).", rich_help_panel="Shape")]
 EmbDim = Annotated[list[str] | None, typer.Option(
-    "--emb_dim", "--emb-dim", metavar="N", help="Embedding dim(s); head size = emb_dim / q-heads (seed 003).")]
+    "--emb-dim", metavar="N", help="Embedding dim(s); head size = emb-dim / q-heads (benchmark_attn.py's --emb_dim).",
+    rich_help_panel="Shape")]
 Dtype = Annotated[list[str] | None, typer.Option(
-    "--dtype", metavar="DTYPE",
+    "--dtype", metavar="DTYPE", rich_help_panel="Shape",
     help="fp16, bf16, fp32 (or fp64); fp8 / fp8-head: e4m3 inputs with one descale per tensor / per KV head.")]
 CausalMode = Annotated[str | None, typer.Option(
-    "--causal", "--no-causal", metavar="[both]", show_default=False,
-    help="--causal, --no-causal or --causal both (default: not causal).")]
-Window = Annotated[str | None, typer.Option("--window", metavar="LEFT,RIGHT", help="Sliding window LEFT,RIGHT (-1 = unbounded).")]
-Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).")]
+    "--causal", "--no-causal", metavar="[both]", show_default=False, rich_help_panel="Shape",
+    help="--causal, --no-causal or --causal both (default: both in run's default sweep, else not causal).")]
+Window = Annotated[str | None, typer.Option("--window", metavar="LEFT,RIGHT", help="Sliding window LEFT,RIGHT (-1 = unbounded).",
+                                                rich_help_panel="Shape")]
+Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).", rich_help_panel="Shape")]
 SeqLens = Annotated[list[str] | None, typer.Option(
-    "--seq-lens", "--seq-len", "--seq_len", "--seq_lens", metavar="LENS",
+    "--seq-lens", metavar="LENS", rich_help_panel="Shape",
     help="Each value one case; 128,128 = one grouped batch; 512..16k:x2 = a range.")]
 KvSeqLens = Annotated[list[str] | None, typer.Option(
-    "--kv-seq-lens", "--kv-seq-len", metavar="LENS",
+    "--kv-seq-lens", metavar="LENS", rich_help_panel="Shape",
     help="Key lengths, paired in order with --seq-lens (or one for all); default: the query lengths.")]
-Warmup = Annotated[int | None, typer.Option("--warmup", metavar="N", help="Untimed calls before timing.")]
-Repeat = Annotated[int | None, typer.Option("--repeat", "--repeats", metavar="N", help="Timed calls per case.")]
-Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.")]
-Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file (default: attnbench-results/attnbench.db).")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.")]
+Warmup = Annotated[int | None, typer.Option("--warmup", metavar="N", help="Untimed calls before timing (default: 10 on GPU, 2 on CPU).",
+                                                rich_help_panel="Timing")]
+Repeat = Annotated[int | None, typer.Option("--repeat", metavar="N", help="Timed calls per case, at least (default: 30 on GPU, 10 on CPU).",
+                                                rich_help_panel="Timing")]
+Config = Annotated[Path | None, typer.Option("--config", help="YAML file with the same options; flags override.", rich_help_panel="Run control")]
+Db = Annotated[Path | None, typer.Option("--db", help="SQLite results file (default: attnbench-results/attnbench.db).", rich_help_panel="Output")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the random inputs.", rich_help_panel="Inputs and accuracy")]
 InputScale = Annotated[str | None, typer.Option(
-    "--input-scale", metavar="X", help="Multiply q and k by X (logits by X²): large magnitudes, for overflow bugs.")]
+    "--input-scale", metavar="X", rich_help_panel="Inputs and accuracy", help="Multiply q and k by X (logits by X²): large magnitudes, for overflow bugs.")]
 Outliers = Annotated[str | None, typer.Option(
-    "--outliers", metavar="FRACTION", help="Set this fraction of q, k, v elements to ±16 std (e.g. 0.001).")]
+    "--outliers", metavar="FRACTION", rich_help_panel="Inputs and accuracy", help="Set this fraction of q, k, v elements to ±16 std (e.g. 0.001).")]
 
 
 def input_dist(opts: dict):

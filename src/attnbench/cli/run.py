@@ -48,6 +48,29 @@ class RunPlan:
     """Id of the run being resumed (its recorded cases are skipped)."""
 
 
+def _check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
+    from attnbench.report.summary import METRICS
+    metric = common.option_text(opts, "metric")
+    if metric is not None and metric.lower() not in METRICS:
+        raise UserError(f"bad --metric {metric!r}; allowed: {', '.join(METRICS)}")
+    baseline = common.option_text(opts, "baseline")
+    if baseline is not None and baseline not in backends:
+        raise UserError(f"--baseline {baseline} is not among the backends of this run ({', '.join(backends)})")
+
+
+def show_summary(records: list, config: dict, device_name: str = "") -> None:
+    """The summary pivot of ``records`` (--metric / --baseline from ``config``), laid out for the terminal."""
+    from attnbench.report import summary
+    metric, baseline = config.get("metric"), config.get("baseline")
+    metric = str(metric or ("speedup" if baseline else "tflops")).lower()
+    if not records:
+        common.console.print("no cases ran", highlight=False)
+        return
+    built = summary.build(records, metric=metric, baseline=baseline, width=common.summary_width(),
+                          device=device_name)
+    summary.render(built, common.view_console())
+
+
 def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
     """--backends / --impl -> registry names (validated); default = every backend available here."""
     if impl is not None:
@@ -73,7 +96,25 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
             out.append(name)
     if not out:
         raise UserError("--backends is empty; give at least one backend name")
-    return tuple(dict.fromkeys(out))
+    out = list(dict.fromkeys(out))
+    for name in out:  # a named backend that cannot run would make a run that tests nothing look fine
+        why = cannot_run(name, device)
+        if why:
+            raise UserError(why)
+    return tuple(out)
+
+
+def cannot_run(name: str, device: str) -> str | None:
+    """Why backend ``name`` cannot run at all on ``device`` here, with how to fix it; None if it can."""
+    from attnbench.backends.base import device_type
+    backend = registry.get(name)
+    reason = backend.unavailable_reason()
+    if reason:
+        return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
+    if device_type(device) not in backend.capabilities.devices:
+        return (f"backend {name} runs on {'/'.join(backend.capabilities.devices)}, not on {device_type(device)} "
+                f"(--device)")
+    return None
 
 
 def build_plan(ctx: typer.Context) -> RunPlan:
@@ -109,6 +150,7 @@ def plan_from_options(opts: dict) -> RunPlan:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device)
+    _check_summary_options(opts, backends)
     output = text(opts, "output")
     if output is not None:
         try:
@@ -138,8 +180,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config, env_id=env_id,
                     version=attnbench.__version__)
     records = []
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=common.err_console, disable=quiet, transient=True)
+    progress = _progress(quiet)
 
     def sink(record):
         store.write(record)
@@ -166,10 +207,50 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     phases = wall_breakdown(runner.clock.seconds, time.perf_counter() - started)
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
-                                 f"({format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
+                                 f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
                                  markup=False, highlight=False)
         raise typer.Exit(130)
     return run_id, records, phases
+
+
+class _LogLines:
+    """Progress for a pipe or a file: a short line on stderr every few seconds, so a log shows where a long
+    run is (a live bar would print nothing there)."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, quiet: bool):
+        self.quiet, self.total, self.done, self.what = quiet, 0, 0, ""
+        self.start = self.last = time.perf_counter()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, description: str, total: int):
+        self.total = total
+        return 0
+
+    def update(self, task, description: str) -> None:
+        self.what = description
+        now = time.perf_counter()
+        if not self.quiet and (self.done == 0 or now - self.last >= self.EVERY_S):
+            self.last = now
+            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s {self.what}",
+                                     markup=False, highlight=False, soft_wrap=True)
+
+    def advance(self, task) -> None:
+        self.done += 1
+
+
+def _progress(quiet: bool):
+    """A live bar on a terminal, log lines otherwise."""
+    if not common.err_console.is_terminal:
+        return _LogLines(quiet)
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=common.err_console, disable=quiet, transient=True)
 
 
 def wrong_cases(records: list, approx_too: bool = False) -> list:
@@ -202,9 +283,11 @@ def wall_breakdown(phases: dict[str, float], total_s: float) -> dict[str, float]
 
 
 def format_breakdown(phases: dict[str, float]) -> str:
-    """'wall time 12.3s: timing 8.0s, check 2.1s, ...'"""
-    parts = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items() if k != "total")
-    return f"wall time {phases.get('total', 0.0):.1f}s: {parts}"
+    """'12.3s: timing 8.0s, check 2.1s, ...' (whole seconds from 10 s on; phases under 0.5 s left out)."""
+    def sec(v: float) -> str:
+        return f"{v:.0f}s" if v >= 10 else f"{v:.1f}s"
+    parts = ", ".join(f"{k} {sec(v)}" for k, v in phases.items() if k != "total" and v >= 0.5)
+    return f"{sec(phases.get('total', 0.0))}" + (f": {parts}" if parts else "")
 
 
 def run(
@@ -220,55 +303,61 @@ def run(
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
     layout: Annotated[str | None, typer.Option(
-        "--layout", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
+        "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     kv_seq_lens: common.KvSeqLens = None,
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
-    warm_l2: Annotated[bool, typer.Option("--warm-l2", help="Do not flush the L2 cache between calls.")] = False,
+    warm_l2: Annotated[bool, typer.Option("--warm-l2", rich_help_panel="Timing", help="Do not flush the L2 cache between calls.")] = False,
     flops_convention: Annotated[str | None, typer.Option(
-        "--flops-convention", help="exact (attended pairs) or dense (no causal discount).")] = None,
+        "--flops-convention", rich_help_panel="Output", help="exact (attended pairs) or dense (no causal discount).")] = None,
     timing: Annotated[str | None, typer.Option(
-        "--timing", help="events (per call, cold L2), graph (CUDA graph, rotating inputs), profiler (kernel time).")] = None,
+        "--timing", rich_help_panel="Timing", help="events (per call, cold L2), graph (CUDA graph, rotating inputs), profiler (kernel time).")] = None,
     profiler: Annotated[str | None, typer.Option(
-        "--profiler", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
+        "--profiler", rich_help_panel="Timing", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
-        "--min-time-ms", help="Sample until this much time is measured per case (default: 100 on GPU, 0 on CPU).")] = None,
+        "--min-time-ms", rich_help_panel="Timing", help="Sample until this much time is measured per case (default: 100).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
-        "--max-time-ms", help="Stop sampling a case once this much time is measured or spent, even before "
-        "--repeat samples (at least 10) (default: 350 on GPU, no cap on CPU).")] = None,
+        "--max-time-ms", rich_help_panel="Timing", help="Stop sampling a case once this much time is measured or spent, even before "
+        "--repeat samples (at least 10) (default: 350 on GPU, 1000 on CPU).")] = None,
     ci_target: Annotated[float | None, typer.Option(
-        "--ci-target", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
+        "--ci-target", rich_help_panel="Timing", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
         "after --repeat samples (default: 0.1; 0 = always sample --min-time-ms).")] = None,
     idle_ratio: Annotated[float | None, typer.Option(
-        "--idle-ratio", help="Leave the GPU idle this many times a call's time before each timed call: the "
+        "--idle-ratio", rich_help_panel="Timing", help="Leave the GPU idle this many times a call's time before each timed call: the "
         "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
-    cooldown: Annotated[float | None, typer.Option("--cooldown", help="Seconds to pause between cases.")] = None,
-    impl: Annotated[str | None, typer.Option("--impl", help="Seed 003: Pytorch (naive) or Flash2 (fa2).")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
+    cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
+    impl: Annotated[str | None, typer.Option("--impl", rich_help_panel="Backends", help="benchmark_attn.py's --impl: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
-    output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or FILE.csv.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", rich_help_panel="Output", help="Also write the records to FILE.json or FILE.csv.")] = None,
     backend_opt: Annotated[list[str] | None, typer.Option(
-        "--backend-opt", metavar="NAME.KEY=VALUE", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
+        "--backend-opt", rich_help_panel="Backends", metavar="NAME.KEY=VALUE", help="Backend option NAME.KEY=VALUE, e.g. flex-sparse.sparsity=0.5 (repeatable).")] = None,
     config: common.Config = None,
     seed: common.Seed = 0,
     input_scale: common.InputScale = None,
     outliers: common.Outliers = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no table.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel="Output", help="No progress and no summary.")] = False,
+    table: Annotated[bool, typer.Option("--table", rich_help_panel="Output", help="Also print every record (one row per case).")] = False,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", rich_help_panel="Output", help="In the summary's cells: tflops, ms, gbps or speedup (default: tflops; speedup with "
+        "--baseline).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", rich_help_panel="Output", metavar="NAME", help="Backend the summary's speedups are against.")] = None,
     check: Annotated[bool, typer.Option(
-        "--check/--no-check", help="Compare each case's first call with the exact reference (status mismatch on "
+        "--check/--no-check", rich_help_panel="Inputs and accuracy", help="Compare each case's first call with the exact reference (status mismatch on "
         "failure).")] = True,
     shard: sharding.ShardOpt = None,
     run_id: sharding.RunIdOpt = None,
     resume: Annotated[str | None, typer.Option(
-        "--resume", metavar="RUN_ID", help="Run only the cases of run RUN_ID that have no record yet.")] = None,
+        "--resume", rich_help_panel="Run control", metavar="RUN_ID", help="Run only the cases of run RUN_ID that have no record yet.")] = None,
     isolate: Annotated[bool, typer.Option(
-        "--isolate", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
+        "--isolate", rich_help_panel="Run control", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
     case_timeout: Annotated[float | None, typer.Option(
-        "--case-timeout", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
+        "--case-timeout", rich_help_panel="Run control", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
     fail_on_approx: Annotated[bool, typer.Option(
-        "--fail-on-approx", help="Exit 1 also when an approximate backend (quantized, sparse) fails its looser "
+        "--fail-on-approx", rich_help_panel="Inputs and accuracy", help="Exit 1 also when an approximate backend (quantized, sparse) fails its looser "
         "check; mismatches and NaN always do.")] = False,
 ) -> None:
     """Benchmark attention backends over a sweep of shapes (default: a small sweep on this device).
@@ -291,11 +380,15 @@ def run(
     if plan.output is not None:
         export.write(records, plan.output)
     if not quiet:
-        peaks = measured_peaks(plan.db, plan.options.device, copy=True)
-        common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
+        if common.option_bool(plan.config, "table"):
+            peaks = measured_peaks(plan.db, plan.options.device, copy=True)
+            common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
+        show_summary(records, plan.config, envmod.device_name(plan.options.device))
         ok = sum(r.status == "ok" for r in records)
-        common.console.print(f"{ok}/{len(records)} cases ok; {format_breakdown(phases)}; results in {plan.db}"
-                             + (f" and {plan.output}" if plan.output else ""), highlight=False)
+        common.console.print(f"{ok}/{len(records)} cases ok in {format_breakdown(phases)}\nstored in {plan.db} as run "
+                             f"{run_id}" + (f" (and in {plan.output})" if plan.output else "")
+                             + "\nevery record: attnbench show --table; the HTML report: attnbench report",
+                             highlight=False, markup=False)
         if hint:
             common.console.print(hint, highlight=False, markup=False)
     report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))

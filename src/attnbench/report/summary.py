@@ -1,0 +1,347 @@
+"""The answer to a run, on one screen: which kernel is fastest at each shape, by how much, and is it right.
+
+Records are grouped by the axes that stay fixed along a line (pass, causal, dtype, heads, ...); in each
+group a pivot has the swept axis (the one with the most values: sequence length in the default sweeps)
+as rows and backends as columns, the chosen metric in the cells. The fastest *exact* kernel of each row
+is marked; approximate kernels (quantized, sparse) report dense-equivalent rates and are kept apart,
+never marked fastest. What did not run becomes counted footnotes, one line per reason.
+
+The layout adapts to the width: when the backends do not fit, API forms of one kernel (``fa2``,
+``fa2-varlen``, ``fa2-qkvpacked``, ...) share a column showing the best of them, then the approximate
+kernels share one column naming the fastest, then the exact columns are split over several tables.
+This module only computes and lays out; ``render`` draws it with rich.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from attnbench.results.record import Record, clock_of, verdict_of
+
+METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
+API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
+"""Name suffixes of another entry point to the same kernel: such columns may share their kernel's column."""
+CELL = 6  # characters of a cell (value and marks)
+BEST, DROP, FAILED = "*", "↓", "!"
+STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
+               "implausible": "imp"}
+
+
+def axes(r: Record) -> dict[str, str]:
+    """The case's position on every axis, as short labels."""
+    s = r.spec
+    seq = str(s.seqlens_q[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_q))
+    out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",
+           "seq": seq, "heads": f"h{s.heads_q}" + (f"/{s.heads_kv}" if s.gqa else ""),
+           "head_dim": f"d{s.head_dim}" + (f"/{s.head_dim_v}" if s.head_dim_v != s.head_dim else "")}
+    if s.seqlens_k != s.seqlens_q:
+        out["keys"] = "keys " + (str(s.seqlens_k[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_k)))
+    if s.has_window:
+        out["window"] = f"window {s.window[0]},{s.window[1]}"
+    if s.layout != "bshd":
+        out["layout"] = s.layout
+    return out
+
+
+SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "layout", "mask", "pass")
+"""Which varying axis becomes the rows: the one with most values, ties broken in this order."""
+LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "layout", "pass")
+"""The order of the fixed axes in the header (that of a case label)."""
+ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
+
+
+def is_exact(r: Record) -> bool:
+    """Held to exactness (not a quantized or sparse kernel's dense-equivalent rate)."""
+    verdict = verdict_of(r.status, r.accuracy)
+    if verdict.startswith("approx"):
+        return False
+    return bool(r.info.get("exact", True))
+
+
+def _sort_key(value: str):
+    nums = [int(x) for x in re.findall(r"\d+", value)]
+    return (sum(nums), value) if nums else (math.inf, value)
+
+
+@dataclass
+class Cell:
+    text: str
+    value: float | None = None
+    best: bool = False
+
+
+@dataclass
+class Group:
+    """The rows of one combination of the grouping axes (``title``: their values)."""
+
+    title: tuple[str, ...]
+    rows: list[str]
+    cells: dict[tuple[str, str], Cell]
+    """(row, column) -> cell."""
+
+
+@dataclass
+class Pivot:
+    """One table: the swept axis as rows, grouped; one column per backend (or per shared column)."""
+
+    row_axis: str
+    columns: list[str]
+    groups: list[Group]
+    approx_column: str | None = None
+    """Title of the column that names the fastest approximate kernel, when they share one."""
+
+
+@dataclass
+class Summary:
+    """Everything the summary shows: a header line, the pivots and the footnotes."""
+
+    header: str
+    pivots: list[Pivot]
+    notes: list[str] = field(default_factory=list)
+    approx: list[str] = field(default_factory=list)
+    """The approximate backends (their columns, when they have their own)."""
+
+
+def _value(r: Record, metric: str, base: Record | None) -> float | None:
+    if r.status != "ok":
+        return None
+    if metric == "speedup":
+        if base is None or base.status != "ok" or not base.median_ms or not r.median_ms:
+            return None
+        return base.median_ms / r.median_ms
+    return {"tflops": r.tflops, "ms": r.median_ms, "gbps": r.gbps}[metric]
+
+
+def fmt(value: float | None, metric: str) -> str:
+    """A value in at most 4 characters (3 significant digits, fewer where it would not fit)."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if metric == "speedup":
+        return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+    if metric == "ms" and value < 1:
+        return f"{value:.3f}" if value >= 0.001 else f"{value:.0e}".replace("e-0", "e-")
+    if value >= 9999.5:
+        return f"{value / 1000:.0f}k"
+    if value >= 99.95:
+        return f"{value:.0f}"
+    if value >= 9.995:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.0e}".replace("e-0", "e-")
+
+
+def api_kernel(name: str, present: set[str]) -> str:
+    """The column a backend shares when API forms are merged: ``fa2-varlen`` -> ``fa2`` if fa2 ran too."""
+    for suffix in API_FORMS:
+        if name.endswith(suffix) and name[: -len(suffix)] in present:
+            return name[: -len(suffix)]
+    return name
+
+
+def build(records: list[Record], *, metric: str = "tflops", baseline: str | None = None,
+          width: int = 100, device: str = "") -> Summary:
+    """The summary of ``records`` laid out for ``width`` columns."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+    higher = metric != "ms"
+    pos = {id(r): axes(r) for r in records}
+    names = {k for p in pos.values() for k in p}
+    values = {k: {p.get(k, "") for p in pos.values()} for k in names}
+    varying = [k for k in SWEEP_ORDER if len(values.get(k, ())) > 1]
+    row_axis = max(varying, key=lambda k: (len(values[k]), -SWEEP_ORDER.index(k))) if varying else "seq"
+    group_axes = [k for k in SWEEP_ORDER if k in varying and k != row_axis]
+    fixed = [next(iter(values[k])) for k in LABEL_ORDER if k in values and k not in varying and k != row_axis
+             and next(iter(values[k]))]
+    by_case = {(_group_key(pos[id(r)], group_axes), pos[id(r)].get(row_axis, ""), r.backend): r for r in records}
+    base_of = {}
+    if metric == "speedup":
+        baseline = baseline or "naive"
+        base_of = {(g, row): r for (g, row, b), r in by_case.items() if b == baseline}
+    backends = list(dict.fromkeys(r.backend for r in records))
+    exact = [b for b in backends if any(is_exact(r) for r in records if r.backend == b and r.status == "ok")
+             or not any(r.status == "ok" for r in records if r.backend == b)]
+    approx = [b for b in backends if b not in exact]
+    merged, columns, approx_column = _layout(exact, approx, width, len(ROW_TITLES.get(row_axis, row_axis)))
+    groups = list(dict.fromkeys(g for g, _, _ in by_case))  # in the order the run measured them
+    built = []
+    for g in groups:
+        rows = sorted({row for gg, row, _ in by_case if gg == g}, key=_sort_key)
+        cells = {}
+        for row in rows:
+            cells.update(_row_cells(row, g, by_case, merged, columns, approx, approx_column, metric, higher,
+                                    base_of.get((g, row))))
+        built.append(Group(title=tuple(v for _, v in g), rows=rows, cells=cells))
+    pivots = [Pivot(row_axis=row_axis, columns=panel, groups=built,
+                    approx_column=approx_column if i == len(columns) - 1 else None)
+              for i, panel in enumerate(columns)]
+    unit = METRICS[metric] + (f" vs {baseline}" if metric == "speedup" else "")
+    ok = sum(r.status == "ok" for r in records)
+    header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
+              f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
+    return Summary(header=header, pivots=pivots, notes=_notes(records, merged, approx, approx_column, metric),
+                   approx=approx)
+
+
+def _group_key(pos: dict, group_axes: list[str]) -> tuple:
+    return tuple((a, pos.get(a, "")) for a in group_axes)
+
+
+def _layout(exact: list[str], approx: list[str], width: int, label: int):
+    """(backend -> column, list of column panels, approx column title or None) fitting ``width``."""
+    budget = width - max(label, 5) - 2
+    per = CELL + 1
+    merged = {b: b for b in exact + approx}
+    cols = exact + approx
+    if len(cols) * per > budget:  # API forms of one kernel share a column
+        present = set(exact + approx)
+        merged = {b: api_kernel(b, present) for b in exact + approx}
+        cols = list(dict.fromkeys(merged.values()))
+    approx_column = None
+    approx_cols = [c for c in cols if c in {merged[b] for b in approx}]
+    if approx_cols and len(cols) * per > budget:  # approximate kernels share one column naming the fastest
+        approx_column = "fastest approx."
+        cols = [c for c in cols if c not in approx_cols]
+        budget -= 20
+    per_panel = max(1, budget // per)
+    panels = [cols[i:i + per_panel] for i in range(0, len(cols), per_panel)] or [[]]
+    return merged, panels, approx_column
+
+
+def _row_cells(row, g, by_case, merged, panels, approx, approx_column, metric, higher, base) -> dict:
+    cells: dict[tuple[str, str], Cell] = {}
+    members: dict[str, list[Record]] = defaultdict(list)
+    for (gg, rr, b), r in by_case.items():
+        if gg == g and rr == row:
+            members[merged.get(b, b)].append(r)
+    shown = {c for panel in panels for c in panel}
+    best_val, best_col = None, None
+    for col, recs in members.items():
+        pick = _pick(recs, metric, higher, base)
+        cells[(row, col)] = pick
+        ran_exact = [r for r in recs if r.status == "ok" and is_exact(r)
+                     and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
+        if col in shown and pick.value is not None and ran_exact and col not in {merged[b] for b in approx}:
+            if best_val is None or (pick.value > best_val if higher else pick.value < best_val):
+                best_val, best_col = pick.value, col
+    if best_col is not None:
+        cells[(row, best_col)].best = True
+        cells[(row, best_col)].text += BEST
+    if approx_column:
+        cand = [(c, cells[(row, c)]) for c in {merged[b] for b in approx} if (row, c) in cells
+                and cells[(row, c)].value is not None]
+        if cand:  # a kernel that passed its (looser) check before a faster one that failed it
+            sign = 1 if higher else -1
+            col, cell = max(cand, key=lambda t: (FAILED not in t[1].text, sign * t[1].value))
+            cells[(row, approx_column)] = Cell(f"{col} {cell.text}", cell.value)
+        else:
+            cells[(row, approx_column)] = Cell("-")
+    return cells
+
+
+def _pick(recs: list[Record], metric: str, higher: bool, base: Record | None) -> Cell:
+    """The cell of a column: the best of its records (several when API forms share a column)."""
+    ok = [(v, r) for r in recs if (v := _value(r, metric, base)) is not None]
+    if not ok:
+        statuses = sorted({r.status for r in recs})
+        return Cell(STATUS_CELL.get(statuses[0], "-") if len(statuses) == 1 else "-")
+    value, rec = (max if higher else min)(ok, key=lambda t: t[0])
+    text = fmt(value, metric)
+    if verdict_of(rec.status, rec.accuracy) in ("fail", "approx-fail", "nan"):
+        text += FAILED
+    if clock_of(rec.info)[1]:
+        text += DROP
+    return Cell(text, value)
+
+
+def _notes(records, merged, approx, approx_column, metric) -> list[str]:
+    drops = sum(clock_of(r.info)[1] for r in records)
+    failed = sum(verdict_of(r.status, r.accuracy) in ("fail", "approx-fail", "nan") for r in records)
+    legend = [f"{BEST} fastest exact kernel"]
+    if drops:
+        legend.append(f"{DROP} SM clock fell >10% in the case ({drops})")
+    if failed:
+        legend.append(f"{FAILED} failed its accuracy check ({failed})")
+    notes = ["   ".join(legend)]
+    if approx:
+        rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""
+        where = f"'{approx_column}'" if approx_column else "approximate kernels"
+        notes.append(f"{where}: {rates}never marked fastest: {', '.join(approx)}")
+    shared = defaultdict(list)
+    for b, col in merged.items():
+        if b != col:
+            shared[col].append(b.removeprefix(col))
+    if shared:
+        notes.append("one column, the best of a kernel's API forms: "
+                     + "; ".join(f"{col} = {col}, {', '.join(others)}" for col, others in shared.items()))
+    reasons: Counter = Counter()
+    who: dict[tuple, list[str]] = defaultdict(list)
+    for r in records:
+        if r.status != "ok":
+            key = (r.status, _short_reason(r.status, r.reason))
+            reasons[key] += 1
+            if r.backend not in who[key]:
+                who[key].append(r.backend)
+    for (status, reason), n in reasons.most_common():
+        names = who[(status, reason)]
+        listed = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
+        notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed})")
+    return notes
+
+
+def _short_reason(status: str, reason: str | None) -> str:
+    """A reason on one line, at most 60 characters; out-of-memory messages, which name sizes that differ
+    from case to case, become one."""
+    if status == "oom":
+        return "out of device memory"
+    text = " ".join((reason or "").split())
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def header_lines(name: str, width: int = CELL) -> str:
+    """A column title within ``width`` characters a line: split at hyphens, each part cut to fit."""
+    if len(name) <= width:
+        return name
+    head, _, rest = name.partition("-")
+    parts = [head, rest] if rest else [head]
+    return "\n".join(p if len(p) <= width else p[: width - 1] + "…" for p in parts)
+
+
+def render(summary: Summary, console) -> None:
+    """Print the summary with rich (``console`` sets the width): one table per panel of columns, the
+    groups one below the other, each named in the first column."""
+    from rich import box
+    from rich.table import Table
+    console.print(summary.header, highlight=False, markup=False)
+    for pivot in summary.pivots:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), pad_edge=False, collapse_padding=True)
+        grouped = any(g.title for g in pivot.groups)
+        if grouped:
+            table.add_column("", justify="left", no_wrap=True, style="bold")
+        label_width = max([len(r) for g in pivot.groups for r in g.rows] + [1])
+        table.add_column(ROW_TITLES.get(pivot.row_axis, pivot.row_axis), justify="right", no_wrap=True,
+                         min_width=label_width)
+        for col in pivot.columns:
+            table.add_column(header_lines(col), justify="right", no_wrap=True, min_width=CELL, max_width=CELL)
+        if pivot.approx_column:
+            table.add_column(" " + pivot.approx_column, justify="left", no_wrap=True, overflow="ellipsis")
+        for gi, group in enumerate(pivot.groups):
+            for i, row in enumerate(group.rows):
+                cells = [group.cells.get((row, c), Cell("")) for c in pivot.columns]
+                texts = [f"[bold]{c.text}[/]" if c.best else c.text for c in cells]
+                if pivot.approx_column:
+                    texts.append(" " + group.cells.get((row, pivot.approx_column), Cell("")).text)
+                label = _group_label(group.title, i, len(group.rows))
+                table.add_row(*([label] if grouped else []), row, *texts,
+                              end_section=i == len(group.rows) - 1 and gi < len(pivot.groups) - 1)
+        console.print(table)
+    for note in summary.notes:
+        console.print(note, highlight=False, markup=False, overflow="fold")
+
+
+def _group_label(title: tuple[str, ...], i: int, n: int) -> str:
+    """The group's values stacked down its first rows (all on the last row when there are more values)."""
+    if len(title) <= n:
+        return title[i] if i < len(title) else ""
+    return " ".join(title) if i == 0 else ""

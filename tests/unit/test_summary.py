@@ -1,0 +1,145 @@
+"""What a user reads: the run summary pivot, the verify grid, progress lines, figures split for reading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from attnbench.report import grid, plots, summary
+from attnbench.results.record import Record
+from attnbench.spec import AttnSpec
+
+EXACT = ["naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-varlen", "fa2", "fa2-qkvpacked",
+         "fa2-kvpacked", "fa2-varlen", "fa2-varlen-qkvpacked", "fa3", "fa3-varlen", "flex"]
+APPROX = ["sage", "sage-varlen", "sage2-fp8", "sage2-fp8-sm90", "sage2-fp16", "sparge", "sparge-cdf", "sparge-fp16",
+          "sparge-fp16-cdf"]
+LENGTHS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def rec(backend: str, seq: int, causal: bool, pass_: str, tflops: float | None, *, exact: bool = True,
+        verdict: str | None = None, status: str = "ok", reason: str | None = None, dropped: bool = False) -> Record:
+    spec = AttnSpec(batch=2, seqlens_q=(seq,), heads_q=16, head_dim=128, dtype="bf16", causal=causal, pass_=pass_)
+    verdict = verdict or ("pass" if exact else "approx-pass")
+    fields = dict(median_ms=1.0 / tflops, tflops=tflops, gbps=2 * tflops) if status == "ok" else {}
+    info = {"exact": exact, **({"clock_dropped": True} if dropped else {})}
+    return Record(run_id="r", backend=backend, spec=spec, status=status, reason=reason, info=info,
+                  accuracy={"verdict": verdict} if status == "ok" else None, **fields)
+
+
+def default_gpu_sweep() -> list[Record]:
+    """23 backends x the default GPU sweep's 32 shapes; fa3 fastest from 1k, sdpa-cudnn below; approximate
+    kernels forward only and faster still (dense-equivalent), sparge failing its check."""
+    out = []
+    for causal in (False, True):
+        for pass_ in ("fwd", "fwd_bwd"):
+            for s in LENGTHS:
+                for i, b in enumerate(EXACT):
+                    tf = 10.0 + i + (s / 16384) * (700 if b == "fa3" else 600 if b == "sdpa-cudnn" else 300)
+                    out.append(rec(b, s, causal, pass_, tf, dropped=b == "fa3" and s == 16384))
+                for b in APPROX:
+                    if pass_ == "fwd_bwd":
+                        out.append(rec(b, s, causal, pass_, None, exact=False, status="unsupported",
+                                       reason="forward only (no backward)"))
+                    else:
+                        fails = b.startswith("sparge")
+                        out.append(rec(b, s, causal, pass_, 2000.0 if fails else 900.0, exact=False,
+                                       verdict="approx-fail" if fails else "approx-pass"))
+    return out
+
+
+def rendered(built: summary.Summary, width: int = 100) -> list[str]:
+    console = Console(width=width, force_terminal=False, record=True)
+    with console.capture() as cap:
+        summary.render(built, console)
+    return cap.get().splitlines()
+
+
+def test_the_default_gpu_sweep_with_23_backends_fits_one_screen_of_100_columns():
+    records = default_gpu_sweep()
+    lines = rendered(summary.build(records, width=100, device="GPU"))
+    assert max(len(line) for line in lines) <= 100
+    assert len(lines) <= 56, "\n".join(lines)
+    # API forms share their kernel's column, the approximate kernels share one
+    header = " ".join(lines[1:4])
+    assert "fa2-varlen" not in header and "fastest approx." in header
+    # each row marks the fastest exact kernel: fa3 at 16k, and never an approximate one
+    row16k = [line for line in lines if line.split()[-3:] and "16384" in line.split()][0]
+    assert "*" in row16k and row16k.count("*") == 1
+    cells = row16k.split()
+    starred = cells[[i for i, c in enumerate(cells) if "*" in c][0]]
+    assert starred == "721↓*"  # fa3: 10 + 11 + 700, its clock dropped
+    # the failing sparse kernel is not offered as the fastest approximation when a passing one exists
+    assert "sparge" not in row16k and "sage" in row16k
+
+
+def test_footnotes_count_each_reason_once_and_name_the_backends():
+    lines = rendered(summary.build(default_gpu_sweep()))
+    notes = [line for line in lines if "unsupported" in line]
+    assert len(notes) == 1 and notes[0].startswith("144 unsupported: forward only (no backward)")
+    assert any("SM clock fell >10% in the case (4)" in line for line in lines)
+    assert any("failed its accuracy check (64)" in line for line in lines)
+
+
+def test_wide_terminals_get_a_column_per_backend():
+    lines = rendered(summary.build(default_gpu_sweep(), width=200), width=200)
+    header = " ".join(lines[1:4])
+    assert "fastest approx." not in header and "sparge" in header and "varlen" in header
+
+
+def test_speedup_against_a_baseline_and_times_in_ms():
+    records = default_gpu_sweep()
+    speed = summary.build(records, metric="speedup", baseline="naive")
+    cells = speed.pivots[0].groups[0].cells
+    assert cells[("128", "naive")].text == "1.00"
+    assert cells[("128", "sdpa-math")].value == pytest.approx((10.0 + 128 / 16384 * 300 + 1) / (10.0 + 128 / 16384 * 300))
+    ms = summary.build(records, metric="ms")
+    best = [c for (row, _), c in ms.pivots[0].groups[0].cells.items() if row == "16384" and c.best]
+    assert len(best) == 1 and best[0].value == pytest.approx(1 / 721.0)  # the smallest time is the best one
+    with pytest.raises(ValueError, match="unknown metric"):
+        summary.build(records, metric="flops")
+
+
+def test_fixed_axes_go_to_the_header_and_the_rows_are_the_swept_axis():
+    records = [rec("naive", 64, False, "fwd", 1.0), rec("naive", 128, False, "fwd", 2.0)]
+    built = summary.build(records)
+    assert built.header.startswith("b2 h16 d128 bf16 no mask fwd · TF/s")
+    assert built.pivots[0].row_axis == "seq" and built.pivots[0].groups[0].rows == ["64", "128"]
+
+
+def test_verify_grid_names_cases_and_marks_failures():
+    spec = AttnSpec(batch=1, seqlens_q=(100,), heads_q=4, head_dim=64, dtype="fp32", causal=True, pass_="fwd_bwd")
+    limits = {"out": {"max_abs": 1e-3}, "dq": {"max_abs": 2e-3}}
+    good = Record(run_id="v", backend="a", spec=spec, accuracy={"verdict": "pass", "limits": limits,
+                  "tensors": {"out": {"max_abs": 5e-4}, "dq": {"max_abs": 1e-3}}})
+    bad = Record(run_id="v", backend="b", spec=spec, status="mismatch", accuracy={"verdict": "fail", "limits": limits,
+                 "tensors": {"out": {"max_abs": 3e-3}, "dq": {"max_abs": 1e-3}}})
+    skip = Record(run_id="v", backend="c", spec=spec, status="unsupported", reason="varlen not supported")
+    backends, cases, cells, legend = grid.build([good, bad, skip])
+    assert backends == ["a", "b", "c"] and len(cases) == 1
+    assert cells[("a", cases[0])] == "0.50" and cells[("b", cases[0])] == "3.00✗" and cells[("c", cases[0])] == "-"
+    console = Console(width=100, force_terminal=False)
+    with console.capture() as cap:
+        grid.render([good, bad, skip], console)
+    assert "not checked, 1 unsupported: varlen not supported (c)" in cap.get()
+
+
+def test_figures_keep_panels_readable_and_colours_per_family():
+    rows = [dict(r.to_row(), info=json.dumps(r.info)) for r in default_gpu_sweep()]
+    sets = plots.backend_sets(rows)
+    names = [n for n, _ in sets]
+    assert names == ["exact kernels", "approximate kernels (dense-equivalent rates)", "API forms of one kernel"]
+    for _, subset in sets:
+        assert len({r["backend"] for r in subset}) <= plots.MAX_LINES
+    approx = {r["backend"] for r in sets[1][1]}
+    assert all(b.endswith(" ≈") for b in approx)
+    style = plots._styles(["fa2", "fa2-varlen", "sdpa-flash", "sdpa-cudnn", "sage2-fp8 ≈"])
+    assert style["fa2"]["color"] == style["fa2-varlen"]["color"] != style["sdpa-flash"]["color"]
+    assert style["sdpa-flash"]["color"] == style["sdpa-cudnn"]["color"]
+    assert style["sdpa-flash"]["linestyle"] != style["sdpa-cudnn"]["linestyle"]
+    assert style["sage2-fp8 ≈"]["linestyle"] == ":"
+    # key lengths equal to query lengths: one figure, not two
+    assert plots.plot_axes(rows) == ["seq_len"]
+    same = [r for r in rows if r["seq_len"] == 4096]
+    assert plots.plot_axes(same) == [] and "sequence length (tokens) 4k" in plots.why_no_plot(same)

@@ -198,11 +198,25 @@ def test_poison_is_a_no_op_on_cpu_and_sized_from_the_case():
     assert io_bytes(SPEC) == 2 * (77 * 4 * 32 + 77 * 2 * 32) * 2
 
 
+def test_verify_prints_a_grid_and_details_on_request(tmp_path, capsys):
+    args = ["verify", "--device", "cpu", "--seq-lens", "33", "100", "--q-heads", "4", "--kv-heads", "2", "--head-size",
+            "16", "--dtype", "fp32", "--causal", "--backends", "naive,sdpa-math", "--db", str(tmp_path / "g.db")]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr().out
+    assert exc.value.code == 0, out
+    assert "diff:" not in out  # nothing failed: no per-case details
+    rows = [line.split() for line in out.splitlines() if line.startswith(("naive ", "sdpa-math "))]
+    assert [r[0] for r in rows] == ["naive", "sdpa-math"] and all(len(r) == 3 for r in rows)
+    assert all(0 <= float(x) < 1 for r in rows for x in r[1:])  # worst error / limit of each case: passing
+    assert "1 s33; 2 s100" in " ".join(out.split()) and "2 checked" not in out and "4 checked" in out
+
+
 def test_verify_cli_prints_seed_block_and_passes(tmp_path, capsys):
     db = tmp_path / "v.db"
     with pytest.raises(SystemExit) as exc:
         main(["verify", "--device", "cpu", "--seq-lens", "33", "--q-heads", "4", "--kv-heads", "2", "--head-size",
-              "16", "--dtype", "fp32", "--causal", "--backends", "naive,sdpa-math", "--db", str(db)])
+              "16", "--dtype", "fp32", "--causal", "--backends", "naive,sdpa-math", "--db", str(db), "--details"])
     out = capsys.readouterr().out
     assert exc.value.code == 0, out
     lines = [line for line in out.splitlines() if "diff:" in line]

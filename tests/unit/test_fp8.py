@@ -169,7 +169,7 @@ def test_fp8_end_to_end_on_the_cli(tmp_path):
         acc = json.loads(acc)
         assert acc["unquantized"]["tensors"]["out"]["rel_l1"] > acc["tensors"]["out"]["rel_l1"]
     text = attnbench("verify", "--device", "cpu", "--backends", "test-fp8", "--dtype", "fp8", "--seq-lens", "16",
-                     "--q-heads", "2", "--head-size", "16", "--db", str(db)).stdout
+                     "--q-heads", "2", "--head-size", "16", "--db", str(db), "--details").stdout
     assert "fp8 inputs, judged approximately" in text and "Against the bf16 inputs before quantization: out" in text
 
 

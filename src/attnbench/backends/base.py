@@ -130,6 +130,8 @@ class Backend:
     """Python module the backend imports (None = only torch)."""
     distribution: str | None = None
     """pip distribution name used for the version (default: ``package``)."""
+    install: str | None = None
+    """How a user installs ``package`` (default: ``pip install <distribution>``)."""
     default_sweep: bool = True
     """Run when no --backends are given (False for study backends such as synthetic sparsity)."""
     compiles_ahead: bool = False
@@ -141,6 +143,12 @@ class Backend:
         if self.package is None:
             return None
         return _import_reason(self.package)
+
+    def install_hint(self) -> str:
+        """One line saying how to get the backend's package."""
+        if self.package is None:
+            return "comes with PyTorch"
+        return self.install or f"pip install {self.distribution or self.package}"
 
     def version(self) -> str | None:
         """Version of the backend's package (torch's for torch-only backends)."""

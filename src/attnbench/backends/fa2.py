@@ -44,6 +44,7 @@ def common_kwargs(spec: AttnSpec) -> dict:
 class _Fa2(KernelBackend):
     package = "flash_attn"
     distribution = "flash-attn"
+    install = "pip install flash-attn --no-build-isolation"
     capabilities = _DENSE
 
     def _info(self, spec: AttnSpec, **extra) -> dict:

@@ -109,6 +109,7 @@ def descale_kwargs(inputs: AttnInputs, sequences: int) -> dict:
 class _Fa3(Fa3Build, KernelBackend):
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
+    install = "build it from flash-attention's hopper/ folder (cd hopper && pip install . --no-build-isolation)"
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,

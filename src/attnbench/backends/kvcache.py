@@ -136,6 +136,7 @@ class Fa2KVCache(_KVCacheBackend):
     description = "flash-attn 2 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
     package = "flash_attn"
     distribution = "flash-attn"
+    install = "pip install flash-attn --no-build-isolation"
     capabilities = _CAPS
     default_sweep = False
 
@@ -154,6 +155,7 @@ class Fa3KVCache(Fa3Build, _KVCacheBackend):
     description = "FlashAttention-3 flash_attn_with_kvcache, contiguous KV cache + cache_seqlens (decode)"
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
+    install = "build it from flash-attention's hopper/ folder (cd hopper && pip install . --no-build-isolation)"
     declared = replace(_CAPS, dtypes=(*_CAPS.dtypes, *FP8_DTYPES), head_dim_multiple=8, min_compute_capability=(9, 0))
     default_sweep = False
 

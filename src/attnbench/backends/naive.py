@@ -56,7 +56,7 @@ class _Mask:
 
 class NaiveBackend(Backend):
     name = "naive"
-    description = "matmul-softmax-matmul in PyTorch, full score matrix (seed 'Pytorch')"
+    description = "matmul-softmax-matmul in PyTorch, full score matrix (the write-ups' 'Pytorch')"
     capabilities = Capabilities(varlen=True, window=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:

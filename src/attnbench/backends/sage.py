@@ -78,6 +78,7 @@ def major_version(version: str | None) -> int | None:
 class _Sage(KernelBackend):
     package = "sageattention"
     distribution = "sageattention"
+    install = "pip install sageattention (1.x, Triton); SageAttention 2 builds from source: see docs/backends.md"
     capabilities = _V1
     smooths_k_in_place = False
     """True for entry points that may subtract the K mean from the caller's K (version 1 ``sageattn``)."""

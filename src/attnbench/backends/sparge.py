@@ -46,6 +46,7 @@ FP8_CAUSAL = ("its FP8-PV kernel is launched with is_causal=False (causality onl
 class _Sparge(KernelBackend):
     package = "spas_sage_attn"
     distribution = "spas_sage_attn"
+    install = "build SpargeAttn from source (github.com/thu-ml/SpargeAttn): see docs/backends.md"
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128), gqa=False,
                                 causal=False, backward=False, cross_lengths=False, different_v_dim=False,
                                 exact=False, min_compute_capability=(8, 9))

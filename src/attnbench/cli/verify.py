@@ -31,7 +31,7 @@ from attnbench.runner import Runner
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 
-# Tensor names as seed 001 prints them.
+# Tensor names as the FA2 accuracy write-up prints them.
 LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
 FAILED_STATUSES = ("mismatch", "nan", "error", "implausible")
 VERDICT_STYLE = {"pass": "green", "approx-pass": "green", "fail": "red", "approx-fail": "yellow"}
@@ -76,7 +76,7 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     if not cfg.get("pass_"):
         specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
-                          repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1)
+                          repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1).fixed()
     return dataclasses.replace(plan, specs=specs, options=dataclasses.replace(plan.options, timing=timing))
 
 
@@ -106,7 +106,7 @@ def _g(value) -> str:
 
 
 def print_record(record: Record) -> None:
-    """The seed-001 block (max, then mean diffs), the other metrics and the verdict of one record."""
+    """The FA2 accuracy write-up's block (max, then mean diffs), the other metrics and the verdict of one record."""
     out = common.console
     head = f"{record.backend} · {record.spec.label()} · {record.spec.pass_}"
     acc = record.accuracy
@@ -194,6 +194,7 @@ def verify(
     input_scale: common.InputScale = None,
     outliers: common.Outliers = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the records' accuracy as JSON.")] = False,
+    details: Annotated[bool, typer.Option("--details", help="Every case's errors in full (default: failures only).")] = False,
 ) -> None:
     """Check every backend's output and gradients against the exact reference (exit 1 on a failure)."""
     plan = build_verify_plan(ctx)
@@ -210,17 +211,30 @@ def verify(
         finally:
             store.finish_run(run_id, status)
     failed = exact_failures(records)
+    checked = sum(r.accuracy is not None for r in records)
     if as_json:
         rows = [{"backend": r.backend, "case": r.spec.label(), "pass": r.spec.pass_, "status": r.status,
                  "reason": r.reason, "accuracy": r.accuracy} for r in records]
         common.console.print_json(json.dumps(rows))
     else:
-        for record in records:
+        from attnbench.report import grid
+        shown = records if details else [r for r in records if _failed(r)]
+        for record in shown:
             print_record(record)
             common.console.print()
-        checked = sum(r.accuracy is not None for r in records)
-        common.console.print(f"{checked} checked, {len(failed)} exact failure(s), "
-                             f"{sum(r.accuracy is None for r in records)} not checked; run {run_id} in {plan.db}",
-                             highlight=False)
+        grid.render(records, common.view_console())
+        common.console.print(f"{checked} checked, {len(failed)} exact failure(s), {len(records) - checked} not "
+                             f"checked{'' if details else ' (every error in full: --details)'}\nrecords: run {run_id} "
+                             f"in {plan.db}", highlight=False, markup=False)
     if failed:
         raise typer.Exit(1)
+    if not checked:
+        common.err_console.print("attnbench: nothing was checked (every case was unsupported or did not run); "
+                                 "exit status 1", highlight=False, markup=False)
+        raise typer.Exit(1)
+
+
+def _failed(record: Record) -> bool:
+    """A record whose details the default output shows: a failed check or a case that broke."""
+    from attnbench.results.record import verdict_of
+    return record.status in FAILED_STATUSES or verdict_of(record.status, record.accuracy) in ("fail", "approx-fail")

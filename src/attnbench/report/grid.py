@@ -1,0 +1,101 @@
+"""`verify`'s answer on one screen: backends down, cases across, each cell the worst ratio of an error to its
+limit (pass below 1), a mark where the check failed; the cases named in a short legend."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from attnbench.report.summary import axes
+from attnbench.results.record import Record, verdict_of
+
+FAIL = "✗"
+STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "implausible": "imp"}
+
+
+def worst(record: Record) -> float | None:
+    """The largest error / limit of a checked record (for approximate checks: rel-L1 / its limit, the one
+    measure of the two that grows with the error)."""
+    acc = record.accuracy or {}
+    best = None
+    for name, limits in (acc.get("limits") or {}).items():
+        measured = (acc.get("tensors") or {}).get(name, {})
+        for metric, limit in limits.items():
+            if metric == "cosine" or metric not in measured:
+                continue
+            value = abs(measured[metric])
+            ratio = value / limit if limit > 0 else (0.0 if value == 0 else float("inf"))
+            best = ratio if best is None else max(best, ratio)
+    return best
+
+
+def case_names(records: list[Record]) -> dict[str, str]:
+    """A short name per case (the values of the axes that differ between cases), keyed by the case label."""
+    specs = {r.spec.replace(pass_="fwd_bwd").label(): axes(r) for r in records}
+    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", "layout", "mask")
+               if len({a.get(k, "") for a in specs.values()}) > 1]
+    def name(a: dict) -> str:
+        parts = [("s" if k == "seq" else "") + a.get(k, "") for k in varying if a.get(k, "") and a.get(k) != "no mask"]
+        return " ".join(parts)
+    return {label: name(a) or label for label, a in specs.items()}
+
+
+def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]:
+    """(backends, case labels, {(backend, case): cell text}, legend lines)."""
+    names = case_names(records)
+    cases = list(names)
+    backends = list(dict.fromkeys(r.backend for r in records))
+    cells: dict[tuple[str, str], str] = {}
+    for r in records:
+        key = (r.backend, r.spec.replace(pass_="fwd_bwd").label())
+        verdict = verdict_of(r.status, r.accuracy)
+        if r.accuracy is None or r.status in ("unsupported", "oom", "error"):
+            cells[key] = STATUS_CELL.get(r.status, "-")
+            continue
+        ratio = worst(r)
+        text = "-" if ratio is None else (f"{ratio:.2f}" if ratio < 10 else f"{ratio:.0f}")
+        if r.spec.pass_ == "fwd":
+            text += "ᶠ"
+        if verdict in ("fail", "approx-fail", "nan") or r.status in ("mismatch", "nan", "implausible"):
+            text += FAIL
+        cells[key] = text
+    legend = [f"{i + 1:>2} {names[c]}" for i, c in enumerate(cases)]
+    return backends, cases, cells, legend
+
+
+def render(records: list[Record], console) -> None:
+    """Print the grid, the case legend and counted reasons for what was not checked."""
+    from rich import box
+    from rich.table import Table
+    backends, cases, cells, legend = build(records)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
+                  title="worst error / limit per backend and case (pass < 1)", title_justify="left")
+    table.add_column("backend", no_wrap=True)
+    for i in range(len(cases)):
+        table.add_column(str(i + 1), justify="right", no_wrap=True)
+    for b in backends:
+        row = [cells.get((b, c), "") for c in cases]
+        if not any(t and t not in STATUS_CELL.values() for t in row):
+            row = [t or "-" for t in row]
+        table.add_row(b, *[f"[red]{t}[/]" if t.endswith(FAIL) else t for t in row])
+    console.print(table)
+    console.print("cases: " + "; ".join(x.strip() for x in legend), highlight=False, markup=False)
+    exact = {r.backend for r in records if r.info.get("exact", True)}
+    approx = [b for b in backends if b not in exact]
+    notes = [f"{FAIL} failed its check; ᶠ forward only (no backward to check); exact kernels: max error vs "
+             "limit (k x the error of PyTorch math in the same dtype + a floor)"]
+    if approx:
+        notes.append(f"approximate kernels ({', '.join(approx)}): rel-L1 vs its limit; their cosine is checked too")
+    reasons: Counter = Counter()
+    who = defaultdict(list)
+    for r in records:
+        if r.accuracy is None:
+            key = (r.status, " ".join((r.reason or "").split())[:60] if r.status != "oom" else "out of memory")
+            reasons[key] += 1
+            if r.backend not in who[key]:
+                who[key].append(r.backend)
+    for (status, reason), n in reasons.most_common():
+        shown = ", ".join(who[(status, reason)][:3]) + (f" +{len(who[(status, reason)]) - 3}"
+                                                         if len(who[(status, reason)]) > 3 else "")
+        notes.append(f"not checked, {n} {status}: {reason} ({shown})")
+    for note in notes:
+        console.print(note, highlight=False, markup=False)

@@ -37,7 +37,7 @@ def db(tmp_path_factory):
         _write_run(store, "slow", 1.0, seed=3, factors={2: 1.25})  # one case 25% slower
         _write_run(store, "slightly", 1.02, seed=4, noise=0.002)  # clearly slower, but by 2% only
         _write_run(store, "fast", 0.8, seed=5)
-        # 10% slower in one case, but 6 samples with 30% spread cannot tell that apart from noise
+        # 10% slower in one case, but 6 samples with 30% spread cannot tell that apart from noise: inconclusive
         _write_run(store, "noisy-slow", 1.0, seed=6, noise=0.3, factors={0: 1.1}, n=6)
         spec = AttnSpec(seqlens_q=(4096,), heads_q=8, head_dim=128, dtype="bf16", pass_="fwd")
         store.write(Record(run_id="slow", backend="fast", spec=spec, status="oom", reason="out of memory"))
@@ -59,8 +59,10 @@ def test_thresholds_and_verdicts():
         cmp.parse_threshold("five")
     assert cmp.verdict(1.06, 1.2, 0.05) == "regression"
     assert cmp.verdict(1.01, 1.2, 0.05) == "slower"
-    assert cmp.verdict(0.9, 1.1, 0.05) == "same"
+    assert cmp.verdict(0.97, 1.03, 0.05) == "same"
+    assert cmp.verdict(0.9, 1.1, 0.05) == "inconclusive"  # holds 1, but a 10% change could hide in it
     assert cmp.verdict(0.7, 0.9, 0.05) == "faster"
+    assert cmp.judge(1.06, 269.0, 0.05, samples=5) == ("inconclusive", "5 samples (a verdict needs 10 on each side)")
 
 
 @pytest.mark.parametrize("run_b, code, verdicts", [
@@ -68,7 +70,7 @@ def test_thresholds_and_verdicts():
     ("slow", 1, {"regression", "same"}),
     ("slightly", 0, {"slower"}),
     ("fast", 0, {"faster"}),
-    ("noisy-slow", 0, {"same"}),
+    ("noisy-slow", 0, {"inconclusive"}),
 ])
 def test_exit_codes(db, run_b, code, verdicts):
     with ResultStore(db) as store:

@@ -76,27 +76,28 @@ def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
     assert cfg.samples_wanted([20.0] * 10, "cuda") == 0          # 200 ms >= 100 ms
     assert cfg.samples_wanted([0.001] * 10, "cuda") == 490       # capped at max_repeat
     assert cfg.samples_wanted([0.001] * 500, "cuda") == 0
-    default = TimingConfig(repeat=3)
-    assert default.min_time_for("cuda") == 100.0 and default.min_time_for("cpu") == 0.0
-    assert default.samples_wanted([0.01] * 3, "cpu") == 0
+    default = TimingConfig(repeat=3, ci_target_pct=0)
+    assert default.min_time_for("cuda") == 100.0 and default.min_time_for("cpu") == 100.0
+    assert default.samples_wanted([0.01] * 3, "cpu") > 0   # CPU calls too sample 100 ms, not 3 calls
+    assert default.samples_wanted([50.0] * 3, "cpu") == 0
 
 
 def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
     cfg = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=1000.0, ci_target_pct=0)
     assert TimingConfig().max_time_for("cuda") == 350.0 and cfg.max_time_for("cpu") == 1000.0
-    assert TimingConfig().max_time_for("cpu") == float("inf")
+    assert TimingConfig().max_time_for("cpu") == 1000.0
     assert cfg.samples_wanted([], "cuda") == MIN_SAMPLES          # first learn the per-call time
     assert cfg.samples_wanted([150.0] * MIN_SAMPLES, "cuda") == 0  # 1.5 s measured: enough
     assert cfg.samples_wanted([150.0] * 3, "cuda") == MIN_SAMPLES - 3
     assert cfg.samples_wanted([40.0] * 10, "cuda") == 15           # (1000 - 400) / 40
     assert cfg.samples_wanted([1.0] * 10, "cuda") == 90            # fast: repeat is still the minimum
-    uncapped = TimingConfig(repeat=100, min_time_ms=200.0, ci_target_pct=0)
-    assert uncapped.samples_wanted([], "cpu") == 100               # no cap on CPU by default
+    uncapped = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=float("inf"), ci_target_pct=0)
+    assert uncapped.samples_wanted([], "cpu") == 100               # no cap when asked for none
     assert uncapped.samples_wanted([150.0] * 10, "cpu") == 90
     # warm-up: about a quarter of the cap after the first call
     assert TimingConfig(warmup=10, max_time_ms=1000.0).warmup_calls(100.0, "cuda") == 2
     assert TimingConfig(warmup=10).warmup_calls(0.05, "cuda") == 9
-    assert TimingConfig(warmup=10).warmup_calls(100.0, "cpu") == 9
+    assert TimingConfig(warmup=10).warmup_calls(100.0, "cpu") == 2   # a quarter of the 1 s CPU cap
     assert TimingConfig(warmup=0).warmup_calls(1.0, "cuda") == 0
     # a minimum time above the default cap raises the cap with it
     assert TimingConfig(min_time_ms=5000.0).max_time_for("cuda") == 5000.0

@@ -30,6 +30,21 @@ NoArgsIsHelpError = getattr(_click_exceptions, "NoArgsIsHelpError", ())
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Benchmark, verify and compare attention kernels.")
+def _version(value: bool) -> None:
+    if value:
+        import torch
+
+        import attnbench
+        common.console.print(f"attnbench {attnbench.__version__} (torch {torch.__version__})", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print attnbench's version and exit.")) -> None:
+    """Benchmark, verify and compare attention kernels."""
+
+
 app.command("run")(run_cmd.run)
 app.command("verify")(verify_cmd.verify)
 app.command("backends")(info.backends)
@@ -42,6 +57,8 @@ app.command("links")(links_cmd.links)
 app.command("plot")(view.plot)
 app.command("report")(view.report)
 app.command("export")(view.export)
+app.command("show")(view.show)
+app.command("runs")(view.runs)
 app.command("compare")(compare_cmd.compare)
 app.command("merge")(compare_cmd.merge)
 

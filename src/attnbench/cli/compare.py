@@ -15,8 +15,8 @@ from attnbench.cli.view import open_store, resolve_run
 from attnbench.results import compare as cmp
 from attnbench.results import merge as mergemod
 
-VERDICT_STYLE = {"regression": "bold red", "slower": "yellow", "same": "dim", "faster": "green", "no-ci": "dim",
-                 "status": "magenta"}
+VERDICT_STYLE = {"regression": "bold red", "slower": "yellow", "same": "dim", "faster": "green",
+                 "inconclusive": "cyan", "no-ci": "dim", "status": "magenta"}
 
 
 def _fmt(value, spec: str) -> str:
@@ -30,10 +30,11 @@ def comparison_table(result: cmp.Comparison, run_a: str, run_b: str) -> Table:
     for name, justify in (("backend", "left"), ("case", "left"), ("pass", "left"), ("A ms", "right"),
                           ("B ms", "right"), ("B/A", "right"), (f"{pct}% CI", "right"), ("verdict", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "case")
-    order = {"regression": 0, "slower": 1, "status": 2, "no-ci": 3, "same": 4, "faster": 5}
+    order = {"regression": 0, "slower": 1, "status": 2, "inconclusive": 3, "no-ci": 4, "same": 5, "faster": 6}
     for c in sorted(result.cases, key=lambda c: (order[c.verdict], -(c.ratio or 0))):
         ci = "-" if c.low is None else f"{c.low:.3f}–{c.high:.3f}"
-        verdict = c.verdict if c.verdict != "status" else f"{c.status_a} → {c.status_b}"
+        verdict = (f"{c.status_a} → {c.status_b}" if c.verdict == "status" else
+                   f"inconclusive: {c.why}" if c.verdict == "inconclusive" else c.verdict)
         table.add_row(escape(c.backend), escape(c.label), c.pass_, _fmt(c.a_ms, ".4f"), _fmt(c.b_ms, ".4f"),
                       _fmt(c.ratio, ".3f"), ci, f"[{VERDICT_STYLE[c.verdict]}]{escape(verdict)}[/]")
     return table

@@ -12,9 +12,9 @@ from attnbench.cli.common import UserError
 from attnbench.results.store import ResultStore, new_run_id
 
 ShardOpt = Annotated[str | None, typer.Option(
-    "--shard", help="Run only shard I of N (I/N) of the sweep, into its own DB file; set by torchrun too.")]
+    "--shard", rich_help_panel="Run control", help="Run only shard I of N (I/N) of the sweep, into its own DB file; set by torchrun too.")]
 RunIdOpt = Annotated[str | None, typer.Option(
-    "--run-id", help="Id of the new run (default: time + random); shards of one sweep share it.")]
+    "--run-id", rich_help_panel="Run control", help="Id of the new run (default: time + random); shards of one sweep share it.")]
 
 
 def resolve(shard_text: str | None) -> shardmod.Shard | None:

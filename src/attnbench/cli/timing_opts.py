@@ -73,7 +73,7 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
     cpu = device == "cpu"
     try:
         config = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
-                              repeat=opts["repeat"] if opts.get("repeat") is not None else (5 if cpu else 30),
+                              repeat=opts["repeat"] if opts.get("repeat") is not None else (10 if cpu else 30),
                               cold_l2=not opts.get("warm_l2", False), mode=mode,
                               min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"),
                               max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),

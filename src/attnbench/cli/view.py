@@ -77,7 +77,8 @@ def plot(
         "--output", "-o", help="FILE.png or FILE.svg; any other name writes NAME.png and NAME.svg.")] = None,
     backend: BackendFilter = None,
     pass_: PassFilter = None,
-    logy: Annotated[bool, typer.Option("--logy", help="Logarithmic y axis.")] = False,
+    logy: Annotated[bool | None, typer.Option("--logy/--linear-y", help="Logarithmic or linear y axis (default: "
+                                              "log for ms, linear for rates and memory).")] = None,
     title: Annotated[str | None, typer.Option("--title", help="Figure title.")] = None,
 ) -> None:
     """Draw one metric against one sweep axis: a line per backend, a panel per pass and causal setting."""
@@ -158,3 +159,57 @@ def export(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     common.err_console.print(f"wrote {len(rows)} records to {output}", highlight=False, markup=False)
+
+
+def show(
+    run: Runs = None,
+    db: common.Db = None,
+    backend: BackendFilter = None,
+    table: Annotated[bool, typer.Option("--table", help="Every record, one row each, instead of the summary.")] = False,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", help="tflops, ms, gbps or speedup (default: tflops; speedup with --baseline).")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", metavar="NAME", help="Backend of the speedups.")] = None,
+) -> None:
+    """Print a stored run as `run` ends: which kernel is fastest at each shape (or every record with --table)."""
+    from attnbench.cli.run import _check_summary_options, show_summary
+    from attnbench.report.table import records_table
+    from attnbench.results.record import Record
+
+    with open_store(db) as store:
+        run_ids = resolve_runs(store, run)
+        rows = select_rows(store, run_ids, backend)
+        env = store.env(store.run(run_ids[0])["env_id"] or "") or {}
+    if not rows:
+        raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
+    records = [Record.from_row(r) for r in rows]
+    if table:
+        common.console.print(records_table(records, title=f"run {', '.join(run_ids)}"))
+        return
+    config = {"metric": metric, "baseline": baseline}
+    _check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
+    show_summary(records, config, env.get("device_name") or "")
+
+
+def runs(db: common.Db = None) -> None:
+    """List the runs of a results file: id, when, status, device, cases ok of all, command."""
+    import datetime
+
+    from rich.table import Table
+    with open_store(db) as store:
+        listed = store.runs()
+        counts = dict(((r, s), n) for r, s, n in store.conn.execute(
+            "SELECT run_id, status = 'ok', COUNT(*) FROM records GROUP BY run_id, status = 'ok'"))
+        devices = {r["run_id"]: (store.env(r["env_id"] or "") or {}) for r in listed}
+    if not listed:
+        common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
+        return
+    table = Table(title=f"runs in {store.path}", header_style="bold", title_justify="left")
+    for col in ("run", "started", "status", "device", "ok", "command"):
+        table.add_column(col, justify="right" if col == "ok" else "left", overflow="fold")
+    for r in listed:
+        ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
+        when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
+        env = devices[r["run_id"]]
+        table.add_row(r["run_id"], when, r["status"] or "-", str(env.get("device_name") or "-"),
+                      f"{ok}/{ok + bad}", r["command"] or "-")
+    common.console.print(table)

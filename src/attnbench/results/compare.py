@@ -6,8 +6,11 @@ both sample sets independently (percentile bootstrap, seeded from the case id so
 is reproducible). A ratio above 1 means B is slower.
 
 Verdicts: ``regression`` when the whole interval lies above 1 + threshold, ``slower`` when it lies
-above 1 but not above the threshold, ``faster`` when it lies below 1, ``same`` when it holds 1,
-``no-ci`` when either side has fewer than two samples (no interval can be given).
+above 1 but not above the threshold, ``faster`` when it lies below 1, ``same`` when it lies within
+[1 / (1 + threshold), 1 + threshold], ``inconclusive`` when the data do not support any of these (fewer
+than MIN_CONCLUSIVE samples on a side, where a bootstrap interval of the median is not to be trusted, or
+an interval that holds 1 but is wider than the threshold: a large change could hide in it), ``no-ci``
+when either side has fewer than two samples (no interval can be given).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_SAMPLES = 2
+MIN_CONCLUSIVE = 10
+"""Fewest samples per side for a verdict: with fewer, a percentile bootstrap of the median is too ragged."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +48,9 @@ class CaseComparison:
     high: float | None = None
     """Upper end of the ratio's confidence interval."""
     verdict: str = "no-ci"
-    """regression | slower | same | faster | no-ci | status (a status changed, no timing to compare)."""
+    """regression | slower | same | faster | inconclusive | no-ci | status (no timing to compare)."""
+    why: str = ""
+    """Why the verdict is ``inconclusive``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,16 +101,26 @@ def bootstrap_ratio(a_ms, b_ms, *, confidence: float = 0.95, resamples: int = 20
     return ratio, float(low), float(high)
 
 
-def verdict(low: float | None, high: float | None, threshold: float) -> str:
+def verdict(low: float | None, high: float | None, threshold: float, samples: int = MIN_CONCLUSIVE) -> str:
+    """The verdict of an interval (see the module doc); ``samples`` = the smaller side's sample count."""
+    return judge(low, high, threshold, samples)[0]
+
+
+def judge(low: float | None, high: float | None, threshold: float, samples: int) -> tuple[str, str]:
+    """(verdict, why it is inconclusive or "")."""
     if low is None or high is None:
-        return "no-ci"
+        return "no-ci", ""
+    if samples < MIN_CONCLUSIVE:
+        return "inconclusive", f"{samples} samples (a verdict needs {MIN_CONCLUSIVE} on each side)"
     if low > 1.0 + threshold:
-        return "regression"
+        return "regression", ""
     if low > 1.0:
-        return "slower"
+        return "slower", ""
     if high < 1.0:
-        return "faster"
-    return "same"
+        return "faster", ""
+    if low >= 1.0 / (1.0 + threshold) and high <= 1.0 + threshold:
+        return "same", ""
+    return "inconclusive", f"the interval holds 1 but is wider than ±{threshold:.0%}"
 
 
 def _samples(row: dict) -> list[float]:
@@ -121,7 +138,8 @@ def compare_case(a: dict, b: dict, threshold: float, confidence: float) -> CaseC
     if a["status"] != "ok" or b["status"] != "ok" or not sa or not sb:
         return CaseComparison(**base, verdict="status")
     ratio, low, high = bootstrap_ratio(sa, sb, confidence=confidence, seed=int(a["case_id"][:8], 16))
-    return CaseComparison(**base, ratio=ratio, low=low, high=high, verdict=verdict(low, high, threshold))
+    word, why = judge(low, high, threshold, min(len(sa), len(sb)))
+    return CaseComparison(**base, ratio=ratio, low=low, high=high, verdict=word, why=why)
 
 
 def compare(rows_a: list[dict], rows_b: list[dict], *, threshold: float = 0.05,

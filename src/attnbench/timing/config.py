@@ -11,6 +11,10 @@ EXTERNAL_MODES = ("ncu", "rocprof")
 ALL_MODES = TIMING_MODES + EXTERNAL_MODES
 GPU_MIN_TIME_MS = 100.0
 GPU_MAX_TIME_MS = 350.0
+CPU_MIN_TIME_MS = 100.0
+CPU_MAX_TIME_MS = 1000.0
+"""CPU: sample at least 100 ms (a CPU call's time wanders with the OS, five samples were not enough to
+compare two runs), at most 1 s per case."""
 MIN_SAMPLES = 10
 """Fewest samples of a case, whatever the time cap (a median and its CI need a few)."""
 CI_TARGET_PCT = 0.1
@@ -32,11 +36,11 @@ class TimingConfig:
     rotating input copies; profiler: device kernel time from torch.profiler; ncu / rocprof: kernel time
     from a re-run of the case under Nsight Compute / rocprofv3."""
     min_time_ms: float | None = None
-    """Keep sampling until the samples add up to this many ms; None = 100 ms on GPU, 0 on CPU."""
+    """Keep sampling until the samples add up to this many ms; None = 100 ms (GPU and CPU)."""
     max_time_ms: float | None = None
     """Stop sampling once the samples add up to this many ms, or this much wall time went into sampling,
     even before ``repeat`` samples (but never with fewer than MIN_SAMPLES); warm-up stops after about a
-    quarter of it. None = 350 ms on GPU (or min_time_ms if larger), no cap on CPU; inf = no cap. Keeps
+    quarter of it. None = 350 ms on GPU, 1000 ms on CPU (or min_time_ms if larger); inf = no cap. Keeps
     slow kernels (naive or math attention at long sequences, 100+ ms a call) from costing
     ``warmup + repeat`` calls each, and host-bound small ones from taking thousands of samples."""
     ci_target_pct: float = CI_TARGET_PCT
@@ -90,13 +94,14 @@ class TimingConfig:
         """The minimum total measured time in ms on a device type (cpu or cuda)."""
         if self.min_time_ms is not None:
             return float(self.min_time_ms)
-        return 0.0 if device_type == "cpu" else GPU_MIN_TIME_MS
+        return CPU_MIN_TIME_MS if device_type == "cpu" else GPU_MIN_TIME_MS
 
     def max_time_for(self, device_type: str) -> float:
         """The time cap in ms on a device type (inf = none)."""
         if self.max_time_ms is not None:
             return float(self.max_time_ms)
-        return math.inf if device_type == "cpu" else max(GPU_MAX_TIME_MS, self.min_time_for(device_type))
+        cap = CPU_MAX_TIME_MS if device_type == "cpu" else GPU_MAX_TIME_MS
+        return max(cap, self.min_time_for(device_type))
 
     def warmup_calls(self, first_call_ms: float, device_type: str) -> int:
         """Warm-up calls still to make after a first one that took ``first_call_ms`` (wall, synchronized)."""

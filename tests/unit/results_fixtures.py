@@ -64,7 +64,7 @@ def make_synthetic_run(db: Path) -> None:
                 samples = list(rng.normal(s / 1024 * (1 - sparsity), 0.01, 9))
                 store.write(synthetic_record(SYNTH_RUN, spec, "sparse-test",
                                              samples, peak_mem_bytes=s * 2**16, info={"target_sparsity": sparsity},
-                                             accuracy={"verdict": "pass", "out": {"max_abs": 1e-3, "rel_l2": 2e-3}}))
+                                             accuracy={"verdict": "pass", "tensors": {"out": {"max_abs": 1e-3, "rel_l2": 2e-3}}}))
         spec = AttnSpec(seqlens_q=(8192,), heads_q=4, head_dim=64, dtype="bf16", pass_="fwd")
         store.write(Record(run_id=SYNTH_RUN, backend="broken", spec=spec, status="error", reason=HOSTILE))
         store.finish_run(SYNTH_RUN)

@@ -3,7 +3,7 @@
 from results_fixtures import synthetic_record
 from rich.console import Console
 
-from attnbench.report import html
+from attnbench.report import html_tables
 from attnbench.report.table import records_table
 from attnbench.results import export
 from attnbench.results.record import clock_of
@@ -37,7 +37,7 @@ def test_table_export_and_report_show_the_clock():
     assert "SM MHz" in text and "1980" in text and "1650↓" in text
     rows = export.export_rows([r.to_row() for r in recs])
     assert [(r["sm_clock_mhz"], r["clock_dropped"]) for r in rows] == [(1980, False), (1650, True)]
-    page = html.results_table([r.to_row() for r in recs])
+    page = html_tables.records_html(recs)
     assert "SM MHz" in page
     assert "1650↓" in page and 'class="dropped"' in page
 
@@ -46,7 +46,7 @@ def test_cpu_records_have_no_clock_column():
     spec = AttnSpec(seqlens_q=(128,), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")
     rec = synthetic_record("r", spec, "naive", [1.0, 1.1, 1.0])
     assert "SM MHz" not in render(records_table([rec]))
-    assert "SM MHz" not in html.results_table([rec.to_row()])
+    assert "SM MHz" not in html_tables.records_html([rec])
 
 
 def test_csv_export_round_trips_the_clock(tmp_path):

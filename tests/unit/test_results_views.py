@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from results_fixtures import CPU_RUN, HOSTILE, SYNTH_RUN, attnbench, cli, make_cpu_run, make_synthetic_run
 
-from attnbench.report import html, plots
+from attnbench.report import plots
 from attnbench.results import export
 from attnbench.results.store import ResultStore
 
@@ -141,18 +141,24 @@ def test_report_renders_in_chromium(db, tmp_path):
     assert pixels.shape[:2] == (2000, 1280)
     assert pixels.std() > 0.05, "screenshot is blank"
     assert (pixels.mean(axis=2) < 0.5).mean() > 0.005, "hardly any dark (text) pixels"
-    assert dom.count('<table class="results"') == 2 and dom.count('<table class="skipped"') == 2
-    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', dom)) >= 8
+    assert dom.count('<table class="results"') == 2 and dom.count('<table class="pivot"') >= 2
+    assert len(re.findall(r'<img [^>]*src="data:image/png;base64,', dom)) >= 4
     assert "b1 s33 h2 d8 fp32 causal" in dom and "sparse-test" in dom
-    assert '<table class="accuracy"' in dom and "max_abs=0.001" in dom
-    # skipped cases with their reasons: sdpa-math has no varlen path; the hostile reason stays text
-    assert "unsupported" in dom and "varlen" in dom
-    assert "<script>" not in dom and "&lt;script&gt;alert" in dom
+    assert '<table class="accuracy"' in dom and '<table class="correct"' in dom
+    assert "<td class=\"num\">0.00100</td>" in dom  # accuracy in numbers (a max abs error of 0.001), not dicts
+    assert "max_abs=" not in dom
+    # what did not run, grouped by reason: sdpa-math has no varlen path; the hostile reason stays text
+    assert '<table class="skipped"' in dom and "varlen" in dom
+    assert "<script>alert" not in dom and "&lt;script&gt;alert" in dom
+    assert dom.index('class="pivot"') < dom.index("<img ")  # the answer comes before the figures
 
 
 def test_report_escapes_everything(synth_rows):
-    table = html.skipped_table(synth_rows)
-    assert HOSTILE not in table and "&lt;script&gt;" in table and "&quot;quoted&quot;" in table
+    from attnbench.report import html_tables
+    from attnbench.results.record import Record
+    records = [Record.from_row(r) for r in synth_rows]
+    for table in (html_tables.not_run(records), html_tables.records_html(records)):
+        assert HOSTILE not in table and "&lt;script&gt;" in table and "&quot;quoted&quot;" in table
 
 
 # ---- export ------------------------------------------------------------------------------------

@@ -167,25 +167,114 @@ def _style_x(ax, x: str, xs: list[float]) -> None:
         ax.xaxis.set_minor_locator(NullLocator())  # x only: a log y axis may need its minor ticks
 
 
+FAMILY_COLOURS = {"naive": "#7f7f7f", "sdpa": "#1f77b4", "flex": "#9467bd", "fa2": "#ff7f0e", "fa3": "#d62728",
+                  "fa4": "#8c564b", "xformers": "#17becf", "flashinfer": "#2ca02c", "sage": "#bcbd22",
+                  "sage2": "#e377c2", "sparge": "#6b6ecf", "cp": "#393b79"}
+"""One colour per backend family (the name up to its first '-'), the same in every figure."""
+OTHER_COLOURS = ("#8c6d31", "#843c39", "#637939", "#7b4173", "#3182bd", "#e6550d")
+MAX_LINES = 9
+"""Most lines in one panel; more are split evenly over further figures."""
+
+
+def family(backend: str) -> str:
+    return backend.split("-", 1)[0]
+
+
+def _colour(fam: str) -> str:
+    if fam in FAMILY_COLOURS:
+        return FAMILY_COLOURS[fam]
+    return OTHER_COLOURS[sum(map(ord, fam)) % len(OTHER_COLOURS)]
+
+
 def _styles(labels: list[str]) -> dict[str, dict]:
-    """Colour per backend (the first word of a label); marker and dash per variant of it."""
+    """Colour per backend family; line style and marker per member of the family and per variant of a
+    line (another batch, dtype, ...), so every line of a figure looks different."""
     backends = list(dict.fromkeys(label.split(" ", 1)[0] for label in labels))
+    members: dict[str, list[str]] = {}
+    for b in backends:
+        members.setdefault(family(b), []).append(b)
     variants = list(dict.fromkeys(label.partition(" ")[2] for label in labels))
     markers, dashes = "osD^v<>ph*", ("-", "--", ":", "-.")
     out = {}
     for label in labels:
-        b, v = backends.index(label.split(" ", 1)[0]), variants.index(label.partition(" ")[2])
-        out[label] = {"color": f"C{b % 10}", "marker": markers[v % len(markers)],
-                      "linestyle": dashes[(v // len(markers) + b // 10) % len(dashes)]}
+        b = label.split(" ", 1)[0]
+        k = members[family(b)].index(b)
+        v = variants.index(label.partition(" ")[2])
+        approx = "≈" in label
+        out[label] = {"color": _colour(family(b)), "marker": markers[(k + v) % len(markers)],
+                      "linestyle": ":" if approx else dashes[(k + v) % len(dashes)],
+                      "markerfacecolor": "white" if approx else None}
     return out
 
 
-def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool = False):
-    """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn."""
+def plot_axes(rows: list[dict]) -> list[str]:
+    """The x axes worth drawing: those taking several values among timed records, and not the same values
+    as an axis already kept (key lengths equal to query lengths would repeat the sequence-length figure)."""
+    ok = [r for r in rows if r.get("status") in DRAWN_STATUSES]
+    out, seen = [], []
+    for x in X_AXES:
+        values = [x_value(r, x) for r in ok]
+        if len(set(values) - {None}) <= 1 or values in seen:
+            continue
+        out.append(x)
+        seen.append(values)
+    return out
+
+
+def why_no_plot(rows: list[dict]) -> str:
+    ok = [r for r in rows if r.get("status") in DRAWN_STATUSES]
+    if not ok:
+        return "No timed case to draw."
+    fixed = [f"{X_AXES[x][1]} {_tick_label(next(iter(v)))}" for x in X_AXES
+             if len(v := {x_value(r, x) for r in ok} - {None}) == 1]
+    return ("No figure of an axis that does not vary: " + ", ".join(fixed) + " are fixed in this run"
+            if fixed else "Nothing varies enough to draw.")
+
+
+def _is_approx(row: dict) -> bool:
+    verdict = verdict_of(row["status"], row.get("accuracy"))
+    info = row.get("info")
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    return verdict.startswith("approx") or not (info or {}).get("exact", True)
+
+
+def backend_sets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The backends split into figures a reader can tell apart: exact kernels, approximate ones (labelled
+    so), and the API forms of a kernel (``fa2-varlen`` beside ``fa2``) apart from the kernels; sets of more
+    than MAX_LINES backends are cut into several figures."""
+    from attnbench.report.summary import api_kernel
+    names = list(dict.fromkeys(r["backend"] for r in rows))
+    approx = {r["backend"] for r in rows if r.get("status") == "ok" and _is_approx(r)}
+    present = set(names)
+    forms = [b for b in names if api_kernel(b, present) != b]
+    sets = [("exact kernels", [b for b in names if b not in approx and b not in forms]),
+            ("approximate kernels (dense-equivalent rates)", [b for b in names if b in approx and b not in forms]),
+            ("API forms of one kernel", sorted(forms + list({api_kernel(b, present) for b in forms}),
+                                               key=names.index))]
+    out = []
+    for title, members in sets:
+        n = -(-len(members) // MAX_LINES)
+        size = -(-len(members) // n) if members else 1
+        chunks = [members[i:i + size] for i in range(0, len(members), size)]
+        for i, chunk in enumerate(chunks):
+            name = title if len(chunks) == 1 else f"{title} ({i + 1} of {len(chunks)})"
+            subset = [dict(r, backend=r["backend"] + (" ≈" if r["backend"] in approx else "")) for r in rows
+                      if r["backend"] in chunk]
+            if subset:
+                out.append((name, subset))
+    return out
+
+
+def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool | None = None):
+    """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn.
+    ``logy`` None: a log axis for times, which span decades over a sweep (fast kernels would sit on zero)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatterSciNotation
 
+    if logy is None:
+        logy = y == "ms"
     pts = points(rows, x, y)
     data = panels(pts, x)
     causals = sorted({c for c, _ in data})
@@ -193,13 +282,15 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         sorted({p for _, p in data} - set(PASS_ORDER))
     labels = sorted({label for series in data.values() for label in series})
     style = _styles(labels)
-    columns = max(1, min(LEGEND_COLUMNS, int((4.4 * len(passes) + 1.0) // LEGEND_COLUMN_INCHES)))
+    columns = max(1, min(LEGEND_COLUMNS, int(max(4.4 * len(passes) + 1.0, 7.5) // LEGEND_COLUMN_INCHES)))
     legend_rows = -(-len(labels) // columns)
-    width, height = 4.4 * len(passes) + 1.0, 3.3 * len(causals) + 0.8 + 0.22 * legend_rows
+    title_lines = (title or "").count("\n") + 1
+    width = max(4.4 * len(passes) + 1.0, 7.5)
+    height = 3.3 * len(causals) + 0.8 + 0.22 * legend_rows + 0.2 * (title_lines - 1)
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     # Fixed margins in inches (a layout engine costs a second full draw of every figure).
-    fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, top=1 - 0.6 / height,
+    fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, top=1 - (0.6 + 0.2 * (title_lines - 1)) / height,
                         bottom=(0.55 + 0.22 * legend_rows) / height, wspace=0.28, hspace=0.3)
     axes = fig.subplots(len(causals), len(passes), squeeze=False, sharex=True)
     for i, causal in enumerate(causals):

@@ -18,7 +18,7 @@ DEFAULT_FIT = RESULTS / "h200x2-2026-11-22/seed001_tables.csv"
 DEFAULT_CHECK = RESULTS / "h200x2-2026-11-24/cp_p4_fa3_128k.csv"
 DEFAULT_LINKS = RESULTS / "h200x2-2026-11-24/links.json"
 QUOTED = [
-    ("seed 001, 8 x H100, FA2 (quoted)", "ring/zigzag/ulysses/usp, B 2-128, S 4k-64k, non-causal: 234-345 TF/s per "
+    ("the FA2 write-up's table, 8 x H100, FA2 (quoted)", "ring/zigzag/ulysses/usp, B 2-128, S 4k-64k, non-causal: 234-345 TF/s per "
      "device fwd, 220-307 fwd+bwd"),
     ("ring-flash-attn README, 8 x H800 (quoted)", "zigzag ring at 8k tokens per GPU, Llama-3.1-8B heads: 85.2% of "
      "FA2 on one GPU fwd, 90.2% fwd+bwd; plain ring 52.1% / 53.9%"),

@@ -1,4 +1,4 @@
-"""`attnbench e2e`: a whole model with its attention swapped per backend (seed 002's table)."""
+"""`attnbench e2e`: a whole model with its attention swapped per backend (the CogVideoX-2b write-up's table)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def e2e_table(records: list[Record], title: str) -> Table:
             ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
     for label, key, fmt, scale in rows:
         table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
-    if any("kernel_counts" in r.info.get("e2e", {}) for r in records):  # one profiled step, as seed 002's rows
+    if any("kernel_counts" in r.info.get("e2e", {}) for r in records):  # one profiled step, as the CogVideoX-2b write-up's rows
         for label, key, fmt in KERNEL_ROWS:
             table.add_row(label, *[counted(r, key, fmt) for r in records])
     table.add_row("Status", *[r.status if r.status == "ok" else f"{r.status}: {r.reason}" for r in records])

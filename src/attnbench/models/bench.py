@@ -62,7 +62,7 @@ class E2EConfig:
     seed: int = 0
     """Seed of weights and inputs."""
     kernel_counts: bool = False
-    """Profile one extra step per backend and count its device kernels (seed 002's copy/add rows)."""
+    """Profile one extra step per backend and count its device kernels (the CogVideoX-2b write-up's copy/add rows)."""
 
     def __post_init__(self) -> None:
         if self.kernel_counts and torch.device(self.device).type != "cuda":

@@ -39,9 +39,11 @@ for kind in single grouped; do
   done
 done
 
-# Profiler series (seed 000's "cuda" / "ncu" / "nsys"): FA2 timed by CUDA events, then re-run under each profiler.
+# Profiler series (benchmark_attn.py's "cuda" / "ncu" / "nsys"): the kernels timed by CUDA events, then re-run
+# under each profiler (kernel times per case). PROFILED picks the kernels (default: FA2, FA3 and cuDNN where they run).
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  fa2=$(python3 -c "from attnbench.backends import registry; print('fa2' if 'fa2' in registry.available('cuda') else 'sdpa-flash')")
+  fa2=${PROFILED:-$(python3 -c "from attnbench.backends import registry as r; a = r.available('cuda')
+print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or 'sdpa-flash')")}
   series=(seed000-single)
   if command -v ncu > /dev/null; then
     ab run "${common[@]}" --backends "$fa2" --seq-lens "${profiled[@]}" --profiler ncu --repeat 5 \

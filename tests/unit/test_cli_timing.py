@@ -63,17 +63,16 @@ def test_trace_min_time_and_cooldown_on_cpu(tmp_path, capsys):
     assert set(info["outliers"]) == {"low", "high", "fences_ms"}
 
 
-def test_profiler_nsys_reaches_the_nsys_path(tmp_path, capsys, monkeypatch):
-    """`run --profiler nsys` re-runs the command under nsys (timing_opts.run_nsys) instead of timing with events:
-    the option once got lost between the options and the plan, and the run silently timed with events."""
-    from attnbench.cli import common, timing_opts
-    monkeypatch.setattr("attnbench.timing.nsys.find_nsys", lambda: "/usr/bin/nsys")
-    monkeypatch.setattr(common, "resolve_device", lambda name: "cuda")  # nsys needs a GPU; nothing runs here
+def test_profiler_nsys_reaches_the_plan_as_an_external_timing_mode(monkeypatch):
+    """`run --profiler nsys` must time every case from its Nsight Systems kernel trace (timing.external): the
+    option once got lost between the options and the plan, and the run silently timed with CUDA events."""
+    from attnbench.cli import common, run
+    from attnbench.timing import external
+    monkeypatch.setattr(external, "find_tool", lambda tool: "/usr/bin/" + tool)
+    monkeypatch.setattr(common, "resolve_device", lambda name: "cuda")  # nothing runs: the plan is all we look at
     monkeypatch.setattr("attnbench.plausibility.ceilings", lambda device, peaks: {})
-    calls = []
-    monkeypatch.setattr(timing_opts, "run_nsys", lambda db: calls.append(db))
-    db = tmp_path / "r.db"
-    code, out, err = _run(["run", "--db", str(db), "--profiler", "nsys", "--seq-lens", "64", "--backends", "naive"],
-                          capsys)
-    assert code in (0, None) and calls == [db], (out, err)
-    assert "cases ok" not in out  # nothing was timed in this process
+    plan = run.plan_from_options({"profiler": "nsys", "backends": ["naive"], "seq_lens": ["64"]})
+    assert plan.profiler == "nsys" and plan.options.timing.mode == "nsys" and plan.options.timing.external
+    monkeypatch.setattr(external, "find_tool", lambda tool: None)
+    with pytest.raises(common.UserError, match="nsys is not installed"):
+        run.plan_from_options({"profiler": "nsys", "backends": ["naive"], "seq_lens": ["64"]})

@@ -76,35 +76,38 @@ def test_ncu_csv_units_and_errors():
         ncu.parse_ncu_csv(head + '"0","k","gpu__time_duration.sum","cycle","3"\n')
 
 
-def test_nsys_commands_and_argument_stripping():
-    argv = ["run", "--profiler", "nsys", "--seq-lens", "4k", "--profiler=nsys", "--backends", "sdpa-flash"]
-    assert nsys.strip_profiler_args(argv) == ["run", "--seq-lens", "4k", "--backends", "sdpa-flash"]
-    cmd = nsys.profile_command(argv, "/tmp/out/attnbench", nsys="nsys")
-    assert cmd[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in cmd
-    assert cmd[-2:] == ["--profiler", "none"] and "nsys" not in cmd[cmd.index("attnbench"):]
-    stats = nsys.stats_command("/tmp/out/attnbench.nsys-rep", "/tmp/out/attnbench")
-    assert stats[:2] == ["nsys", "stats"] and "nvtx_gpu_proj_sum" in stats and "nvtx_sum" in stats
+def test_nsys_commands():
+    child = ["python3", "-m", "attnbench.timing.child", "/tmp/job.json"]
+    cmd = nsys.profile_command(child, "/tmp/out/trace", nsys="nsys")
+    assert cmd[:2] == ["nsys", "profile"] and "--trace=cuda,nvtx" in cmd and cmd[-len(child):] == child
+    assert cmd[cmd.index("--output") + 1] == "/tmp/out/trace"
+    stats = nsys.stats_command("/tmp/out/trace.nsys-rep", "/tmp/out/trace")
+    assert stats[:2] == ["nsys", "stats"] and "cuda_gpu_trace" in stats and "nvtx_pushpop_trace" in stats
     assert stats[stats.index("--format") + 1] == "csv" and stats[-1].endswith(".nsys-rep")
 
 
-def test_nsys_stats_parse_and_merge():
-    gpu = nsys.parse_stats_csv((FIXTURES / "nsys_nvtx_gpu_proj_sum.csv").read_text())
-    cpu = nsys.parse_stats_csv("Processing [a.sqlite] with [nvtx_sum.py]...\n\n"
-                               + (FIXTURES / "nsys_nvtx_sum.csv").read_text())
-    assert gpu[0]["range"] == "sdpa-flash b2 s4096 h16 d128 bf16 fwd" and gpu[0]["total_ms"] == pytest.approx(512.345678)
-    assert {r["range"]: r["instances"] for r in cpu}["timing"] == 2
-    rows = {r["range"]: r for r in nsys.merge(gpu, cpu)}
-    assert rows["timing"]["gpu_avg_ms"] == pytest.approx(249.382716)
-    assert rows["timing"]["range_avg_ms"] == pytest.approx(651.172839)
-    assert rows["check"]["gpu_total_ms"] is None and rows["check"]["range_avg_ms"] == pytest.approx(4.0)
-    with pytest.raises(ValueError):
-        nsys.parse_stats_csv("Time (%),Total Time (ns),Name\n1,2,x\n")
+def test_nsys_trace_parses_inside_the_timed_range_and_splits(tmp_path):
+    for name in nsys.REPORTS:
+        (tmp_path / f"trace_{name}.csv").write_text((FIXTURES / f"nsys_{name}.csv").read_text())
+    kernels = nsys.parse_outputs(tmp_path, "trace")
+    # the warm-up kernel before the range, the one after it, a memcpy and a memset are not timed kernels
+    assert len(kernels) == 10 and not any(name.startswith("[CUDA") for name, _ in kernels)
+    (calls,) = marked.split_marked(kernels, [2], cold=True)
+    assert marked.iteration_times_ms(calls) == pytest.approx([0.245, 0.250])
+    assert "flash_fwd_kernel" in marked.kernel_names(calls)[0]
+    assert nsys.timed_windows((FIXTURES / "nsys_nvtx_pushpop_trace.csv").read_text()) == [(2050000, 3100000)]
+    (tmp_path / "trace_nvtx_pushpop_trace.csv").write_text("Start (ns),End (ns),Name\n1,2,:other\n")
+    with pytest.raises(ValueError, match="no range 'attnbench_timed'"):
+        nsys.parse_outputs(tmp_path, "trace")
 
 
-def test_nsys_missing_is_a_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(nsys, "find_nsys", lambda: None)
-    with pytest.raises(FileNotFoundError, match="nsys"):
-        nsys.run_under_nsys(["run"], tmp_path)
+def test_nsys_missing_outputs_and_tool(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="cuda_gpu_trace"):
+        nsys.parse_outputs(tmp_path, "trace")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    from attnbench.timing import external
+    with pytest.raises(FileNotFoundError, match="nsys is not installed"):
+        external.run_external("nsys", [], device="cuda")
 
 
 def test_rocprof_command():

@@ -39,7 +39,7 @@ class RunPlan:
     output: Path | None
     config: dict
     profiler: str = "none"
-    """External profiler the run is re-executed under (nsys), or none/torch/ncu/rocprof."""
+    """The --profiler asked for: none, torch, or the external one each case re-runs under (ncu, nsys, rocprof)."""
     isolate: bool = False
     """Run each case in a worker subprocess (implied by case_timeout)."""
     case_timeout: float | None = None
@@ -315,7 +315,8 @@ def run(
     timing: Annotated[str | None, typer.Option(
         "--timing", rich_help_panel="Timing", help="events (per call, cold L2), graph (CUDA graph, rotating inputs), profiler (kernel time).")] = None,
     profiler: Annotated[str | None, typer.Option(
-        "--profiler", rich_help_panel="Timing", help="none, torch (= --timing profiler), ncu, nsys (re-run under Nsight), rocprof.")] = None,
+        "--profiler", rich_help_panel="Timing", help="none, torch (= --timing profiler), or kernel times from a re-run of "
+        "each case under ncu, nsys or rocprof.")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
         "--min-time-ms", rich_help_panel="Timing", help="Sample until this much time is measured per case (default: 100).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
@@ -364,9 +365,6 @@ def run(
 
     Exit status 1 when a case's numbers are wrong (an exact backend's mismatch, NaN/Inf output)."""
     plan = build_plan(ctx)
-    if plan.profiler == "nsys":
-        timing_opts.run_nsys(plan.db)
-        return
     plan, run_id, hint = sharding.apply(plan, shard, run_id)
     quiet = common.option_bool(plan.config, "quiet") or sharding.rank() > 0  # one rank prints
     checker = None

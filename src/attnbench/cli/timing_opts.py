@@ -1,15 +1,9 @@
-"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --idle-ratio, --trace, --cooldown, and --profiler nsys."""
+"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --idle-ratio, --trace, --cooldown."""
 
 from __future__ import annotations
 
 import math
-import sys
-import time
-from pathlib import Path
 
-from rich.table import Table
-
-from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.timing import TIMING_MODES, TimingConfig
 
@@ -21,7 +15,7 @@ def _mode(timing: str, profiler: str, explicit_timing: bool) -> str:
         if explicit_timing and timing != "profiler" and timing != "events":
             raise UserError(f"--profiler torch is --timing profiler; it cannot be combined with --timing {timing}")
         return "profiler"
-    if profiler in ("ncu", "rocprof"):
+    if profiler in ("ncu", "nsys", "rocprof"):
         if explicit_timing and timing != "events":
             raise UserError(f"--profiler {profiler} times kernels itself; drop --timing {timing}")
         return profiler
@@ -29,15 +23,11 @@ def _mode(timing: str, profiler: str, explicit_timing: bool) -> str:
 
 
 def _check_tools(profiler: str) -> None:
-    if profiler == "nsys":
-        from attnbench.timing.nsys import find_nsys
-        if find_nsys() is None:
-            raise UserError("--profiler nsys: nsys (Nsight Systems) is not installed or not on PATH; install it, "
-                            "or use --profiler torch or --profiler ncu")
-    if profiler in ("ncu", "rocprof"):
+    if profiler in ("ncu", "nsys", "rocprof"):
         from attnbench.timing.external import TOOLS, find_tool
         if find_tool(profiler) is None:
-            raise UserError(f"--profiler {profiler}: {TOOLS[profiler]} is not installed or not on PATH")
+            hint = " (on the GPU machines here: see docs/guide.md, Nsight Systems)" if profiler == "nsys" else ""
+            raise UserError(f"--profiler {profiler}: {TOOLS[profiler]} is not installed or not on PATH{hint}")
 
 
 def _nonneg(value, name: str) -> float | None:
@@ -88,20 +78,3 @@ def run_options(opts: dict) -> dict:
     """RunOptions fields for --trace and --cooldown."""
     trace = opts.get("trace")
     return {"trace_dir": str(trace) if trace else None, "cooldown_s": _nonneg(opts.get("cooldown"), "--cooldown") or 0.0}
-
-
-def run_nsys(db: Path) -> None:
-    """Re-run this very command under nsys and print the time spent in each NVTX range."""
-    from attnbench.timing.nsys import run_under_nsys
-    out_dir = db.parent / "nsys" / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        rows, report = run_under_nsys(sys.argv[1:], out_dir)
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise UserError(f"--profiler nsys: {exc}") from None
-    table = Table(title=f"time per NVTX range (nsys, {report})", header_style="bold")
-    for col in ("range", "instances", "GPU total ms", "GPU avg ms", "range avg ms"):
-        table.add_column(col, justify="left" if col == "range" else "right")
-    for r in rows:
-        table.add_row(r["range"], str(r["instances"]), *("-" if r[k] is None else f"{r[k]:.3f}"
-                                                       for k in ("gpu_total_ms", "gpu_avg_ms", "range_avg_ms")))
-    common.console.print(table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import textwrap
 import logging
 from collections import defaultdict
 from pathlib import Path
@@ -282,10 +283,13 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         sorted({p for _, p in data} - set(PASS_ORDER))
     labels = sorted({label for series in data.values() for label in series})
     style = _styles(labels)
-    columns = max(1, min(LEGEND_COLUMNS, int(max(4.4 * len(passes) + 1.0, 7.5) // LEGEND_COLUMN_INCHES)))
-    legend_rows = -(-len(labels) // columns)
-    title_lines = (title or "").count("\n") + 1
     width = max(4.4 * len(passes) + 1.0, 7.5)
+    label_inches = max(LEGEND_COLUMN_INCHES, 0.4 + 0.075 * max(len(label) for label in labels))
+    columns = max(1, min(LEGEND_COLUMNS, int(width // label_inches)))
+    legend_rows = -(-len(labels) // columns)
+    title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
+                      (title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}").splitlines())
+    title_lines = title.count("\n") + 1
     height = 3.3 * len(causals) + 0.8 + 0.22 * legend_rows + 0.2 * (title_lines - 1)
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
@@ -318,7 +322,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), columns),
                fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01))
-    fig.suptitle(title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}", fontsize=11, y=1 - 0.12 / height, va="top")
+    fig.suptitle(title, fontsize=11, y=1 - 0.12 / height, va="top")
     return fig
 
 

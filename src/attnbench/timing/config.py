@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 # In-process modes (timing.measure runs them) and modes that re-run the case under an external profiler.
 TIMING_MODES = ("events", "graph", "profiler")
-EXTERNAL_MODES = ("ncu", "rocprof")
+EXTERNAL_MODES = ("ncu", "nsys", "rocprof")
 ALL_MODES = TIMING_MODES + EXTERNAL_MODES
 GPU_MIN_TIME_MS = 100.0
 GPU_MAX_TIME_MS = 350.0
@@ -33,8 +33,8 @@ class TimingConfig:
     """Flush the GPU L2 cache before every timed call (ignored on CPU)."""
     mode: str = "events"
     """events: CUDA events per call (CPU: perf_counter); graph: CUDA-graph replays of many calls over
-    rotating input copies; profiler: device kernel time from torch.profiler; ncu / rocprof: kernel time
-    from a re-run of the case under Nsight Compute / rocprofv3."""
+    rotating input copies; profiler: device kernel time from torch.profiler; ncu / nsys / rocprof: kernel
+    time from a re-run of the case under Nsight Compute / Nsight Systems / rocprofv3."""
     min_time_ms: float | None = None
     """Keep sampling until the samples add up to this many ms; None = 100 ms (GPU and CPU)."""
     max_time_ms: float | None = None

@@ -1,4 +1,4 @@
-"""Re-run cases under an external profiler (ncu, rocprofv3) in a subprocess and read kernel times.
+"""Re-run cases under an external profiler (ncu, nsys, rocprofv3) in a subprocess and read kernel times.
 
 The parent writes a job file for ``attnbench.timing.child``, runs it under the profiler, parses the
 profiler's output into an ordered kernel list and cuts it into calls (``marked.py``). Each sample
@@ -20,10 +20,11 @@ from pathlib import Path
 import attnbench
 from attnbench.spec import AttnSpec
 from attnbench.timing import ncu as ncu_mod
+from attnbench.timing import nsys as nsys_mod
 from attnbench.timing import rocprof as rocprof_mod
 from attnbench.timing.marked import iteration_times_ms, kernel_names, split_marked
 
-TOOLS = {"ncu": "ncu", "rocprof": "rocprofv3"}
+TOOLS = {"ncu": "ncu", "nsys": "nsys", "rocprof": "rocprofv3"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,7 @@ class ExternalCase:
 
 
 def find_tool(tool: str) -> str | None:
-    """Path of the profiler executable for ``tool`` (ncu or rocprof), or None."""
+    """Path of the profiler executable for ``tool`` (ncu, nsys or rocprof), or None."""
     return shutil.which(TOOLS[tool])
 
 
@@ -75,12 +76,14 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
         child = child_command(tmp / "job.json")
         if tool == "ncu":
             cmd = ncu_mod.ncu_command(child, ncu=exe)
+        elif tool == "nsys":
+            cmd = nsys_mod.profile_command(child, tmp / "trace", nsys=exe)
         else:
             cmd = rocprof_mod.rocprof_command(child, tmp / "out", rocprof=exe)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
         if proc.returncode != 0 or not (tmp / "result.json").exists():
             raise RuntimeError(f"{TOOLS[tool]} run failed (exit {proc.returncode}): {_last_line(proc.stderr or proc.stdout)}")
-        kernels = ncu_mod.parse_ncu_csv(proc.stdout) if tool == "ncu" else rocprof_mod.parse_outputs(tmp / "out")
+        kernels = _kernels(tool, proc.stdout, tmp, exe, timeout_s)
         child_info = json.loads((tmp / "result.json").read_text())
     blocks = split_marked(kernels, [c.iterations for c in cases], cold=cold)
     out = []
@@ -89,3 +92,17 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
                 "kernel_source": tool, "profiler_cold_l2": "ncu --cache-control all" if tool == "ncu" else cold}
         out.append((iteration_times_ms(calls), info | {"child_info": extra.get("info", {})}))
     return out
+
+
+def _kernels(tool: str, stdout: str, tmp: Path, exe: str, timeout_s: float):
+    """The ordered (name, ms) kernel list of the profiled child."""
+    if tool == "ncu":
+        return ncu_mod.parse_ncu_csv(stdout)
+    if tool == "rocprof":
+        return rocprof_mod.parse_outputs(tmp / "out")
+    report = tmp / "trace.nsys-rep"
+    stats = subprocess.run(nsys_mod.stats_command(report, tmp / "trace", nsys=exe), capture_output=True, text=True,
+                           timeout=timeout_s)
+    if stats.returncode != 0:
+        raise RuntimeError(f"nsys stats failed (exit {stats.returncode}): {_last_line(stats.stderr or stats.stdout)}")
+    return nsys_mod.parse_outputs(tmp, "trace")

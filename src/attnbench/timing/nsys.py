@@ -1,10 +1,15 @@
-"""Nsight Systems: re-run a whole ``attnbench run`` under nsys and report time per NVTX range.
+"""Nsight Systems: command lines and parsing of the kernel trace (``--profiler nsys``).
 
-The runner opens an NVTX range around every case (``backend label pass``) and its phases
-(prepare, check, timing); ``nsys stats`` turns the report into per-range times: ``nvtx_gpu_proj_sum``
-(GPU time projected onto each range) and ``nvtx_sum`` (CPU wall time of each range).
-Command composition and parsing are unit-tested; nsys itself is not installed on the GPU machine
-these were developed against, so the end-to-end path is not run on hardware here.
+Like ncu and rocprofv3 (``external.py``), the case runs again in a child process, here under
+``nsys profile --trace=cuda,nvtx``; ``nsys stats`` then exports two reports as CSV:
+``cuda_gpu_trace`` (every kernel and copy on the device, with start and duration in ns) and
+``nvtx_pushpop_trace`` (the child's ranges). The kernels that start and end inside the child's range
+``attnbench_timed`` are the timed ones (the child synchronises before closing it), in start order;
+copies and memsets are not kernels and are left out, as ncu leaves them out.
+
+Unlike ncu, nsys does not replay kernels or touch the clocks: its times are those of a plain run
+with the CUPTI timestamps, so they sit close to CUDA events (no launch gaps inside a call's kernels).
+Needs nsys and, on the GPU machines here, libdw (see docs/guide.md).
 """
 
 from __future__ import annotations
@@ -12,35 +17,21 @@ from __future__ import annotations
 import csv
 import io
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
+from attnbench.timing.marked import TIMED_RANGE, Kernel
+
+REPORTS = ("cuda_gpu_trace", "nvtx_pushpop_trace")
 
 
 def find_nsys() -> str | None:
     return shutil.which("nsys")
 
 
-def strip_profiler_args(argv: list[str]) -> list[str]:
-    """argv without ``--profiler X`` / ``--profiler=X`` (the child run must not re-exec itself)."""
-    out, skip = [], False
-    for tok in argv:
-        if skip:
-            skip = False
-        elif tok == "--profiler":
-            skip = True
-        elif not tok.startswith("--profiler="):
-            out.append(tok)
-    return out
-
-
-def profile_command(argv: list[str], report_base: str | Path, *, nsys: str = "nsys") -> list[str]:
-    """nsys invocation of ``attnbench <argv> --profiler none`` tracing CUDA and NVTX into ``report_base``."""
+def profile_command(child: list[str], report_base: str | Path, *, nsys: str = "nsys") -> list[str]:
+    """nsys invocation tracing CUDA and NVTX of ``child`` (a command line) into ``report_base``.nsys-rep."""
     return [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
-            "--output", str(report_base), sys.executable, "-m", "attnbench", *strip_profiler_args(argv),
-            "--profiler", "none"]
+            "--output", str(report_base), *child]
 
 
 def stats_command(report_file: str | Path, out_base: str | Path, *, nsys: str = "nsys") -> list[str]:
@@ -50,63 +41,51 @@ def stats_command(report_file: str | Path, out_base: str | Path, *, nsys: str = 
             str(report_file)]
 
 
-def _ms(row: dict, *keys: str) -> float | None:
-    for key in keys:
-        if row.get(key) not in (None, ""):
-            return float(str(row[key]).replace(",", "")) / 1e6
-    return None
-
-
-def parse_stats_csv(text: str) -> list[dict]:
-    """Rows of an nvtx_sum or nvtx_gpu_proj_sum CSV: range, instances, total/avg/median ms."""
+def _table(text: str, needed: str) -> list[dict]:
+    """The CSV table of an nsys stats file (its notes before the header skipped)."""
     lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if "Range" in line.split(",") or '"Range"' in line), None)
+    start = next((i for i, line in enumerate(lines) if needed in line), None)
     if start is None:
-        raise ValueError("no NVTX summary table (no 'Range' column) in the nsys stats output")
+        raise ValueError(f"no {needed!r} column in the nsys stats output")
+    return list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+
+
+def _ns(row: dict, key: str) -> int:
+    return int(float(str(row[key]).replace(",", "")))
+
+
+def timed_windows(nvtx_csv: str, range_name: str = TIMED_RANGE) -> list[tuple[int, int]]:
+    """(start, end) ns of every instance of the NVTX range ``range_name``."""
+    rows = _table(nvtx_csv, "Start (ns)")
+    return [(_ns(r, "Start (ns)"), _ns(r, "End (ns)")) for r in rows if (r.get("Name") or "").lstrip(":") == range_name]
+
+
+def parse_gpu_trace(trace_csv: str, windows: list[tuple[int, int]] | None = None) -> list[Kernel]:
+    """(kernel name, ms) of the kernels inside ``windows`` (all if None), in start order; copies and
+    memsets (names in brackets, ``[CUDA memcpy ...]``) are not kernels."""
     out = []
-    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
-        if not row.get("Range"):
+    for r in _table(trace_csv, "Duration (ns)"):
+        name = r.get("Name") or ""
+        if not name or name.startswith("[CUDA mem"):
             continue
-        instances = row.get("Range Instances") or row.get("Instances") or "0"
-        out.append({"range": row["Range"].lstrip(":"), "instances": int(float(instances.replace(",", ""))),
-                    "total_ms": _ms(row, "Total Proj Time (ns)", "Total Time (ns)"),
-                    "avg_ms": _ms(row, "Proj Avg (ns)", "Avg (ns)"),
-                    "med_ms": _ms(row, "Proj Med (ns)", "Med (ns)")})
-    return out
+        start, dur = _ns(r, "Start (ns)"), _ns(r, "Duration (ns)")
+        if windows is not None and not any(lo <= start and start + dur <= hi for lo, hi in windows):
+            continue
+        out.append((start, name, dur / 1e6))
+    if not out:
+        raise ValueError("no kernels in the nsys trace" + (" inside the timed range" if windows else ""))
+    out.sort(key=lambda k: k[0])
+    return [(name, ms) for _, name, ms in out]
 
 
-def merge(gpu_rows: list[dict], cpu_rows: list[dict]) -> list[dict]:
-    """One row per range: GPU projected total/avg ms beside CPU range avg ms."""
-    cpu = {r["range"]: r for r in cpu_rows}
-    rows = []
-    for r in gpu_rows:
-        c = cpu.get(r["range"], {})
-        rows.append({"range": r["range"], "instances": r["instances"], "gpu_total_ms": r["total_ms"],
-                     "gpu_avg_ms": r["avg_ms"], "range_avg_ms": c.get("avg_ms")})
-    seen = {r["range"] for r in rows}
-    rows += [{"range": c["range"], "instances": c["instances"], "gpu_total_ms": None, "gpu_avg_ms": None,
-              "range_avg_ms": c["avg_ms"]} for c in cpu_rows if c["range"] not in seen]
-    return rows
-
-
-def run_under_nsys(argv: list[str], out_dir: str | Path, *, nsys: str | None = None,
-                   timeout_s: float | None = None) -> tuple[list[dict], Path]:
-    """Re-run ``attnbench <argv>`` under nsys; per-range rows and the report file."""
-    nsys = nsys or find_nsys()
-    if nsys is None:
-        raise FileNotFoundError("nsys (Nsight Systems) is not installed or not on PATH")
+def parse_outputs(out_dir: str | Path, base_name: str, range_name: str = TIMED_RANGE) -> list[Kernel]:
+    """The timed kernels from the CSV files ``nsys stats`` wrote for ``base_name`` in ``out_dir``."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = out_dir / "attnbench"
-    done = subprocess.run(profile_command(argv, base, nsys=nsys), timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"the run under nsys failed with exit status {done.returncode}")
-    report = base.with_suffix(".nsys-rep")
-    stats = subprocess.run(stats_command(report, base, nsys=nsys), capture_output=True, text=True, timeout=timeout_s)
-    if stats.returncode != 0:
-        raise RuntimeError(f"nsys stats failed: {(stats.stderr or stats.stdout).strip().splitlines()[-1:]}")
-    tables = {}
-    for name in REPORTS:
-        found = sorted(out_dir.glob(f"{base.name}*{name}*.csv"))
-        tables[name] = parse_stats_csv(found[0].read_text()) if found else []
-    return merge(tables["nvtx_gpu_proj_sum"], tables["nvtx_sum"]), report
+    found = {name: sorted(out_dir.glob(f"{base_name}*{name}*.csv")) for name in REPORTS}
+    missing = [name for name, paths in found.items() if not paths]
+    if missing:
+        raise FileNotFoundError(f"nsys stats wrote no {', '.join(missing)} CSV in {out_dir}")
+    windows = timed_windows(found["nvtx_pushpop_trace"][0].read_text(), range_name)
+    if not windows:
+        raise ValueError(f"the NVTX trace has no range {range_name!r}")
+    return parse_gpu_trace(found["cuda_gpu_trace"][0].read_text(), windows)

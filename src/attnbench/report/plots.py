@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-import textwrap
 import logging
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 

@@ -297,8 +297,9 @@ def _fa4_kernel() -> LocalKernel:
         raise KernelUnavailable(f"kernel fa4 needs flash-attn 4 (flash_attn.cute): {exc}") from None
 
     def fwd(q, k, v, causal, scale):
+        # (out, lse) in FA4's first releases; 4.0.0b36 returns (out, lse, p, row_max, o_lo)
         out, lse = _call_with(cute._flash_attn_fwd, {"softmax_scale": scale, "causal": causal, "return_lse": True},
-                              (q.contiguous(), k.contiguous(), v.contiguous()))
+                              (q.contiguous(), k.contiguous(), v.contiguous()))[:2]
         if lse is None:
             raise KernelUnavailable("flash_attn.cute returned no log-sum-exp; a newer FA4 is needed")
         return out, lse

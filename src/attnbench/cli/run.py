@@ -48,7 +48,7 @@ class RunPlan:
     """Id of the run being resumed (its recorded cases are skipped)."""
 
 
-def _check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
+def check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
     from attnbench.report.summary import METRICS
     metric = common.option_text(opts, "metric")
     if metric is not None and metric.lower() not in METRICS:
@@ -150,7 +150,7 @@ def plan_from_options(opts: dict) -> RunPlan:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device)
-    _check_summary_options(opts, backends)
+    check_summary_options(opts, backends)
     output = text(opts, "output")
     if output is not None:
         try:

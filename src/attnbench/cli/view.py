@@ -171,7 +171,7 @@ def show(
     baseline: Annotated[str | None, typer.Option("--baseline", metavar="NAME", help="Backend of the speedups.")] = None,
 ) -> None:
     """Print a stored run as `run` ends: which kernel is fastest at each shape (or every record with --table)."""
-    from attnbench.cli.run import _check_summary_options, show_summary
+    from attnbench.cli.run import check_summary_options, show_summary
     from attnbench.report.table import records_table
     from attnbench.results.record import Record
 
@@ -186,7 +186,7 @@ def show(
         common.console.print(records_table(records, title=f"run {', '.join(run_ids)}"))
         return
     config = {"metric": metric, "baseline": baseline}
-    _check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
+    check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
     show_summary(records, config, env.get("device_name") or "")
 
 

@@ -3,9 +3,7 @@ limit (pass below 1), a mark where the check failed; the cases named in a short 
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-
-from attnbench.report.summary import axes
+from attnbench.report.summary import axes, listed, reason_groups
 from attnbench.results.record import Record, verdict_of
 
 FAIL = "✗"
@@ -85,17 +83,7 @@ def render(records: list[Record], console) -> None:
              "limit (k x the error of PyTorch math in the same dtype + a floor)"]
     if approx:
         notes.append(f"approximate kernels ({', '.join(approx)}): rel-L1 vs its limit; their cosine is checked too")
-    reasons: Counter = Counter()
-    who = defaultdict(list)
-    for r in records:
-        if r.accuracy is None:
-            key = (r.status, " ".join((r.reason or "").split())[:60] if r.status != "oom" else "out of memory")
-            reasons[key] += 1
-            if r.backend not in who[key]:
-                who[key].append(r.backend)
-    for (status, reason), n in reasons.most_common():
-        shown = ", ".join(who[(status, reason)][:3]) + (f" +{len(who[(status, reason)]) - 3}"
-                                                         if len(who[(status, reason)]) > 3 else "")
-        notes.append(f"not checked, {n} {status}: {reason} ({shown})")
+    for status, reason, n, names in reason_groups([r for r in records if r.accuracy is None]):
+        notes.append(f"not checked, {n} {status}: {reason} ({listed(names)})")
     for note in notes:
         console.print(note, highlight=False, markup=False)

@@ -123,16 +123,10 @@ def verdict_line(records: list[Record]) -> Raw:
 
 def not_run(records: list[Record]) -> str:
     """Cases without a result, grouped by status and reason, with counts and the backends concerned."""
-    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
-    for r in records:
-        if r.status not in ("ok", "mismatch"):
-            groups[(r.status, summary._short_reason(r.status, r.reason))].append(r)
+    groups = summary.reason_groups([r for r in records if r.status not in ("ok", "mismatch")])
     if not groups:
         return '<p class="muted">Every case ran.</p>'
-    rows = []
-    for (status, reason), recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-        backends = list(dict.fromkeys(r.backend for r in recs))
-        rows.append([span(status, status), len(recs), reason, ", ".join(backends)])
+    rows = [[span(status, status), n, reason, ", ".join(backends)] for status, reason, n, backends in groups]
     return table(["status", "cases", "reason", "backends"], rows, numeric={1}, cls="skipped")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from attnbench.results.record import Record, clock_of, verdict_of
@@ -275,22 +275,27 @@ def _notes(records, merged, approx, approx_column, metric) -> list[str]:
     if shared:
         notes.append("one column, the best of a kernel's API forms: "
                      + "; ".join(f"{col} = {col}, {', '.join(others)}" for col, others in shared.items()))
-    reasons: Counter = Counter()
-    who: dict[tuple, list[str]] = defaultdict(list)
-    for r in records:
-        if r.status != "ok":
-            key = (r.status, _short_reason(r.status, r.reason))
-            reasons[key] += 1
-            if r.backend not in who[key]:
-                who[key].append(r.backend)
-    for (status, reason), n in reasons.most_common():
-        names = who[(status, reason)]
-        listed = ", ".join(names[:3]) + (f" +{len(names) - 3}" if len(names) > 3 else "")
-        notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed})")
+    for status, reason, n, names in reason_groups([r for r in records if r.status != "ok"]):
+        notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed(names)})")
     return notes
 
 
-def _short_reason(status: str, reason: str | None) -> str:
+def reason_groups(records: list[Record]) -> list[tuple[str, str, int, list[str]]]:
+    """(status, short reason, cases, backends) of ``records``, the most frequent first: what the summary,
+    the verify grid and the report count instead of repeating a reason per case."""
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r.status, short_reason(r.status, r.reason))].append(r)
+    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    return [(status, reason, len(recs), list(dict.fromkeys(r.backend for r in recs))) for (status, reason), recs in ordered]
+
+
+def listed(names: list[str], most: int = 3) -> str:
+    """'a, b, c +2'."""
+    return ", ".join(names[:most]) + (f" +{len(names) - most}" if len(names) > most else "")
+
+
+def short_reason(status: str, reason: str | None) -> str:
     """A reason on one line, at most 60 characters; out-of-memory messages, which name sizes that differ
     from case to case, become one."""
     if status == "oom":

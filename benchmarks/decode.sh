@@ -9,7 +9,7 @@ out=${1:?usage: decode.sh OUT_DIR}
 mkdir -p "$out"
 db="$out/decode.db"
 backends=sdpa-cudnn,sdpa-flash,sdpa-efficient,flex,fa2,fa2-varlen,fa2-kvcache,fa2-paged,fa3,fa3-varlen,fa3-kvcache,fa3-paged
-run() { python3 -m attnbench run --db "$db" --backends "$backends" --pass fwd --no-causal --dtype bf16 \
+run() { python3 -m attnbench run --db "$db" --skip-missing --backends "$backends" --pass fwd --no-causal --dtype bf16 \
           --head-size 128 --kv-heads 8 "$@"; }
 python3 -m attnbench calibrate --db "$db" > "$out/calibrate.txt"
 run --run-id decode-b32-32k  --batch-size 32  --q-heads 32 --seq-lens 1 --kv-seq-lens 32768  > "$out/b32.txt"

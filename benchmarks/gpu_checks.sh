@@ -20,10 +20,10 @@ case "${1:?stage}" in
       > "$OUT/pytest_timing.log" 2>&1; tail -3 "$OUT/pytest_timing.log"
     ;;
   kernels)
-    timeout 300 "${AB[@]}" run --backends sdpa-flash,sdpa-cudnn,sdpa-efficient,flex,sdpa-varlen,xformers,sage "${SHAPE[@]}" \
+    timeout 300 "${AB[@]}" run --skip-missing --backends sdpa-flash,sdpa-cudnn,sdpa-efficient,flex,sdpa-varlen,xformers,sage "${SHAPE[@]}" \
       --seq-lens 4096 16384 --causal both --pass fwd fwd_bwd --db "$OUT/backends.db" --output "$OUT/backends.json" \
       > "$OUT/backends_run.txt" 2>&1; tail -2 "$OUT/backends_run.txt"
-    timeout 120 "${AB[@]}" run --backends flex,sdpa-varlen,xformers,sage-varlen,naive "${SHAPE[@]}" --seq-lens 4096,1024,2048,512 \
+    timeout 120 "${AB[@]}" run --skip-missing --backends flex,sdpa-varlen,xformers,sage-varlen,naive "${SHAPE[@]}" --seq-lens 4096,1024,2048,512 \
       --causal both --pass fwd fwd_bwd --db "$OUT/backends.db" --output "$OUT/backends_varlen.json" \
       > "$OUT/backends_varlen.txt" 2>&1; tail -2 "$OUT/backends_varlen.txt"
     timeout 60 python3 benchmarks/reference_scaling.py --json > "$OUT/reference_scaling.json" 2> "$OUT/reference_scaling.err"
@@ -33,20 +33,20 @@ case "${1:?stage}" in
   fa4)
     timeout 240 python3 -m pytest -q -m gpu -n 4 -rs tests/gpu/test_backends_gpu.py -k "fa4" -p no:cacheprovider \
       > "$OUT/pytest_fa4.log" 2>&1; tail -3 "$OUT/pytest_fa4.log"
-    timeout 200 "${AB[@]}" run --backends fa4,fa4-varlen,sdpa-cudnn "${SHAPE[@]}" --seq-lens 4096 8192 16384 --causal both \
+    timeout 200 "${AB[@]}" run --skip-missing --backends fa4,fa4-varlen,sdpa-cudnn "${SHAPE[@]}" --seq-lens 4096 8192 16384 --causal both \
       --pass fwd fwd_bwd --db "$OUT/fa4.db" --output "$OUT/fa4.json" > "$OUT/fa4_run.txt" 2>&1; tail -2 "$OUT/fa4_run.txt"
     ;;
   e2e)
-    timeout 300 "${AB[@]}" e2e --model cogvideox-2b --steps 2 --warmup 1 --backends sdpa-flash,sdpa-cudnn,flex,fa4,sage \
+    timeout 300 "${AB[@]}" e2e --model cogvideox-2b --steps 2 --warmup 1 --skip-missing --backends sdpa-flash,sdpa-cudnn,flex,fa4,sage \
       --db "$OUT/e2e.db" --output "$OUT/cogvideox2b.json" > "$OUT/cogvideox2b.txt" 2>&1; tail -25 "$OUT/cogvideox2b.txt"
     timeout 120 python3 benchmarks/e2e_native.py --model cogvideox-2b --backend sdpa-flash --repeat 3 \
       --output "$OUT/p5.json" > "$OUT/p5.txt" 2>&1; tail -5 "$OUT/p5.txt"
     for s in 0 0.5 0.8 0.95; do
-      timeout 60 "${AB[@]}" run --backends flex-sparse --backend-opt flex-sparse.sparsity=$s --seq-lens 32768 --batch-size 1 \
+      timeout 60 "${AB[@]}" run --skip-missing --backends flex-sparse --backend-opt flex-sparse.sparsity=$s --seq-lens 32768 --batch-size 1 \
         --q-heads 30 --head-size 64 --dtype fp16 --no-causal --pass fwd --repeat 10 --no-check --db "$OUT/e2e.db" --quiet \
         >> "$OUT/sparsity.txt" 2>&1
     done
-    timeout 60 "${AB[@]}" run --backends sdpa-flash,flex --seq-lens 32768 --batch-size 1 --q-heads 30 --head-size 64 --dtype fp16 \
+    timeout 60 "${AB[@]}" run --skip-missing --backends sdpa-flash,flex --seq-lens 32768 --batch-size 1 --q-heads 30 --head-size 64 --dtype fp16 \
       --no-causal --pass fwd --repeat 10 --no-check --db "$OUT/e2e.db" >> "$OUT/sparsity.txt" 2>&1
     timeout 90 python3 benchmarks/sage_tradeoff.py --out "$OUT/sage_tradeoff" > "$OUT/sage.txt" 2>&1; tail -12 "$OUT/sage.txt"
     ;;

@@ -24,19 +24,19 @@ if [[ $parts == *decode* ]]; then
     dec --run-id "$tag-mixed" --batch-size 1 --q-heads 32 --seq-lens 1,1,1,1,1,1,1,1 \
         --kv-seq-lens 1024,2048,4096,8192,16384,32768,65536,131072 "$@" > "$out/$tag-mixed.txt"
   }
-  decode decode --backends sdpa-cudnn,fa3,fa3-varlen,fa3-kvcache,fa3-paged            # fa3-paged: 16-token pages
-  decode decode-p64 --backends fa3-paged --backend-opt fa3-paged.page_size=64
+  decode decode --skip-missing --backends sdpa-cudnn,fa3,fa3-varlen,fa3-kvcache,fa3-paged            # fa3-paged: 16-token pages
+  decode decode-p64 --skip-missing --backends fa3-paged --backend-opt fa3-paged.page_size=64
 fi
 
 if [[ $parts == *prefix* ]]; then
   ab run --db "$db" --run-id prefix --pass fwd --causal --dtype bf16 --batch-size 4 --q-heads 32 --kv-heads 8 \
      --head-size 128 --seq-lens 1024 1024 4096 4096 --kv-seq-lens 16384 65536 16384 65536 \
-     --backends sdpa-cudnn,sdpa-flash,flex,fa2,fa2-kvcache,fa3,fa3-varlen,fa3-kvcache,fa3-paged \
+     --skip-missing --backends sdpa-cudnn,sdpa-flash,flex,fa2,fa2-kvcache,fa3,fa3-varlen,fa3-kvcache,fa3-paged \
      --backend-opt fa3-paged.page_size=64 > "$out/prefix.txt"
 fi
 
 if [[ $parts == *fp8* ]]; then
   ab run --db "$db" --run-id fp8-prefill --pass fwd --causal both --dtype bf16 fp8 fp8-head --batch-size 2 \
-     --q-heads 16 --head-size 128 --seq-lens 4096 8192 16384 --backends fa3 > "$out/fp8.txt"
+     --q-heads 16 --head-size 128 --seq-lens 4096 8192 16384 --skip-missing --backends fa3 > "$out/fp8.txt"
 fi
 ab export --db "$db" --all-runs -o "$out/inference.csv"

@@ -21,12 +21,12 @@ mkdir -p "$out"; db="$out/seed001.db"
 ab() { python3 -m attnbench "$@"; }
 quick=${SEED_QUICK:-0}
 if [ "$quick" = 1 ]; then
-  check_shape=(--batch-size 2 --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 128 100,28 --backends "$backends")
+  check_shape=(--batch-size 2 --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 128 100,28 --skip-missing --backends "$backends")
   table=(--q-heads 2 --head-size 16 --dtype fp32 --warmup 1 --repeat 3); batches=(2 4); seqs=(256 512); base=128
   dist=(--device cpu --kernel math --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 256)
 else
   check_shape=(--batch-size 2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 4096 1000,2000,1096
-               --backends fa2,fa2-qkvpacked,fa2-varlen-qkvpacked)
+               --skip-missing --backends fa2,fa2-qkvpacked,fa2-varlen-qkvpacked)
   table=(--q-heads 16 --head-size 128 --dtype bf16 --warmup 5); batches=(2 8 16 64 128); seqs=(8k 16k 32k 64k); base=4096
   dist=(--kernel fa2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 16k)
 fi
@@ -41,7 +41,7 @@ fi
 
 # The seed's TFLOPS are 2*B*H*S^2*D / latency, the FLOPs of a causal call (its benchmark ran causal):
 # both settings are measured (attnbench counts causal FLOPs exactly, non-causal ones in full).
-run=(run --db "$db" --quiet --causal both --pass fwd fwd_bwd "${table[@]}" --backends "$backends")
+run=(run --db "$db" --quiet --causal both --pass fwd fwd_bwd "${table[@]}" --skip-missing --backends "$backends")
 if part table; then
   ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id seed001-batch > "$out/table_batch.txt" 2>&1 \
     || echo "batch sweep ended with status $? (see table_batch.txt)"

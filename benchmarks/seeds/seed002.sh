@@ -21,11 +21,11 @@ mkdir -p "$out"; db="$out/seed002.db"
 ab() { python3 -m attnbench "$@"; }
 quick=${SEED_QUICK:-0}
 if [ "$quick" = 1 ]; then
-  e2e=(--model cogvideox-tiny --device cpu --backends naive,sdpa-math --steps 1 --warmup 0)
+  e2e=(--model cogvideox-tiny --device cpu --skip-missing --backends naive,sdpa-math --steps 1 --warmup 0)
   dense=sdpa-math; sparse=naive; opt=(); shape=(--device cpu --batch-size 1 --q-heads 2 --head-size 16 --dtype fp32
   --warmup 1 --repeat 3); seqs=(128 256); long=256; topks=(1.0 0.5)
 else
-  e2e=(--model cogvideox-2b --backends sdpa-flash,fa2,fa3,sage,sage2-fp8-sm90,sparge-fp16-cdf,sparge-cdf
+  e2e=(--model cogvideox-2b --skip-missing --backends sdpa-flash,fa2,fa3,sage,sage2-fp8-sm90,sparge-fp16-cdf,sparge-cdf
        --steps 3 --warmup 1 --kernel-counts)
   dense=sdpa-flash,sdpa-cudnn,fa2,fa3,sage,sage2-fp8-sm90; sparse=sparge,sparge-fp16
   shape=(--batch-size 2 --q-heads 30 --head-size 64 --dtype fp16); seqs=(1k 2k 4k 8k 16k 32k); long=32k
@@ -36,11 +36,11 @@ knobs() { [ "$quick" = 1 ] || echo "--backend-opt sparge.topk=$1 --backend-opt s
 ab e2e "${e2e[@]}" --db "$db" --output "$out/e2e.json" > "$out/e2e.txt" 2>&1; echo "e2e: exit $?"; cat "$out/e2e.txt"
 
 run=(run --db "$db" --quiet --pass fwd --causal both "${shape[@]}")
-ab "${run[@]}" --backends "$dense" --seq-lens "${seqs[@]}" --run-id seed002-dense > "$out/seqlen_dense.txt" 2>&1 \
+ab "${run[@]}" --skip-missing --backends "$dense" --seq-lens "${seqs[@]}" --run-id seed002-dense > "$out/seqlen_dense.txt" 2>&1 \
   || echo "dense sweep ended with status $? (see seqlen_dense.txt)"
 for pair in 0:1.0 30:0.7; do
   # shellcheck disable=SC2046  # knobs expands to separate words
-  ab "${run[@]}" --backends "$sparse" $(knobs "${pair#*:}") --seq-lens "${seqs[@]}" --run-id "seed002-sparsity${pair%%:*}" \
+  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "${pair#*:}") --seq-lens "${seqs[@]}" --run-id "seed002-sparsity${pair%%:*}" \
     > "$out/seqlen_sparse${pair%%:*}.txt" 2>&1 || echo "sparse sweep ${pair%%:*}% ended with status $?"
   for y in ms tflops; do
     ab plot --db "$db" --run seed002-dense "seed002-sparsity${pair%%:*}" --x seq_len --y $y --logy \
@@ -51,7 +51,7 @@ done
 sweep=()
 for t in "${topks[@]}"; do
   # shellcheck disable=SC2046
-  ab "${run[@]}" --backends "$sparse" $(knobs "$t") --seq-lens "$long" --no-check --run-id "seed002-topk$t" \
+  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "$t") --seq-lens "$long" --no-check --run-id "seed002-topk$t" \
     > "$out/sparsity_topk$t.txt" 2>&1 && sweep+=("seed002-topk$t")
 done
 for y in ms tflops; do

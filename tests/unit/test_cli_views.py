@@ -40,6 +40,11 @@ def test_a_named_backend_that_cannot_run_is_an_error_before_anything_runs(tmp_pa
     assert "backend sdpa-cudnn runs on cuda" in res.stderr and not db.exists()
     res = cli("verify", "--device", "cpu", "--backends", "naive,sdpa-cudnn", "--db", db)
     assert res.returncode == 2 and "sdpa-cudnn" in res.stderr and not db.exists()
+    res = cli("run", *SMALL, "--seq-lens", "64", "--pass", "fwd", "--no-causal", "--backends", "naive,sdpa-cudnn",
+              "--skip-missing", "--db", db)
+    assert res.returncode == 0, res.stderr
+    assert "1 unsupported: runs on cuda, not cpu (sdpa-cudnn)" in res.stdout  # recorded, with the reason
+    db.unlink()
     res = cli("run", "--device", "cpu", "--backends", "naive", "--baseline", "sdpa-math", "--db", db)
     assert res.returncode == 2 and "--baseline sdpa-math is not among the backends" in res.stderr
     res = cli("run", "--device", "cpu", "--backends", "naive", "--metric", "flops", "--db", db)

@@ -344,6 +344,10 @@ Device = Annotated[str | None, typer.Option("--device", metavar="DEVICE", help="
                                             rich_help_panel="Backends")]
 Backends = Annotated[list[str] | None, typer.Option(
     "--backends", metavar="NAME,...", rich_help_panel="Backends", help="Backends to run, comma separated or repeated (default: all available).")]
+SkipMissing = Annotated[bool, typer.Option(
+    "--skip-missing", rich_help_panel="Backends",
+    help="Record named backends that cannot run here as unsupported, with the reason, instead of refusing the run "
+         "(for scripts that name every kernel they know).")]
 BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", metavar="N", help="Batch size(s).", rich_help_panel="Shape")]
 QHeads = Annotated[list[str] | None, typer.Option("--q-heads", metavar="N", help="Query heads (also --num_heads).", rich_help_panel="Shape")]
 KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", help="Key/value heads (GQA/MQA); default = q-heads.", rich_help_panel="Shape")]

@@ -35,7 +35,8 @@ def _one(values, name: str):
 
 
 def build_config(model: str, backends, device: str | None, mode: str, layers, steps, warmup, dtype,
-                 batch_size, seq_len, seed: int, backend_opt, kernel_counts: bool = False) -> E2EConfig:
+                 batch_size, seq_len, seed: int, backend_opt, kernel_counts: bool = False,
+                 skip_missing: bool = False) -> E2EConfig:
     """Validate the options into an E2EConfig; raises UserError."""
     dev = common.resolve_device(device)
     if model not in model_names():
@@ -47,7 +48,7 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
         dtype = _one(dtype, "--dtype")
         if dtype and normalize_dtype(dtype) in FP8_DTYPES:
             raise UserError(f"--dtype {dtype}: fp8 inputs are for kernel runs (run, verify); models run in fp16, bf16 or fp32")
-        names = resolve_backends(common._as_list(backends), None, dev) if backends else \
+        names = resolve_backends(common._as_list(backends), None, dev, skip_missing) if backends else \
             DEFAULT_BACKENDS["cpu" if dev == "cpu" else "cuda"]
         batch, seq = _one(batch_size, "--batch-size"), _one(seq_len, "--seq-len")
         return E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
@@ -99,6 +100,7 @@ def e2e_table(records: list[Record], title: str) -> Table:
 def e2e(
     model: Annotated[str, typer.Option("--model", help=f"One of: {', '.join(model_names())}.")] = "llama-tiny",
     backends: common.Backends = None,
+    skip_missing: common.SkipMissing = False,
     device: common.Device = None,
     mode: Annotated[str, typer.Option("--mode", help="prefill (one forward / denoising step) or train.")] = "prefill",
     layers: Annotated[int | None, typer.Option("--layers", help="Truncate to N blocks.")] = None,
@@ -118,7 +120,7 @@ def e2e(
 ) -> None:
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
-                       backend_opt, kernel_counts)
+                       backend_opt, kernel_counts, skip_missing)
     if output is not None:
         try:
             export.format_for(output)

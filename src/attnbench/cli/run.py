@@ -71,8 +71,11 @@ def show_summary(records: list, config: dict, device_name: str = "") -> None:
     summary.render(built, common.view_console())
 
 
-def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> tuple[str, ...]:
-    """--backends / --impl -> registry names (validated); default = every backend available here."""
+def resolve_backends(names: list[str] | None, impl: str | None, device: str, skip_missing: bool = False
+                     ) -> tuple[str, ...]:
+    """--backends / --impl -> registry names (validated); default = every backend available here. A named
+    backend that cannot run here is an error unless ``skip_missing`` (its cases are then recorded as
+    unsupported, with the reason)."""
     if impl is not None:
         target = IMPL_ALIASES.get(impl.lower())
         if target is None:
@@ -98,9 +101,9 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str) -> 
         raise UserError("--backends is empty; give at least one backend name")
     out = list(dict.fromkeys(out))
     for name in out:  # a named backend that cannot run would make a run that tests nothing look fine
-        why = cannot_run(name, device)
+        why = None if skip_missing else cannot_run(name, device)
         if why:
-            raise UserError(why)
+            raise UserError(why + " (--skip-missing records it as unsupported instead)")
     return tuple(out)
 
 
@@ -149,7 +152,8 @@ def plan_from_options(opts: dict) -> RunPlan:
         backend_options.apply(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device)
+    backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device,
+                                common.option_bool(opts, "skip_missing"))
     check_summary_options(opts, backends)
     output = text(opts, "output")
     if output is not None:
@@ -294,6 +298,7 @@ def run(
     ctx: typer.Context,
     device: common.Device = None,
     backends: common.Backends = None,
+    skip_missing: common.SkipMissing = False,
     batch_size: common.BatchSize = None,
     q_heads: common.QHeads = None,
     kv_heads: common.KvHeads = None,

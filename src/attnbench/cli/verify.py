@@ -175,6 +175,7 @@ def verify(
     ctx: typer.Context,
     device: common.Device = None,
     backends: common.Backends = None,
+    skip_missing: common.SkipMissing = False,
     batch_size: common.BatchSize = None,
     q_heads: common.QHeads = None,
     kv_heads: common.KvHeads = None,

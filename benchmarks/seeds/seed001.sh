@@ -35,7 +35,7 @@ parts=" ${SEED_PARTS:-check table dist} "
 part() { [[ "$parts" == *" $1 "* ]]; }
 
 if part check; then
-  ab verify "${check_shape[@]}" --causal both --db "$db" > "$out/check.txt" 2>&1
+  ab verify "${check_shape[@]}" --causal both --details --db "$db" > "$out/check.txt" 2>&1
   echo "check: exit $? (0 = every exact backend passed; see check.txt)"
 fi
 

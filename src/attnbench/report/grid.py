@@ -65,8 +65,8 @@ def render(records: list[Record], console) -> None:
     from rich import box
     from rich.table import Table
     backends, cases, cells, legend = build(records)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
-                  title="worst error / limit per backend and case (pass < 1)", title_justify="left")
+    console.print("worst error / limit per backend and case (a pass is below 1)", highlight=False, markup=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)
     table.add_column("backend", no_wrap=True)
     for i in range(len(cases)):
         table.add_column(str(i + 1), justify="right", no_wrap=True)

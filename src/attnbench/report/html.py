@@ -79,14 +79,6 @@ def figures(rows: list[dict], context: str) -> list[str]:
     return out
 
 
-def _context(records: list[Record], env: dict | None) -> str:
-    """The fixed shape, dtype and device of a run, for titles."""
-    built = summary.build(records)
-    shape = built.header.split(" · ")[0] if " · " in built.header else ""
-    device = (env or {}).get("device_name") or ""
-    return " · ".join(x for x in (shape, device) if x)
-
-
 def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     records = [Record.from_row(r) for r in rows]
     run_id = run["run_id"]
@@ -98,9 +90,9 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
              f"{ok} of {len(records)} cases ran · <code>{escape(run.get('command') or '')}</code></p>"]
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
+    answer = summary.build(records, device=device, width=PIVOT_WIDTH)
     parts += [f'<p class="lead">{ht.verdict_line(records)}</p>',
-              "<h3>Fastest kernel per shape (TFLOP/s)</h3>",
-              ht.pivot_html(summary.build(records, device=device, width=PIVOT_WIDTH)),
+              "<h3>Fastest kernel per shape (TFLOP/s)</h3>", ht.pivot_html(answer),
               "<h3>Is it correct?</h3>", ht.correctness(records)]
     present = {r.backend for r in records if r.status == "ok"}
     base = next((b for b in BASELINES if b in present), None)
@@ -108,12 +100,10 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
         parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
                   ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,
                                               width=PIVOT_WIDTH))]
-    figs = figures(rows, _context(records, env))
-    varying = plots.plot_axes(rows)
+    context = " · ".join(x for x in (answer.shape, (env or {}).get("device_name")) if x)
+    figs = figures(rows, context)
     parts += ["<h3>Figures</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs else
               f'<p class="muted">{escape(plots.why_no_plot(rows))}</p>']
-    if figs and not varying:
-        parts.append(f'<p class="muted">{escape(plots.why_no_plot(rows))}</p>')
     parts += ["<h3>What did not run</h3>", ht.not_run(records),
               "<details><summary>Accuracy of every checked case</summary>", ht.accuracy_numbers(records), "</details>",
               "<details><summary>Every record</summary>", ht.records_html(records), "</details>",

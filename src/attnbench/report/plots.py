@@ -14,7 +14,7 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-from attnbench.results.record import verdict_of
+from attnbench.results.record import exact_of, verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -232,21 +232,14 @@ def why_no_plot(rows: list[dict]) -> str:
             if fixed else "Nothing varies enough to draw.")
 
 
-def _is_approx(row: dict) -> bool:
-    verdict = verdict_of(row["status"], row.get("accuracy"))
-    info = row.get("info")
-    if isinstance(info, str):
-        info = json.loads(info or "{}")
-    return verdict.startswith("approx") or not (info or {}).get("exact", True)
-
-
 def backend_sets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
     """The backends split into figures a reader can tell apart: exact kernels, approximate ones (labelled
     so), and the API forms of a kernel (``fa2-varlen`` beside ``fa2``) apart from the kernels; sets of more
     than MAX_LINES backends are cut into several figures."""
     from attnbench.report.summary import api_kernel
     names = list(dict.fromkeys(r["backend"] for r in rows))
-    approx = {r["backend"] for r in rows if r.get("status") == "ok" and _is_approx(r)}
+    approx = {r["backend"] for r in rows
+              if r.get("status") == "ok" and not exact_of(r["status"], r.get("accuracy"), r.get("info"))}
     present = set(names)
     forms = [b for b in names if api_kernel(b, present) != b]
     sets = [("exact kernels", [b for b in names if b not in approx and b not in forms]),

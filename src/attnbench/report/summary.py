@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench.results.record import Record, clock_of, verdict_of
+from attnbench.results.record import Record, clock_of, exact_of, verdict_of
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
 API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
@@ -55,10 +55,7 @@ ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads"
 
 def is_exact(r: Record) -> bool:
     """Held to exactness (not a quantized or sparse kernel's dense-equivalent rate)."""
-    verdict = verdict_of(r.status, r.accuracy)
-    if verdict.startswith("approx"):
-        return False
-    return bool(r.info.get("exact", True))
+    return exact_of(r.status, r.accuracy, r.info)
 
 
 def _sort_key(value: str):
@@ -100,6 +97,8 @@ class Summary:
 
     header: str
     pivots: list[Pivot]
+    shape: str = ""
+    """The axes every case shares (e.g. ``b2 h16 d128 bf16``), for titles."""
     notes: list[str] = field(default_factory=list)
     approx: list[str] = field(default_factory=list)
     """The approximate backends (their columns, when they have their own)."""
@@ -180,8 +179,8 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     ok = sum(r.status == "ok" for r in records)
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
-    return Summary(header=header, pivots=pivots, notes=_notes(records, merged, approx, approx_column, metric),
-                   approx=approx)
+    return Summary(header=header, pivots=pivots, shape=" ".join(fixed),
+                   notes=_notes(records, merged, approx, approx_column, metric), approx=approx)
 
 
 def _group_key(pos: dict, group_axes: list[str]) -> tuple:

@@ -112,6 +112,16 @@ def verdict_of(status: str, accuracy: dict | str | None) -> str:
     return {"nan": "nan", "mismatch": "fail", "ok": "unchecked"}.get(status, "-")
 
 
+def exact_of(status: str, accuracy: dict | str | None, info: dict | str | None) -> bool:
+    """Whether a record is held to exactness: False for an approximate kernel (quantized, sparse: an
+    ``approx-*`` verdict or ``info["exact"]`` false), whose rates are dense-equivalent."""
+    if verdict_of(status, accuracy).startswith("approx"):
+        return False
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    return bool((info or {}).get("exact", True))
+
+
 def clock_of(info: dict | str | None) -> tuple[int | None, bool]:
     """The SM clock (MHz) at the end of a case's timed calls and whether it fell by more than 10% during
     them (``info["gpu_state"]``, ``info["clock_dropped"]``): a throttled number, not a slow kernel."""

@@ -268,7 +268,7 @@ def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float]
     align = _device_barrier(ctx.device) if cuda else None
     samples = measure(fn, timing.fixed(), ctx.device, align=align)
     peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
-    values = _max_over_ranks([*samples, float(peak)])
+    values = max_over_ranks([*samples, float(peak)])
     per_rank = [None] * ctx.world
     dist.all_gather_object(per_rank, [round(x, 4) for x in samples])
     return values[:-1], (int(values[-1]) if cuda else None), per_rank
@@ -284,7 +284,7 @@ def _device_barrier(device: torch.device):
     return align
 
 
-def _max_over_ranks(values: list[float]) -> list[float]:
+def max_over_ranks(values: list[float]) -> list[float]:
     """Element-wise maximum over the ranks of the default group."""
     buf = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     all_reduce(buf, op=dist.ReduceOp.MAX)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench.distributed import comm as xfer
+from attnbench.distributed.bench import max_over_ranks
 
 KINDS = ("p2p", "a2a", "copy")
 DEFAULT_SIZES = tuple(2**e for e in range(12, 33, 2))  # 4 KiB .. 4 GiB
@@ -55,12 +56,6 @@ def _timed(op, repeat: int, warmup: int, device: torch.device) -> list[float]:
     return samples
 
 
-def _slowest(samples: list[float], device: torch.device) -> list[float]:
-    buf = torch.tensor(samples, dtype=torch.float64, device=device)
-    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return buf.tolist()
-
-
 def measure(device: torch.device, sizes=DEFAULT_SIZES, repeat: int = 10, warmup: int = 3) -> list[dict]:
     """Rows of {kind, bytes, counted_bytes, median_ms, p10_ms, p90_ms, gbs} (complete on rank 0)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,7 +77,7 @@ def _measure_size(size: int, device: torch.device, nxt: int, prev: int, world: i
     a2a_out = torch.empty(n - n % world, dtype=torch.bfloat16, device=device)
     ops = {"p2p": (lambda: xfer.send_recv([send], nxt, prev)[1], size),
            "a2a": (lambda: xfer.all_to_all(a2a_out, send[: a2a_out.numel()]), size * (world - 1) / world)}
-    rows = [_row(kind, size, counted, _slowest(_timed(op, repeat, warmup, device), device))
+    rows = [_row(kind, size, counted, max_over_ranks(_timed(op, repeat, warmup, device)))
             for kind, (op, counted) in ops.items()]
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     copy = _peer_copy(send, device, repeat, warmup) if gpus > 1 else None

@@ -4,7 +4,7 @@ limit (pass below 1), a mark where the check failed; the cases named in a short 
 from __future__ import annotations
 
 from attnbench.report.summary import axes, listed, reason_groups
-from attnbench.results.record import Record, verdict_of
+from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
 
 FAIL = "✗"
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "implausible": "imp"}
@@ -53,7 +53,7 @@ def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]
         text = "-" if ratio is None else (f"{ratio:.2f}" if ratio < 10 else f"{ratio:.0f}")
         if r.spec.pass_ == "fwd":
             text += "ᶠ"
-        if verdict in ("fail", "approx-fail", "nan") or r.status in ("mismatch", "nan", "implausible"):
+        if verdict in FAILED_VERDICTS or r.status in ("mismatch", "nan", "implausible"):
             text += FAIL
         cells[key] = text
     legend = [f"{i + 1:>2} {names[c]}" for i, c in enumerate(cases)]

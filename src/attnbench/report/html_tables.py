@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from html import escape
 
 from attnbench.report import grid, summary
-from attnbench.results.record import Record, clock_of, verdict_of
+from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, verdict_of
 
 
 class Raw(str):
@@ -104,7 +104,7 @@ def verdict_line(records: list[Record]) -> Raw:
         return Raw('<span class="unchecked">No case was checked for accuracy (run without --no-check).</span>')
     bad = defaultdict(int)
     for r in checked:
-        if verdict_of(r.status, r.accuracy) in ("fail", "approx-fail", "nan"):
+        if verdict_of(r.status, r.accuracy) in FAILED_VERDICTS:
             bad[r.backend] += 1
     exact_bad = [b for b in bad if any(summary.is_exact(r) for r in checked if r.backend == b)]
     worst = max((grid.worst(r) or 0.0) for r in checked if r.backend not in bad) if len(bad) < len(

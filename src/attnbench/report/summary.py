@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench.results.record import Record, clock_of, exact_of, verdict_of
+from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, exact_of, verdict_of
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
 API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
@@ -247,7 +247,7 @@ def _pick(recs: list[Record], metric: str, higher: bool, base: Record | None) ->
         return Cell(STATUS_CELL.get(statuses[0], "-") if len(statuses) == 1 else "-")
     value, rec = (max if higher else min)(ok, key=lambda t: t[0])
     text = fmt(value, metric)
-    if verdict_of(rec.status, rec.accuracy) in ("fail", "approx-fail", "nan"):
+    if verdict_of(rec.status, rec.accuracy) in FAILED_VERDICTS:
         text += FAILED
     if clock_of(rec.info)[1]:
         text += DROP
@@ -256,7 +256,7 @@ def _pick(recs: list[Record], metric: str, higher: bool, base: Record | None) ->
 
 def _notes(records, merged, approx, approx_column, metric) -> list[str]:
     drops = sum(clock_of(r.info)[1] for r in records)
-    failed = sum(verdict_of(r.status, r.accuracy) in ("fail", "approx-fail", "nan") for r in records)
+    failed = sum(verdict_of(r.status, r.accuracy) in FAILED_VERDICTS for r in records)
     legend = [f"{BEST} fastest exact kernel"]
     if drops:
         legend.append(f"{DROP} SM clock fell >10% in the case ({drops})")

@@ -101,6 +101,10 @@ class Record:
                    info=json.loads(row["info"] or "{}"), samples_ms=json.loads(row["samples_ms"] or "[]"), **data)
 
 
+FAILED_VERDICTS = ("fail", "approx-fail", "nan")
+"""Verdicts of a result that is wrong: an exact or approximate check failed, or the output is not finite."""
+
+
 def verdict_of(status: str, accuracy: dict | str | None) -> str:
     """What the accuracy check says of a record, in every view (tables, exports, plots, report): pass,
     approx-pass, fail, approx-fail, nan (non-finite output), unchecked (timed but never checked), or "-"

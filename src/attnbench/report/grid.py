@@ -3,6 +3,7 @@ limit (pass below 1), a mark where the check failed; the cases named in a short 
 
 from __future__ import annotations
 
+from attnbench.accuracy.tolerance import worst_ratio
 from attnbench.report.summary import axes, listed, reason_groups
 from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
 
@@ -11,19 +12,12 @@ STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "
 
 
 def worst(record: Record) -> float | None:
-    """The largest error / limit of a checked record (for approximate checks: rel-L1 / its limit, the one
-    measure of the two that grows with the error)."""
+    """The largest error / limit of a checked record (``tolerance.worst_ratio``); for approximate checks
+    without the cosine, whose ratio to its minimum does not grow with the error (rel-L1 does)."""
     acc = record.accuracy or {}
-    best = None
-    for name, limits in (acc.get("limits") or {}).items():
-        measured = (acc.get("tensors") or {}).get(name, {})
-        for metric, limit in limits.items():
-            if metric == "cosine" or metric not in measured:
-                continue
-            value = abs(measured[metric])
-            ratio = value / limit if limit > 0 else (0.0 if value == 0 else float("inf"))
-            best = ratio if best is None else max(best, ratio)
-    return best
+    limits = {name: {m: v for m, v in lim.items() if m != "cosine"} for name, lim in (acc.get("limits") or {}).items()}
+    found = worst_ratio(acc.get("tensors") or {}, limits)
+    return None if found is None else found["ratio"]
 
 
 def case_names(records: list[Record]) -> dict[str, str]:

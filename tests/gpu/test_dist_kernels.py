@@ -6,6 +6,7 @@ Run on the GPU machine: PYTHONPATH=src python3 -m pytest -q -m gpu tests/gpu/tes
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,13 @@ from attnbench.distributed.ring import merge
 
 pytestmark = pytest.mark.gpu
 KERNELS = ["flash", "efficient", "cudnn", "fa2", "fa3", "fa4"]
+
+
+def _free_port() -> int:
+    """A port for torchrun's rendezvous: its default 29500 is taken when tests run in parallel (pytest -n)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _pythonpath() -> str:
@@ -84,7 +92,7 @@ def test_causal_diagonal_block(name):
 def test_torchrun_every_method_passes_on_gpus(tmp_path):
     n = min(4, torch.cuda.device_count())
     env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "-m", "attnbench", "dist",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", str(n), "-m", "attnbench", "dist",
            "--method", "ring,zigzag,ulysses,usp,torch-cp", "--kernel", "flash", "--seq-lens", "8192",
            "--q-heads", "8", "--kv-heads", "8", "--head-size", "128", "--dtype", "bf16", "--causal", "both",
            "--pass", "fwd_bwd", "--warmup", "2", "--repeat", "5", "--db", str(tmp_path / "g.db")]
@@ -100,7 +108,7 @@ def test_ranks_time_the_same_calls_on_gpus(tmp_path):
     # timed call; unless the devices start each call together, one rank waits for the other inside its
     # timed calls (seen: 2x its peer's time). Every rank's own median must match the others'.
     env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "attnbench", "dist",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", "2", "-m", "attnbench", "dist",
            "--method", "zigzag", "--kernel", "cudnn", "--seq-lens", "64k", "--q-heads", "16", "--head-size", "128",
            "--dtype", "bf16", "--pass", "fwd", "--warmup", "1", "--repeat", "5", "--no-check",
            "--db", str(tmp_path / "t.db")]
@@ -118,7 +126,7 @@ def test_ranks_sharing_one_gpu_check_every_method(tmp_path, kernel):
     # real multi-rank path with the real kernel and passes the per-rank check; nothing is timed.
     _kernel(kernel)
     env = dict(os.environ, PYTHONPATH=_pythonpath(), CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0")[:1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "-m", "attnbench", "dist",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", "4", "-m", "attnbench", "dist",
            "--method", "ring,zigzag,ulysses,usp", "--ulysses-degree", "2", "--kernel", kernel,
            "--seq-lens", "4104", "--q-heads", "8", "--kv-heads", "4", "--head-size", "128", "--dtype", "bf16",
            "--causal", "both", "--pass", "fwd_bwd", "--db", str(tmp_path / "s.db")]

@@ -33,10 +33,11 @@ def test_l2_flush_makes_a_bandwidth_bound_kernel_slower():
     x = torch.randn(l2_bytes(device) // 4 // 4, device=device)  # a quarter of L2: stays resident when warm
     def fn():
         return x.mul_(1.0)
-    warm = statistics.median(time_events(fn, TimingConfig(warmup=10, repeat=200, cold_l2=False, min_time_ms=0.0),
-                                         device))
-    cold = statistics.median(time_events(fn, TimingConfig(warmup=10, repeat=200, cold_l2=True, min_time_ms=0.0),
-                                         device))
+    # The fastest call of each: under pytest -n 8 other tests share the GPU, and a median taken while they
+    # run can make the warm calls the slower ones (seen: warm 22 us, cold 14 us); every cold call still
+    # reads from device memory, so its fastest stays cold.
+    warm = min(time_events(fn, TimingConfig(warmup=10, repeat=200, cold_l2=False, min_time_ms=0.0), device))
+    cold = min(time_events(fn, TimingConfig(warmup=10, repeat=200, cold_l2=True, min_time_ms=0.0), device))
     assert cold > 1.15 * warm, (cold, warm)
 
 

@@ -66,9 +66,14 @@ class Precompiler:
                  workers: int | None = None):
         workers = worker_count(len(cases)) if workers is None else workers
         self.futures: dict[tuple[AttnSpec, str], Future] = {}
+        self.seconds: dict[str, list[float]] = {}
+        """Per backend, the wall seconds of each case a worker compiled and the main process then took
+        (inputs and ``prepare``: a JIT build shows here)."""
+        self.workers = 0
         self.pool = None
         if workers < 1 or not cases:
             return
+        self.workers = workers
         # spawn: a forked child would inherit this process's CUDA context, which CUDA does not allow.
         self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_init_worker)
@@ -85,9 +90,17 @@ class Precompiler:
         if future is None or future.cancel():
             return
         try:
-            future.result()
+            self.seconds.setdefault(backend_name, []).append(future.result())
         except Exception as exc:  # a broken worker pool included
             log.info("compiling %s %s ahead failed (%s); compiling it here", backend_name, spec.label(), exc)
+
+    def summary(self) -> str | None:
+        """One line on what the workers compiled, e.g. 'compiled ahead in 6 workers: flashinfer 4 cases
+        in 131 s, flex 24 cases in 52 s' (seconds summed over cases); None when nothing was."""
+        if not self.seconds:
+            return None
+        parts = [f"{name} {len(s)} case{'s' * (len(s) != 1)} in {sum(s):.0f} s" for name, s in self.seconds.items()]
+        return f"compiled ahead in {self.workers} worker{'s' * (self.workers != 1)}: " + ", ".join(parts)
 
     @property
     def busy(self) -> bool:

@@ -136,6 +136,17 @@ def test_fa4_alone_makes_fa2_report_its_missing_function(fake):
     assert registry.get("fa4").unavailable_reason() is None
 
 
+def test_fa4_refuses_the_copy_inside_flash_attn_2s_wheel(fake, monkeypatch):
+    fake("fa4")  # flash_attn.cute imports, as FA2's wheel makes it do once the CUTLASS DSL is installed
+    import attnbench.backends.fa4 as fa4_module
+    versions = {"flash-attn": "2.8.3.post2"}
+    monkeypatch.setattr(fa4_module, "_dist_version", versions.get)
+    reason = registry.get("fa4").unavailable_reason()
+    assert "copy inside flash-attn 2.8.3.post2's wheel, not flash-attn-4" in reason
+    versions["flash-attn-4"] = "4.0.0b36"  # the real FA4 wheel beside it: FA4 runs
+    assert registry.get("fa4").unavailable_reason() is None
+
+
 # ---- xformers -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec, bias", [
     (spec_(heads_kv=2, causal=True, seqlens_k=(33,), pass_="fwd_bwd"), "LowerTriangularFromBottomRightMask"),
@@ -251,7 +262,8 @@ def test_flashinfer_single_prefill(fake):
     spec = spec_(batch=1, heads_kv=2, causal=True, window=(6, -1), seqlens_k=(30,))
     _, prepared, got = run("flashinfer", spec)
     assert_matches_naive(spec, got)
-    (call,) = fk.calls("single_prefill_with_kv_cache")
+    first, call = fk.calls("single_prefill_with_kv_cache")  # prepare's first call (the JIT build), then run's
+    assert prepared.info["first_call_s"] >= 0 and first["q"].shape == call["q"].shape
     assert call["q"].shape == (17, 4, 16) and call["k"].shape == (30, 2, 16) and call["kv_layout"] == "NHD"
     assert call["causal"] is True and call["window_left"] == 6 and call["sm_scale"] == spec.softmax_scale
 
@@ -268,7 +280,8 @@ def test_flashinfer_ragged_wrapper_planned_once_in_prepare(fake, monkeypatch, sp
     prepared.fn()
     assert_matches_naive(spec, got)
     (plan,) = fk.calls("plan")
-    assert len(fk.calls("run")) == 2
+    assert len(fk.calls("run")) == 3  # prepare's first call (builds the JIT module), run's, and the one above
+    assert "first_call_s" in prepared.info
     want_cu = inputs.cu_seqlens_q if inputs.varlen else torch.arange(0, 17 * 4, 17, dtype=torch.int32)
     assert torch.equal(plan["qo_indptr"], want_cu)
     assert plan["head_dim_qk"] == 16 and plan["q_data_type"] == torch.float64 and plan["num_kv_heads"] == spec.heads_kv

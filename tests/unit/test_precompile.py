@@ -46,6 +46,8 @@ def test_cases_are_prepared_in_worker_processes_and_waited_for(tmp_path, caplog)
     assert all(int(pid) != os.getpid() for _, pid in marks)
     assert "compiling test-marks-process b1 s33" in caplog.text and "no compiler for this shape" in caplog.text
     assert not ahead.busy
+    assert len(ahead.seconds[backend.name]) == 2  # the failed compile is not counted
+    assert ahead.summary().startswith("compiled ahead in 2 workers: test-marks-process 2 cases in ")
 
 
 def test_no_workers_means_nothing_runs_ahead(tmp_path):
@@ -54,6 +56,7 @@ def test_no_workers_means_nothing_runs_ahead(tmp_path):
     ahead.wait(_spec(17), backend.name)
     ahead.close()
     assert ahead.pool is None and not list(tmp_path.iterdir())
+    assert ahead.summary() is None
 
 
 def test_worker_count_leaves_the_host_cores_to_the_main_process():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from attnbench.backends.base import Capabilities, Prepared
+from attnbench.backends.base import Capabilities, Prepared, _dist_version
 from attnbench.backends.kernel import (
     KernelBackend,
     dense_closure,
@@ -38,6 +38,15 @@ class _Fa4(KernelBackend):
     package = "flash_attn.cute"
     distribution = "flash-attn-4"
     capabilities = _CAPS
+
+    def unavailable_reason(self) -> str | None:
+        # flash-attn 2's wheel ships FA4's sources as flash_attn/cute (an older copy, untested as FA4): with
+        # the CUTLASS DSL installed too, it imports. Only the flash-attn-4 wheel counts as FA4.
+        flash_attn_2 = _dist_version("flash-attn")
+        if flash_attn_2 is not None and _dist_version(self.distribution) is None:
+            return (f"flash_attn.cute here is the copy inside flash-attn {flash_attn_2}'s wheel, not flash-attn-4 "
+                    "(the two wheels share the package flash_attn: install flash-attn-4 in its own environment)")
+        return super().unavailable_reason()
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "window_size": fa4_window(spec)}

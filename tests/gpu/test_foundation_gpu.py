@@ -15,6 +15,7 @@ from attnbench.timing import TimingConfig, measure
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.gpu_exclusive
 def test_host_overhead_is_not_counted_as_kernel_time():
     x = torch.randn(1024, device="cuda")
 
@@ -26,6 +27,7 @@ def test_host_overhead_is_not_counted_as_kernel_time():
     assert sorted(samples)[len(samples) // 2] < 0.1, samples
 
 
+@pytest.mark.gpu_exclusive
 def test_events_time_a_long_kernel_correctly():
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     ms = sorted(measure(lambda: a @ a, TimingConfig(warmup=3, repeat=10), "cuda"))[5]

@@ -16,7 +16,7 @@ from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 from attnbench.timing.events import l2_bytes, time_events
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.gpu_exclusive]  # times compared: the GPU to itself under -n N
 SMALL = AttnSpec(batch=1, seqlens_q=(1024,), heads_q=8, head_dim=64, dtype="bf16", pass_="fwd")
 
 

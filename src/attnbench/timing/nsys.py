@@ -89,3 +89,80 @@ def parse_outputs(out_dir: str | Path, base_name: str, range_name: str = TIMED_R
     if not windows:
         raise ValueError(f"the NVTX trace has no range {range_name!r}")
     return parse_gpu_trace(found["cuda_gpu_trace"][0].read_text(), windows)
+
+
+# ---- kernels per NVTX range, from the SQLite export of a profile (``nsys export --type sqlite``) -------------
+
+def _tables(con) -> set[str]:
+    return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def launches_in_ranges(sqlite_path: str | Path) -> list[dict]:
+    """Every device kernel of a profile with the NVTX ranges open on the host thread that launched it.
+
+    Kernels (``CUPTI_ACTIVITY_KIND_KERNEL``) are joined to the runtime or driver API call that launched
+    them by correlation id; a kernel belongs to every push/pop range (``NVTX_EVENTS``) of the launching
+    thread that contains the launch call's start. This is how nsys itself attributes work to ranges: by
+    where the host code launched it, not by when the device ran it (that is later, asynchronously).
+    Returns dicts ``{name, ms, ranges}`` in launch order; ``ranges``: (range name, range start ns),
+    outermost first (the start tells apart two ranges of one name)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{Path(sqlite_path)}?mode=ro", uri=True)
+    try:
+        tables = _tables(con)
+        if "CUPTI_ACTIVITY_KIND_KERNEL" not in tables:
+            raise ValueError("the profile has no CUDA kernels (was it taken with --trace=cuda?)")
+        api = [t for t in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER") if t in tables]
+        launches = " UNION ALL ".join(f"SELECT correlationId, start, globalTid FROM {t}" for t in api)
+        rows = con.execute(
+            "SELECT s.value, k.end - k.start, a.start, a.globalTid FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+            f"JOIN ({launches}) a ON a.correlationId = k.correlationId "
+            "JOIN StringIds s ON s.id = k.demangledName ORDER BY a.start").fetchall()
+        ranges: dict[int, list[tuple[int, int, str]]] = {}
+        if "NVTX_EVENTS" in tables:
+            text = "COALESCE(e.text, (SELECT value FROM StringIds WHERE id = e.textId))"
+            for start, end, name, tid in con.execute(
+                    f"SELECT e.start, e.end, {text}, e.globalTid FROM NVTX_EVENTS e "
+                    "WHERE e.end IS NOT NULL AND e.eventType = 59 ORDER BY e.start"):  # 59: push/pop range
+                ranges.setdefault(tid, []).append((start, end, name or ""))
+    finally:
+        con.close()
+    out = []
+    for name, dur_ns, launched, tid in rows:
+        inside = [(n, lo) for lo, hi, n in ranges.get(tid, ()) if lo <= launched <= hi]
+        out.append({"name": name, "ms": dur_ns / 1e6, "ranges": inside})
+    return out
+
+
+def step_summary(kernels: list[dict], *, step_prefix: str = "step", attn_prefix: str = "attn") -> list[dict]:
+    """Per NVTX step range (``step0``, ``step1``, ... as ``attnbench e2e`` marks its timed steps): the
+    backend whose ``attn:<backend>`` ranges it holds, its kernel count and time, the attention kernels'
+    time (those launched inside an ``attn:`` or ``attn-bwd:`` range), and the kernel tallies of the
+    CogVideoX-2b write-up's table (``KERNEL_TALLIES``). Steps in profile order."""
+    from attnbench.models.bench import KERNEL_TALLIES
+
+    steps: dict[tuple[str, int], dict] = {}
+    for k in kernels:
+        step = next((r for r in k["ranges"] if r[0].startswith(step_prefix) and r[0][len(step_prefix):].isdigit()),
+                    None)
+        if step is None:
+            continue
+        attn = next((n for n, _ in k["ranges"] if n.split(":", 1)[0] in (attn_prefix, f"{attn_prefix}-bwd")), None)
+        row = steps.get(step)
+        if row is None:
+            row = steps[step] = {"step": step[0], "start_ns": step[1], "backend": None, "kernels": 0,
+                                 "kernels_ms": 0.0, "attn_kernels": 0, "attn_ms": 0.0}
+            for tally in KERNEL_TALLIES:
+                row[f"{tally}_kernels"], row[f"{tally}_ms"] = 0, 0.0
+        row["kernels"] += 1
+        row["kernels_ms"] += k["ms"]
+        if attn is not None:
+            row["backend"] = row["backend"] or attn.split(":", 1)[1]
+            row["attn_kernels"] += 1
+            row["attn_ms"] += k["ms"]
+        for tally, pattern in KERNEL_TALLIES.items():
+            if pattern in k["name"]:
+                row[f"{tally}_kernels"] += 1
+                row[f"{tally}_ms"] += k["ms"]
+    return sorted(steps.values(), key=lambda r: r["start_ns"])

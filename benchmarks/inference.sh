@@ -24,15 +24,17 @@ if [[ $parts == *decode* ]]; then
     dec --run-id "$tag-mixed" --batch-size 1 --q-heads 32 --seq-lens 1,1,1,1,1,1,1,1 \
         --kv-seq-lens 1024,2048,4096,8192,16384,32768,65536,131072 "$@" > "$out/$tag-mixed.txt"
   }
-  decode decode --skip-missing --backends sdpa-cudnn,fa3,fa3-varlen,fa3-kvcache,fa3-paged            # fa3-paged: 16-token pages
-  decode decode-p64 --skip-missing --backends fa3-paged --backend-opt fa3-paged.page_size=64
+  # paged backends: 16-token pages
+  decode decode --skip-missing --backends sdpa-cudnn,fa3,fa3-varlen,fa3-kvcache,fa3-paged,flashinfer-decode,flashinfer-paged
+  decode decode-p64 --skip-missing --backends fa3-paged,flashinfer-decode --backend-opt fa3-paged.page_size=64 \
+    --backend-opt flashinfer-decode.page_size=64
 fi
 
 if [[ $parts == *prefix* ]]; then
   ab run --db "$db" --run-id prefix --pass fwd --causal --dtype bf16 --batch-size 4 --q-heads 32 --kv-heads 8 \
      --head-size 128 --seq-lens 1024 1024 4096 4096 --kv-seq-lens 16384 65536 16384 65536 \
-     --skip-missing --backends sdpa-cudnn,sdpa-flash,flex,fa2,fa2-kvcache,fa3,fa3-varlen,fa3-kvcache,fa3-paged \
-     --backend-opt fa3-paged.page_size=64 > "$out/prefix.txt"
+     --skip-missing --backends sdpa-cudnn,sdpa-flash,flex,fa2,fa2-kvcache,fa3,fa3-varlen,fa3-kvcache,fa3-paged,flashinfer,flashinfer-paged \
+     --backend-opt fa3-paged.page_size=64 --backend-opt flashinfer-paged.page_size=64 > "$out/prefix.txt"
 fi
 
 if [[ $parts == *fp8* ]]; then

@@ -342,3 +342,16 @@ def test_sdpa_varlen_on_torch_2_10_signature(monkeypatch):
     assert seen[0]["is_causal"] is True and seen[0]["key"].shape[1] == 4  # K/V heads expanded in prepare
     assert prepared.info["gqa"] == "expanded"
     assert "window" in registry.get("sdpa-varlen").extra_reason(spec_(window=(3, 0)), "cuda")
+
+
+def test_xformers_refuses_windows_that_it_would_send_to_an_fa3_build_without_local(monkeypatch):
+    import attnbench.backends.fa3 as fa3_module
+    import attnbench.backends.xformers as xformers_module
+    monkeypatch.setattr(xformers_module, "_hopper", lambda device: True)
+    flags = {"FLASHATTENTION_DISABLE_LOCAL": True}
+    monkeypatch.setattr(fa3_module, "build_flags", lambda: flags)
+    backend = registry.get("xformers")
+    assert "no local attention" in backend.extra_reason(spec_(window=(64, 0)), "cuda")
+    assert backend.extra_reason(spec_(causal=True), "cuda") is None  # no window: not sent there
+    flags.clear()  # a full FA3 build
+    assert backend.extra_reason(spec_(window=(64, 0)), "cuda") is None

@@ -45,6 +45,16 @@ def attn_bias_for(spec: AttnSpec, inputs: AttnInputs):
                                                       window_right=unbounded if right < 0 else right)
 
 
+def _hopper(device) -> bool:
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def _fa3_without_local() -> bool:
+    from attnbench.backends.fa3 import build_flags
+    return bool(build_flags().get("FLASHATTENTION_DISABLE_LOCAL"))
+
+
 class Xformers(KernelBackend):
     name = "xformers"
     description = "xformers memory_efficient_attention (dispatcher picks the operator)"
@@ -59,6 +69,11 @@ class Xformers(KernelBackend):
             return "causal with more queries than keys leaves queries without keys (undefined in xformers)"
         if spec.is_varlen and spec.has_window and effective_window(spec)[1] != 0:
             return "varlen windows must be causal (xformers has only causal local block-diagonal masks)"
+        if spec.has_window and _hopper(device) and _fa3_without_local():
+            # seen on an H100 with xformers 0.0.35 and the trimmed FA3 wheel: "This flash attention build does
+            # not support local attention" forward, a crashed process forward+backward
+            return ("xformers sends windows on Hopper to the installed flash_attn_3, and that build has no local "
+                    "attention (FLASHATTENTION_DISABLE_LOCAL)")
         return None
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:

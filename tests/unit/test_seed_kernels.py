@@ -175,7 +175,8 @@ def test_kernel_tally_counts_copies_and_adds():
     from attnbench.models.bench import tally_kernels
     kernels = [("void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(...)>", 0.5),
                ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::Half>>", 0.25),
-               ("flash_fwd_kernel", 3.0), ("void at::native::elementwise_kernel<direct_copy_kernel_cuda>", 0.5)]
+               ("flash_fwd_kernel", 3.0), ("void at::native::elementwise_kernel<direct_copy_kernel_cuda>", 0.5),
+               ("Memset (Device)", 0.01), ("Memcpy DtoD (Device -> Device)", 0.02)]  # not kernels
     got = tally_kernels(kernels)
     assert got == {"kernels": 4, "kernels_ms": 4.25, "copy_kernels": 2, "copy_ms": 1.0, "add_kernels": 1,
                    "add_ms": 0.25}

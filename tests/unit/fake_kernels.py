@@ -377,6 +377,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                  backend="auto", jit_args=None):
         assert kv_layout == "NHD"
         self.planned = None
+        _record("decode.init", {"use_tensor_cores": use_tensor_cores})
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              *deprecated_positional_args, **kwargs):

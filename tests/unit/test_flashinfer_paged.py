@@ -51,3 +51,13 @@ def test_what_the_paged_wrappers_refuse(fake):
     more = two.replace(seqlens_q=(200,))
     assert "more new queries than cached keys" in FlashInferPaged().extra_reason(more, "cuda")
     assert "head size 96" in FlashInferPaged().supports(two.replace(head_dim=96), "cuda")
+
+
+def test_decode_takes_flashinfers_tensor_core_kernel_when_asked(fake):
+    fake("flashinfer")
+    spec = AttnSpec(batch=2, seqlens_q=(1,), seqlens_k=(100,), heads_q=8, heads_kv=1, head_dim=64, dtype="fp32")
+    inputs = make_inputs(spec, seed=3)
+    FlashInferDecode().prepare(spec, inputs)
+    prepared = FlashInferDecode(use_tensor_cores=True).prepare(spec, inputs)
+    assert [c["use_tensor_cores"] for c in fk.calls("decode.init")] == [False, True]
+    assert prepared.info["use_tensor_cores"] is True

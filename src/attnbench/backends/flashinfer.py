@@ -16,7 +16,8 @@ once and records that call's seconds as ``info["first_call_s"]`` (the build, whe
 cached yet); the backends compile ahead (``precompile``), so in a sweep the builds run in worker
 processes while other cases are timed, and never inside a timed call.
 
-- ``flashinfer-decode`` BatchDecodeWithPagedKVCacheWrapper, one new query per request, paged KV cache;
+- ``flashinfer-decode`` BatchDecodeWithPagedKVCacheWrapper, one new query per request, paged KV cache
+  (``--backend-opt flashinfer-decode.use_tensor_cores=true``: FlashInfer's tensor-core decode kernel);
 - ``flashinfer-paged``  BatchPrefillWithPagedKVCacheWrapper, new queries (prefill with a prefix cache, or
   several decode queries) over a paged KV cache; both take ``--backend-opt NAME.page_size=N`` (default 16).
 """
@@ -119,6 +120,9 @@ class _FlashInferPaged(KernelBackend):
     def __init__(self, page_size: int = 16):
         self.page_size = int(page_size)
 
+    def wrapper_kwargs(self) -> dict:
+        return {}
+
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if self.page_size < 1:
             return f"page size must be positive, got {self.page_size}"
@@ -139,7 +143,7 @@ class _FlashInferPaged(KernelBackend):
         cache = build_cache(p.flatten(inputs.k), p.flatten(inputs.v), p.seqlens_k, self.page_size, seed=inputs.seed)
         indptr, indices, last_page_len = page_metadata(cache.block_table, p.seqlens_k, self.page_size)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
-        wrapper = getattr(mod, self.wrapper)(workspace, "NHD")
+        wrapper = getattr(mod, self.wrapper)(workspace, "NHD", **self.wrapper_kwargs())
         self.plan(wrapper, spec, p, indptr, indices, last_page_len)
         q, kv = p.flatten(inputs.q).contiguous(), (cache.k_cache, cache.v_cache)
 
@@ -148,7 +152,7 @@ class _FlashInferPaged(KernelBackend):
                 out = wrapper.run(q, kv)
             return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[-2:])))
         info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
-                                   "cache": f"paged, {self.page_size} tokens a page"}
+                                   "cache": f"paged, {self.page_size} tokens a page"} | self.wrapper_kwargs()
         return first_call(Prepared(fn=call, info=info), inputs.q.device)
 
 
@@ -157,6 +161,15 @@ class FlashInferDecode(_FlashInferPaged):
     description = "FlashInfer BatchDecodeWithPagedKVCacheWrapper (one new query per request, paged KV cache)"
     function = "BatchDecodeWithPagedKVCacheWrapper"
     wrapper = "BatchDecodeWithPagedKVCacheWrapper"
+
+    def __init__(self, page_size: int = 16, use_tensor_cores: bool = False):
+        super().__init__(page_size)
+        self.use_tensor_cores = bool(use_tensor_cores)
+
+    def wrapper_kwargs(self) -> dict:
+        # FlashInfer's default decode kernel runs on CUDA cores; its docs advise tensor cores for large GQA
+        # groups (--backend-opt flashinfer-decode.use_tensor_cores=true)
+        return {"use_tensor_cores": True} if self.use_tensor_cores else {}
 
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if set(spec.seqlens_q) != {1}:

@@ -47,7 +47,7 @@ def test_cases_are_prepared_in_worker_processes_and_waited_for(tmp_path, caplog)
     assert "compiling test-marks-process b1 s33" in caplog.text and "no compiler for this shape" in caplog.text
     assert not ahead.busy
     assert len(ahead.seconds[backend.name]) == 2  # the failed compile is not counted
-    assert ahead.summary().startswith("compiled ahead in 2 workers: test-marks-process 2 cases in ")
+    assert ahead.summary().startswith("compiled ahead in 2 workers: test-marks-process 2 cases (longest ")
 
 
 def test_no_workers_means_nothing_runs_ahead(tmp_path):

@@ -143,3 +143,11 @@ def test_figures_keep_panels_readable_and_colours_per_family():
     assert plots.plot_axes(rows) == ["seq_len"]
     same = [r for r in rows if r["seq_len"] == 4096]
     assert plots.plot_axes(same) == [] and "sequence length (tokens) 4k" in plots.why_no_plot(same)
+
+
+def test_a_column_widens_for_a_long_title_instead_of_cutting_it():
+    from attnbench.report.summary import column_width, header_lines
+    assert header_lines("flashinfer") == "flashinfer" and column_width("flashinfer") == 10
+    assert header_lines("flashinfer-decode") == "flashinfer\ndecode"
+    assert header_lines("sdpa-cudnn") == "sdpa\ncudnn" and column_width("fa3") == 6
+    assert header_lines("fa2-varlen-qkvpacked") == "fa2\nvarlen-qk…"

@@ -25,6 +25,7 @@ METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
 API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
 """Name suffixes of another entry point to the same kernel: such columns may share their kernel's column."""
 CELL = 6  # characters of a cell (value and marks)
+HEADER_MAX = 10  # a column widens up to this for its title's parts ("flashinfer", "kvcache")
 BEST, DROP, FAILED = "*", "↓", "!"
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
                "implausible": "imp"}
@@ -190,22 +191,33 @@ def _group_key(pos: dict, group_axes: list[str]) -> tuple:
 def _layout(exact: list[str], approx: list[str], width: int, label: int):
     """(backend -> column, list of column panels, approx column title or None) fitting ``width``."""
     budget = width - max(label, 5) - 2
-    per = CELL + 1
     merged = {b: b for b in exact + approx}
     cols = exact + approx
-    if len(cols) * per > budget:  # API forms of one kernel share a column
+    if _width(cols) > budget:  # API forms of one kernel share a column
         present = set(exact + approx)
         merged = {b: api_kernel(b, present) for b in exact + approx}
         cols = list(dict.fromkeys(merged.values()))
     approx_column = None
     approx_cols = [c for c in cols if c in {merged[b] for b in approx}]
-    if approx_cols and len(cols) * per > budget:  # approximate kernels share one column naming the fastest
+    if approx_cols and _width(cols) > budget:  # approximate kernels share one column naming the fastest
         approx_column = "fastest approx."
         cols = [c for c in cols if c not in approx_cols]
         budget -= 20
-    per_panel = max(1, budget // per)
-    panels = [cols[i:i + per_panel] for i in range(0, len(cols), per_panel)] or [[]]
+    panels: list[list[str]] = [[]]
+    for col in cols:
+        if panels[-1] and _width(panels[-1] + [col]) > budget:
+            panels.append([])
+        panels[-1].append(col)
     return merged, panels, approx_column
+
+
+def column_width(name: str) -> int:
+    """Characters of a column: a cell, or its title's longest hyphen-separated part up to HEADER_MAX."""
+    return max(CELL, min(HEADER_MAX, max(len(p) for p in name.split("-", 1))))
+
+
+def _width(cols: list[str]) -> int:
+    return sum(column_width(c) + 1 for c in cols)
 
 
 def _row_cells(row, g, by_case, merged, panels, approx, approx_column, metric, higher, base) -> dict:
@@ -303,8 +315,10 @@ def short_reason(status: str, reason: str | None) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-def header_lines(name: str, width: int = CELL) -> str:
-    """A column title within ``width`` characters a line: split at hyphens, each part cut to fit."""
+def header_lines(name: str, width: int | None = None) -> str:
+    """A column title within ``width`` (default: ``column_width``) characters a line: split at the first
+    hyphen, each part cut to fit."""
+    width = width or column_width(name)
     if len(name) <= width:
         return name
     head, _, rest = name.partition("-")
@@ -327,7 +341,8 @@ def render(summary: Summary, console) -> None:
         table.add_column(ROW_TITLES.get(pivot.row_axis, pivot.row_axis), justify="right", no_wrap=True,
                          min_width=label_width)
         for col in pivot.columns:
-            table.add_column(header_lines(col), justify="right", no_wrap=True, min_width=CELL, max_width=CELL)
+            table.add_column(header_lines(col), justify="right", no_wrap=True, min_width=column_width(col),
+                             max_width=column_width(col))
         if pivot.approx_column:
             table.add_column(" " + pivot.approx_column, justify="left", no_wrap=True, overflow="ellipsis")
         for gi, group in enumerate(pivot.groups):

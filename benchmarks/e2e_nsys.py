@@ -64,7 +64,8 @@ def table(nsys: dict[str, dict], records: dict, backends: list[str]) -> str:
         out = []
         for b in cols:
             counts = records[b].info.get("e2e", {}).get("kernel_counts") if b in records else None
-            out.append(format(counts[key] * scale, fmt) if counts and key in counts else "-")
+            out.append(format(counts[key] * scale if scale != 1.0 else counts[key], fmt)
+                       if counts and key in counts else "-")
         return out
 
     def ev(key, fmt, scale=1.0):
@@ -97,6 +98,13 @@ def table(nsys: dict[str, dict], records: dict, backends: list[str]) -> str:
     return "\n".join(rows)
 
 
+def summarize(sqlite: Path, db: Path, backends: list[str]) -> str:
+    steps = step_summary(launches_in_ranges(sqlite))
+    with ResultStore(db) as store:
+        records = {r.backend: r for r in store.records()}
+    return table(per_backend(steps), records, backends)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -121,10 +129,7 @@ def main() -> int:
     db = out / "e2e-kernel-counts.db"
     db.unlink(missing_ok=True)
     sh([*e2e, "--kernel-counts", "--db", str(db)], out / "e2e-kernel-counts.log")
-    steps = step_summary(launches_in_ranges(f"{report}.sqlite"))
-    with ResultStore(db) as store:
-        records = {r.backend: r for r in store.records()}
-    text = table(per_backend(steps), records, args.backends.split(","))
+    text = summarize(Path(f"{report}.sqlite"), db, args.backends.split(","))
     (out / "kernel_summary.md").write_text(text + "\n")
     print(text)
     return 0

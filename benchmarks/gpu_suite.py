@@ -124,11 +124,14 @@ def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
     return out
 
 
-def reason_key(message: str) -> str:
-    """A skip reason with what varies between tests of one cause (shapes, numbers) taken out."""
-    message = re.sub(r"^(Skipped: )?", "", message.strip())
-    message = re.sub(r"^[\w.-]+: ", "", message)  # "fa2: flash_attn not importable" -> the cause
-    return re.sub(r"\d+", "N", message)[:140]
+def split_reason(message: str) -> tuple[str, str]:
+    """(what, why) of a skip message: the tests say "<backend> <case> <pass>: <why>" or "<backend>: <why>";
+    ``what`` is the backend ('' when the message names none), ``why`` the cause shared by many tests."""
+    message = re.sub(r"^Skipped: ", "", message.strip())
+    head, sep, rest = message.partition(": ")
+    if sep and 1 <= len(head.split()) <= 3 and not head.startswith(("needs", "no ", "not ")):
+        return head.split()[0], rest[:120]
+    return "", message[:120]
 
 
 def summary(junit_dir: Path) -> tuple[str, int]:
@@ -142,10 +145,16 @@ def summary(junit_dir: Path) -> tuple[str, int]:
     lines = [f"GPU suite: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
              f"({len(merged)} tests, stages: {', '.join(p.stem for p in sorted(junit_dir.glob('*.xml')))})"]
     for outcome in ("failed", "skipped"):
-        reasons = collections.Counter(reason_key(m) for o, m in merged.values() if o == outcome)
+        reasons: dict[str, list[str]] = collections.defaultdict(list)
+        for o, message in merged.values():
+            if o == outcome:
+                what, why = split_reason(message) if outcome == "skipped" else ("", message[:120])
+                reasons[why].append(what)
         if reasons:
             lines.append(f"{outcome}, by reason:")
-            lines += [f"  {n:4d}  {reason}" for reason, n in reasons.most_common()]
+            for why, whats in sorted(reasons.items(), key=lambda kv: -len(kv[1])):
+                names = ", ".join(sorted({w for w in whats if w}))
+                lines.append(f"  {len(whats):4d}  {why}" + (f"  [{names}]" if names else ""))
     failed = sorted(t for t, (o, _) in merged.items() if o == "failed")
     lines += [f"  FAILED {t}" for t in failed]
     return "\n".join(lines), counts["failed"]

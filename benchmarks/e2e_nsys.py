@@ -115,7 +115,7 @@ def main() -> int:
     args = parser.parse_args()
     nsys = shutil.which("nsys")
     if nsys is None:
-        raise SystemExit("nsys not on PATH (see docs/guide.md, 'Nsight Systems')")
+        raise SystemExit("nsys not on PATH (see docs/guide.md: 'Nsight Systems on the GPU machines here')")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     e2e = [sys.executable, "-m", "attnbench", "e2e", "--model", args.model, "--backends", args.backends,

@@ -54,20 +54,24 @@ def synthetic_record(run_id: str, spec: AttnSpec, backend: str, samples: list[fl
 
 
 def make_synthetic_run(db: Path) -> None:
-    """GPU-like records written straight through the store: peak memory, sparsity, accuracy, an error."""
+    """GPU-like records written straight through the store: peak memory, sparsity, accuracy, an error.
+    One run per target sparsity (a run holds one record per case): SYNTH_RUN, then SYNTH_RUN-s50, -s75."""
     rng = np.random.default_rng(0)
+    runs = {0.25: SYNTH_RUN, 0.5: SYNTH_RUN + "-s50", 0.75: SYNTH_RUN + "-s75"}
     with ResultStore(db) as store:
-        store.start_run(SYNTH_RUN, command="synthetic", config={}, env_id=None, version="test")
+        for run_id in runs.values():
+            store.start_run(run_id, command="synthetic", config={}, env_id=None, version="test")
         for s in (1024, 2048, 4096):
-            for sparsity in (0.25, 0.5, 0.75):
+            for sparsity, run_id in runs.items():
                 spec = AttnSpec(seqlens_q=(s,), heads_q=4, head_dim=64, dtype="bf16", pass_="fwd")
                 samples = list(rng.normal(s / 1024 * (1 - sparsity), 0.01, 9))
-                store.write(synthetic_record(SYNTH_RUN, spec, "sparse-test",
+                store.write(synthetic_record(run_id, spec, "sparse-test",
                                              samples, peak_mem_bytes=s * 2**16, info={"target_sparsity": sparsity},
                                              accuracy={"verdict": "pass", "tensors": {"out": {"max_abs": 1e-3, "rel_l2": 2e-3}}}))
         spec = AttnSpec(seqlens_q=(8192,), heads_q=4, head_dim=64, dtype="bf16", pass_="fwd")
         store.write(Record(run_id=SYNTH_RUN, backend="broken", spec=spec, status="error", reason=HOSTILE))
-        store.finish_run(SYNTH_RUN)
+        for run_id in runs.values():
+            store.finish_run(run_id)
 
 
 @dataclass

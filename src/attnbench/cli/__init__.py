@@ -21,6 +21,7 @@ from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import links as links_cmd
 from attnbench.cli import run as run_cmd
 from attnbench.cli import verify as verify_cmd
+from attnbench.results.store import StoreError
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
 _click_exceptions = sys.modules[typer.BadParameter.__module__]
@@ -61,6 +62,7 @@ app.command("show")(view.show)
 app.command("runs")(view.runs)
 app.command("compare")(compare_cmd.compare)
 app.command("merge")(compare_cmd.merge)
+app.command("repair")(view.repair)
 
 
 def _without_flag_types(command):
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         common.fail("aborted", 130)
     except KeyboardInterrupt:
         common.fail("interrupted", 130)
-    except (common.UserError, FileNotFoundError) as exc:
+    except (common.UserError, FileNotFoundError, StoreError) as exc:
         if debug:
             raise
         common.fail(" ".join(str(exc).split()), 2)

@@ -181,8 +181,12 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     run_id = plan.resume or run_id or new_run_id()
     store = ResultStore(plan.db)
     store.add_env(env_id, env)
-    store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config, env_id=env_id,
-                    version=attnbench.__version__)
+    try:
+        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+                        env_id=env_id, version=attnbench.__version__, resume=plan.resume is not None)
+    except BaseException:
+        store.close()
+        raise
     records = []
     progress = _progress(quiet)
 

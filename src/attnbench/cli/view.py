@@ -12,7 +12,7 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.results import export as exportmod
 from attnbench.results.record import STATUSES
-from attnbench.results.store import DEFAULT_DB, ResultStore
+from attnbench.results.store import DEFAULT_DB, ResultStore, repair_duplicates
 
 Runs = Annotated[list[str] | None, typer.Option(
     "--run", metavar="RUN", help="Run id(s) or unique prefixes; 'latest' = the newest run (default: latest).")]
@@ -213,3 +213,15 @@ def runs(db: common.Db = None) -> None:
         table.add_row(r["run_id"], when, r["status"] or "-", str(env.get("device_name") or "-"),
                       f"{ok}/{ok + bad}", r["command"] or "-")
     common.console.print(table)
+
+
+def repair(db: common.Db = None) -> None:
+    """Keep one record per case of each run (the first one written) in a store that holds more: stores
+    written by attnbench before the store itself forbade duplicates (concurrent writers, resumes of a live run)."""
+    path = Path(db or DEFAULT_DB)
+    if not path.is_file():
+        raise UserError(f"no results database at {path}")
+    removed = repair_duplicates(path)
+    ResultStore(path).close()  # now the schema upgrade (one record per case, enforced) goes through
+    common.console.print(f"removed {removed} duplicate record{'s' * (removed != 1)} from {path}" if removed
+                         else f"{path} holds one record per case already", highlight=False, markup=False)

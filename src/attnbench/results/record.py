@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from attnbench.spec import AttnSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("ok", "unsupported", "oom", "error", "nan", "mismatch", "implausible")
 
 

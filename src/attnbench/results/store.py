@@ -31,7 +31,7 @@ _SCHEMA = [
         run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
         config TEXT, env_id TEXT, attnbench_version TEXT, host TEXT, pid INTEGER, pid_started TEXT)""",
     f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {_RECORDS_COLUMNS})",
-    "CREATE INDEX IF NOT EXISTS records_run ON records (run_id, case_id)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS records_case ON records (run_id, case_id)",
     _PEAKS,
 ]
 """The current schema (version ``SCHEMA_VERSION``), one statement each."""
@@ -41,7 +41,8 @@ _SCHEMA = [
 def _v0_to_v1(conn: sqlite3.Connection) -> None:
     """v0 = the layout before versioning: no meta table, records possibly missing later columns."""
     for statement in _SCHEMA:
-        conn.execute(statement)
+        if "UNIQUE INDEX" not in statement:  # v4's, added by its migration
+            conn.execute(statement)
     have = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
     for name, kind in COLUMNS.items():
         if name not in have:  # ADD COLUMN cannot add NOT NULL without a default; old rows hold NULL
@@ -67,7 +68,33 @@ def _v2_to_v3(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
 
 
-MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3]
+def duplicate_cases(conn: sqlite3.Connection) -> int:
+    """How many (run, case) pairs hold more than one record."""
+    return conn.execute("SELECT COUNT(*) FROM (SELECT 1 FROM records GROUP BY run_id, case_id "
+                        "HAVING COUNT(*) > 1)").fetchone()[0]
+
+
+class StoreError(Exception):
+    """A store this process cannot use as asked (a one-line answer for the user)."""
+
+
+class DuplicateRecords(StoreError):
+    """A store holds several records of one case of one run (written before the store forbade it)."""
+
+
+def _v3_to_v4(conn: sqlite3.Connection) -> None:
+    """v4: one record per (run, case), enforced by a unique index. A store that already holds duplicates
+    (concurrent writers or resumes of older versions) is not changed silently: ``repair`` first."""
+    conn.execute(_SCHEMA[3])  # files written by hand or by tools that kept only runs
+    found = duplicate_cases(conn)
+    if found:
+        raise DuplicateRecords(f"{found} case{'s' * (found != 1)} of a run hold more than one record; "
+                               "`attnbench repair --db FILE` keeps the first record of each")
+    conn.execute("DROP INDEX IF EXISTS records_run")
+    conn.execute(_SCHEMA[4])
+
+
+MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4]
 """``MIGRATIONS[n]`` upgrades a database from schema version n to n + 1 (one transaction each).
 
 To change the schema: bump ``SCHEMA_VERSION`` (results/record.py), update ``_SCHEMA`` to the new
@@ -102,6 +129,23 @@ def process_alive(pid: int, started: str | None) -> bool:
     except (PermissionError, OSError):
         return True  # exists, not ours to signal
     return started is None or process_started(pid) in (None, started)
+
+
+class RunClaimed(StoreError):
+    """A run id that this process may not write to (it exists, or another live process writes it)."""
+
+
+def repair_duplicates(path: str | Path) -> int:
+    """Delete all but the first record (lowest id) of each (run, case) in the store at ``path``; the number
+    deleted. Works on a store that cannot be opened (migrated) because of such duplicates."""
+    conn = sqlite3.connect(Path(path), timeout=30.0)
+    try:
+        with conn:
+            cur = conn.execute("DELETE FROM records WHERE id NOT IN (SELECT MIN(id) FROM records "
+                               "GROUP BY run_id, case_id)")
+        return cur.rowcount
+    finally:
+        conn.close()
 
 
 def new_run_id() -> str:
@@ -146,6 +190,8 @@ class ResultStore:
                 self.conn.commit()
             except BaseException as exc:
                 self.conn.rollback()
+                if isinstance(exc, DuplicateRecords):
+                    raise DuplicateRecords(f"{self.path}: {exc}") from None
                 if found is None or found >= SCHEMA_VERSION or not isinstance(exc, Exception):
                     raise
                 raise RuntimeError(f"{self.path}: migrating the schema from version {found} to {found + 1} failed "
@@ -185,27 +231,53 @@ class ResultStore:
         with self.conn:
             self.conn.execute("INSERT OR IGNORE INTO envs VALUES (?, ?)", (env_id, json.dumps(data, sort_keys=True)))
 
-    def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str) -> None:
-        with self.conn:
-            pid = os.getpid()
+    def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str,
+                  resume: bool = False) -> None:
+        """Claim ``run_id`` for this process, atomically: a new id is inserted; an existing one is taken only
+        by a resume (``resume=True``) and only when the process that ran it is gone. Raises RunClaimed
+        otherwise, so two processes never write one run."""
+        pid, host = os.getpid(), socket.gethostname()
+        self.conn.execute("BEGIN IMMEDIATE")  # the write lock before looking: the look and the claim are one step
+        try:
+            row = self.conn.execute("SELECT status, host, pid, pid_started FROM runs WHERE run_id=?",
+                                    (run_id,)).fetchone()
+            if row is not None and not resume:
+                raise RunClaimed(f"run {run_id} already exists in {self.path}; choose another --run-id "
+                                 f"(or --resume {run_id} to complete it)")
+            if row is not None and row["status"] == "running" and row["pid"] is not None:
+                if row["host"] != host:
+                    raise RunClaimed(f"run {run_id} is marked running by pid {row['pid']} on {row['host']}; "
+                                     "resume it there, or after that process is gone")
+                if row["pid"] != pid and process_alive(row["pid"], row["pid_started"]):
+                    raise RunClaimed(f"run {run_id} is still running (pid {row['pid']}); wait for it to end "
+                                     f"or stop it, then --resume {run_id}")
             self.conn.execute(
                 "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE "
                 "SET status='running', finished_at=NULL, host=excluded.host, pid=excluded.pid, "
                 "pid_started=excluded.pid_started",
                 (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version,
-                 socket.gethostname(), pid, process_started(pid)))
+                 host, pid, process_started(pid)))
+            self.conn.commit()
+        except BaseException:
+            self.conn.rollback()
+            raise
 
     def finish_run(self, run_id: str, status: str = "done") -> None:
         with self.conn:
             self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?", (time.time(), status, run_id))
 
     def write(self, record: Record) -> None:
-        """Insert one record in its own transaction (durable before the next case starts)."""
+        """Insert one record in its own transaction (durable before the next case starts). A second record
+        of one case of one run is refused by the store (RunClaimed names the case)."""
         row = record.to_row()
         names = list(COLUMNS)
         sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
-        with self.conn:
-            self.conn.execute(sql, [row[n] for n in names])
+        try:
+            with self.conn:
+                self.conn.execute(sql, [row[n] for n in names])
+        except sqlite3.IntegrityError as exc:
+            raise RunClaimed(f"run {record.run_id} already has a record of {record.backend} {record.spec.label()} "
+                             f"{record.spec.pass_}: another process writes this run") from exc
 
     def add_peak(self, device_name: str, env_id: str, kind: str, value: float, unit: str,
                  details: dict | None = None) -> None:

@@ -189,7 +189,7 @@ class Sweep:
                     out.append(AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv, head_dim=d,
                                         dtype=dtype, causal=causal, window=self.window, layout=self.layout,
                                         pass_=pass_))
-        return out
+        return list(dict.fromkeys(out))  # a value given twice on an axis is one case, in first-seen order
 
 
 GPU_DEFAULT = Sweep(batch_sizes=(2,), seq_lens=tuple((n,) for n in parse_range("128..16k:x2")), q_heads=(16,),

@@ -95,3 +95,6 @@ def merge(
     dup = f"; {summary.duplicates} already present" if summary.duplicates else ""
     common.console.print(f"merged {summary.records} records into {output}{dup}; runs: {runs}",
                          highlight=False, markup=False)
+    for path, old, new in summary.renamed:
+        common.console.print(f"run {old} of {path} is another run than the {old} already merged (the same cases "
+                             f"with other records): kept apart as {new}", highlight=False, markup=False)

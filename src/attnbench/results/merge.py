@@ -4,6 +4,11 @@ Every record row is copied as it is (its run id included), environments are copi
 of one run id found in several files become one run: earliest start, latest finish, status ``done``
 only when every part is done. Copying the same file twice adds nothing: a record already present
 (same run, case and creation time) is not copied again.
+
+Parts of one run hold different cases (shards split a sweep). When a file's run holds a case that the
+output already holds under that run id with another record, it is a different run that happens to share
+the id (two `--run-id R` on two machines): it is kept apart under ``R-2`` (``R-3``, ...), and the summary
+says so.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class MergeSummary:
     """Rows already present in the output (not copied again)."""
     runs: dict[str, int] = field(default_factory=dict)
     """Run id -> number of input files holding it."""
+    renamed: list[tuple[str, str, str]] = field(default_factory=list)
+    """(file, run id in it, run id given in the output) for runs kept apart from a run of the same id."""
 
 
 def _combine_runs(old: dict | None, new: dict) -> dict:
@@ -42,6 +49,21 @@ def _combine_runs(old: dict | None, new: dict) -> dict:
     if not both_done:
         out["status"] = next(s for s in (old["status"], new["status"]) if s != "done")
     return out
+
+
+def _clashing_runs(rows: list[dict], existing: set, cases: set, taken: set) -> dict[str, str]:
+    """Run id -> new id for the runs of ``rows`` that hold a case the output already holds under their id
+    with a different record (so they are other runs, not parts of that one)."""
+    clash = sorted({r["run_id"] for r in rows if (r["run_id"], r["case_id"]) in cases
+                    and (r["run_id"], r["case_id"], r["created_at"]) not in existing})
+    rename = {}
+    for run_id in clash:
+        n = 2
+        while f"{run_id}-{n}" in taken:
+            n += 1
+        rename[run_id] = f"{run_id}-{n}"
+        taken.add(rename[run_id])
+    return rename
 
 
 def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
@@ -58,16 +80,22 @@ def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
         for row in out.runs():
             runs[row["run_id"]] = row
         existing = {(r[0], r[1], r[2]) for r in out.conn.execute("SELECT run_id, case_id, created_at FROM records")}
+        cases = {(run_id, case) for run_id, case, _ in existing}
         for path in inputs:
             with ResultStore(path, create=False) as src:
                 for env_row in src.conn.execute("SELECT env_id, data FROM envs"):
                     out.add_env(env_row[0], json.loads(env_row[1]))
+                rows = src.rows()
+                rename = _clashing_runs(rows, existing, cases, set(runs) | {r["run_id"] for r in src.runs()})
                 for run in src.runs():
+                    run = dict(run, run_id=rename.get(run["run_id"], run["run_id"]))
                     summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
                     runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run)
-                rows = src.rows()
+            summary.renamed += [(str(path), old, new) for old, new in rename.items()]
             fresh = []
             for row in rows:
+                row = dict(row, run_id=rename.get(row["run_id"], row["run_id"]))
+                cases.add((row["run_id"], row["case_id"]))
                 key = (row["run_id"], row["case_id"], row["created_at"])
                 if key in existing:
                     summary.duplicates += 1

@@ -60,20 +60,20 @@ def table(nsys: dict[str, dict], records: dict, backends: list[str]) -> str:
     def ns(key, fmt, scale=1.0):
         return [format(nsys[b][key] * scale, fmt) if b in nsys else "-" for b in cols]
 
-    def tp(key, fmt, scale=1.0):
+    def recorded(where, key, fmt, scale=1.0):
+        """A value of each backend's e2e record: ``where`` picks the dict (counts or step timings)."""
         out = []
         for b in cols:
-            counts = records[b].info.get("e2e", {}).get("kernel_counts") if b in records else None
-            out.append(format(counts[key] * scale if scale != 1.0 else counts[key], fmt)
-                       if counts and key in counts else "-")
+            value = where(records[b]).get(key) if b in records else None
+            out.append("-" if value is None else format(value * scale if scale != 1.0 else value, fmt))
         return out
 
+    def tp(key, fmt, scale=1.0):
+        return recorded(lambda r: r.info.get("e2e", {}).get("kernel_counts") or {}, key, fmt, scale)
+
     def ev(key, fmt, scale=1.0):
-        out = []
-        for b in cols:
-            value = records[b].info.get("e2e", {}).get(key) if b in records else None
-            out.append(format(value * scale, fmt) if value is not None else "-")
-        return out
+        return recorded(lambda r: r.info.get("e2e", {}), key, fmt, scale)
+
     add("Metrics (per denoising step)", cols)
     add("---", ["---:"] * len(cols))
     add("**nsys**: Attn (%) of kernel time", [f"{nsys[b]['attn_ms'] / nsys[b]['kernels_ms']:.1%}" if b in nsys else "-"

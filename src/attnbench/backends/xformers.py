@@ -18,7 +18,7 @@ import importlib
 import torch
 
 from attnbench.backends.base import Capabilities, Prepared, autograd_closure, expand_kv_heads
-from attnbench.backends.kernel import KernelBackend, accepts, effective_window, packed
+from attnbench.backends.kernel import KernelBackend, accepts, device_capability, effective_window, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
 
@@ -46,8 +46,7 @@ def attn_bias_for(spec: AttnSpec, inputs: AttnInputs):
 
 
 def _hopper(device) -> bool:
-    device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (9, 0)
+    return (device_capability(str(device)) or (0, 0)) >= (9, 0)
 
 
 def _fa3_without_local() -> bool:

@@ -9,7 +9,7 @@ from attnbench.cli import main
 from attnbench.report.table import percent_of_peak, records_table
 from attnbench.results.env import device_name
 from attnbench.results.record import SCHEMA_VERSION, Record
-from attnbench.results.store import ResultStore
+from attnbench.results.store import ResultStore, StoreError
 from attnbench.spec import AttnSpec
 from attnbench.timing import peaks
 
@@ -51,7 +51,7 @@ def test_store_migrates_version_1_file(tmp_path):
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
         conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    with pytest.raises(RuntimeError, match="upgrade"):
+    with pytest.raises(StoreError, match="upgrade"):
         ResultStore(path)
 
 

@@ -66,7 +66,7 @@ def test_a_killed_run_is_marked_interrupted_on_the_next_open_and_resume_complete
     assert status == "running"
     listing = attnbench("export", "--db", str(db), "--run", "no-such-run")  # any command that opens the store
     assert listing.returncode == 2 and f"{run_id} (interrupted)" in listing.stderr
-    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
+    assert query(db, "SELECT status FROM runs") == [("running",)]  # readers show it, and write nothing
     report = attnbench("report", "--db", str(db), "-o", str(tmp_path / "r.html"))
     assert report.returncode == 0 and "interrupted" in (tmp_path / "r.html").read_text()
     cmp = attnbench("compare", run_id, run_id, "--db", str(db))
@@ -75,6 +75,18 @@ def test_a_killed_run_is_marked_interrupted_on_the_next_open_and_resume_complete
     assert res.returncode == 0, res.stderr
     assert query(db, "SELECT status FROM runs") == [("done",)]
     assert query(db, "SELECT COUNT(DISTINCT case_id) FROM records") == [(30,)]
+
+
+def test_a_writer_marks_a_killed_run_interrupted_in_the_file(tmp_path):
+    db = tmp_path / "r.db"
+    proc = popen("run", *TINY, *SEQ, "--backends", "test-sleep", "--db", str(db), ATTNBENCH_TEST_SLEEP_S="0.15")
+    wait_for_records(db, 2, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert query(db, "SELECT status FROM runs") == [("running",)]
+    from attnbench.results.store import ResultStore
+    ResultStore(db).close()
+    assert query(db, "SELECT status FROM runs") == [("interrupted",)]
 
 
 def test_a_live_run_is_left_running_and_a_reused_pid_is_not_mistaken_for_it():

@@ -12,7 +12,7 @@ import pytest
 
 from attnbench.results import store as store_mod
 from attnbench.results.record import SCHEMA_VERSION, Record
-from attnbench.results.store import ResultStore, schema_version
+from attnbench.results.store import ResultStore, StoreError, schema_version
 from attnbench.spec import AttnSpec
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -60,7 +60,7 @@ def test_migrations_run_in_order_each_in_one_transaction(tmp_path, monkeypatch):
 
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", now + 2)
     monkeypatch.setattr(store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, add_note, broken])
-    with pytest.raises(RuntimeError, match=f"from version {now + 1} to {now + 2} failed.*disk on fire.*unchanged"):
+    with pytest.raises(StoreError, match=f"from version {now + 1} to {now + 2} failed.*disk on fire.*unchanged"):
         ResultStore(db)
     assert calls == [f"v{now}->v{now + 1}", f"v{now + 1}->v{now + 2}"]
     with sqlite3.connect(db) as conn:  # the first step committed; the failed step left nothing behind
@@ -77,7 +77,7 @@ def test_newer_database_is_refused(tmp_path):
     ResultStore(db).close()
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
-    with pytest.raises(RuntimeError, match="schema version 99.*upgrade attnbench"):
+    with pytest.raises(StoreError, match="schema version 99.*upgrade attnbench"):
         ResultStore(db)
 
 

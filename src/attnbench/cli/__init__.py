@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import typer
 
+from attnbench import entry
 from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info, view
 from attnbench.cli import compare as compare_cmd
@@ -82,14 +84,40 @@ def _without_flag_types(command):
     return command
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(value: str | None) -> str:
+    """$ATTNBENCH_LOG: a logging level name (unset or empty: WARNING)."""
+    if not (value or "").strip():
+        return "WARNING"
+    level = value.strip().upper()
+    if level not in LOG_LEVELS:
+        raise common.UserError(f"bad ATTNBENCH_LOG {common.shown(value)}; allowed: {', '.join(LOG_LEVELS)} "
+                               "(any case)")
+    return level
+
+
+def debug_flag(value: str | None) -> bool:
+    """$ATTNBENCH_DEBUG: 1/true/yes/on show tracebacks; unset, empty, 0/false/no/off do not."""
+    text = (value or "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise common.UserError(f"bad ATTNBENCH_DEBUG {common.shown(value)}; use 1 (tracebacks on) or 0")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
-    argv = common.normalize_argv(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=os.environ.get("ATTNBENCH_LOG", "WARNING").upper(),
-                        format="%(levelname)s %(name)s: %(message)s")
-    debug = bool(os.environ.get("ATTNBENCH_DEBUG"))
-    command = _without_flag_types(typer.main.get_command(app))
     try:
+        level, debug = log_level(os.environ.get("ATTNBENCH_LOG")), debug_flag(os.environ.get("ATTNBENCH_DEBUG"))
+    except common.UserError as exc:
+        common.fail(str(exc), 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        argv = common.normalize_argv(list(sys.argv[1:] if argv is None else argv))
+        command = _without_flag_types(typer.main.get_command(app))
         code = command.main(args=argv, prog_name="attnbench", standalone_mode=False)
     except NoArgsIsHelpError:  # bare `attnbench`: typer has printed the help already
         code = 0
@@ -99,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         common.fail("aborted", 130)
     except KeyboardInterrupt:
-        common.fail("interrupted", 130)
+        common.fail("interrupted" if not entry.received else f"stopped by {signal.Signals(entry.received[0]).name}",
+                    entry.exit_status())
     except (common.UserError, FileNotFoundError, StoreError) as exc:
         if debug:
             raise

@@ -105,9 +105,27 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
+MAX_MESSAGE = 600
+"""Longest error line (characters): an echoed input can be huge (a YAML alias bomb, a 10,000-character id)."""
+MAX_SHOWN = 80
+"""Longest echo of one input value inside a message."""
+
+
+def shown(value) -> str:
+    """``repr(value)`` cut to MAX_SHOWN characters, for echoing user input in a message."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 12] + f"… ({len(text)} chars)"
+
+
 def fail(message: str, code: int = 2) -> None:
-    """Print one line to stderr and exit."""
-    err_console.print(f"attnbench: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    """Print one line to stderr (cut to MAX_MESSAGE characters) and exit."""
+    message = " ".join(str(message).split())
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE - 20] + f" … ({len(message)} chars)"
+    try:
+        err_console.print(f"attnbench: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    except OSError:  # stderr gone (a closed terminal after SIGHUP)
+        pass
     raise SystemExit(code)
 
 
@@ -281,6 +299,8 @@ def check_db_path(path: Path) -> Path:
     """--db must be a SQLite file or a path where one can be created."""
     if path.is_dir():
         raise UserError(f"bad --db {str(path)!r}: it is a directory; give a file path like results.db")
+    if path.exists() and not path.is_file():
+        raise UserError(f"bad --db {str(path)!r}: not a regular file; give a file path like results.db")
     if path.is_file() and path.stat().st_size:
         with path.open("rb") as f:
             if f.read(16) != b"SQLite format 3\x00":

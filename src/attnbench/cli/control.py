@@ -43,7 +43,7 @@ def resumed_options(ctx: typer.Context) -> dict:
     db = check_db_path(Path(ctx.params.get("db") or DEFAULT_DB))
     if not db.is_file():
         raise UserError(f"--resume {run_id}: no results database at {db} (use --db PATH)")
-    with ResultStore(db, create=False) as store:
+    with ResultStore(db, readonly=True) as store:
         run = store.run(run_id)
         if run is None:
             recent = [r["run_id"] for r in store.runs()][-5:]

@@ -46,7 +46,7 @@ def apply(plan, shard_text: str | None, run_id: str | None):
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if db.exists():
-        with ResultStore(db, create=False) as store:
+        with ResultStore(db, readonly=True) as store:
             if store.run(run_id) is not None:
                 raise UserError(f"run {run_id} already exists in {db}; choose another --run-id")
     return plan, run_id, merge_hint(template, part)

@@ -25,7 +25,7 @@ def open_store(db: Path | None) -> ResultStore:
     path = Path(db or DEFAULT_DB)
     if not path.is_file():
         raise UserError(f"no results database at {path}: run `attnbench run` first or give --db")
-    return ResultStore(path, create=False)
+    return ResultStore(path, readonly=True)
 
 
 def resolve_run(store: ResultStore, text: str) -> str:

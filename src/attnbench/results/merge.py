@@ -82,7 +82,7 @@ def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
         existing = {(r[0], r[1], r[2]) for r in out.conn.execute("SELECT run_id, case_id, created_at FROM records")}
         cases = {(run_id, case) for run_id, case, _ in existing}
         for path in inputs:
-            with ResultStore(path, create=False) as src:
+            with ResultStore(path, readonly=True) as src:
                 for env_row in src.conn.execute("SELECT env_id, data FROM envs"):
                     out.add_env(env_row[0], json.loads(env_row[1]))
                 rows = src.rows()

@@ -78,6 +78,18 @@ class StoreError(Exception):
     """A store this process cannot use as asked (a one-line answer for the user)."""
 
 
+def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """One line for an SQLite error met while opening a store."""
+    text = str(exc)
+    if "readonly" in text or "read-only" in text:
+        return f"{path} is read-only; a run needs a store it can write (give another --db)"
+    if "locked" in text:
+        return f"{path} is locked by another process for too long ({text}); try again when it is done"
+    if "unable to open" in text:
+        return f"{path} cannot be opened ({text}); check its folder's permissions"
+    return f"{path} is damaged or not a database ({text}); attnbench leaves it alone: give another --db"
+
+
 class DuplicateRecords(StoreError):
     """A store holds several records of one case of one run (written before the store forbade it)."""
 
@@ -154,26 +166,96 @@ def new_run_id() -> str:
 
 
 class ResultStore:
-    """Open (creating if needed) a results database at ``path``."""
+    """Open (creating if needed) a results database at ``path``.
 
-    def __init__(self, path: str | Path = DEFAULT_DB, *, create: bool = True):
+    ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is opened read-only and
+    never changed; an older schema is migrated in a private in-memory copy. Writers create or migrate the file.
+    A file that is not a usable attnbench store (damaged, foreign, newer, unreadable) raises StoreError before
+    anything is written to it."""
+
+    def __init__(self, path: str | Path = DEFAULT_DB, *, create: bool = True, readonly: bool = False):
         self.path = Path(path)
-        if not create and not self.path.exists():
+        self.readonly = readonly
+        if (readonly or not create) and not self.path.exists():
             raise FileNotFoundError(f"no results database at {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=30.0)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
-        self._upgrade()
-        self.mark_dead_runs()
+        if self.path.exists() and not self.path.is_file():
+            raise StoreError(f"{self.path} is not a regular file; give a results .db file")
+        if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif self.path.stat().st_size:
+            with self.path.open("rb") as fh:
+                if fh.read(16) != b"SQLite format 3\x00":
+                    raise StoreError(f"{self.path} is not a SQLite database; give an attnbench .db file or a new path")
+        self.conn = self._connect()
+        self._dead: set[str] = set()
+        try:
+            found = self._check()
+            if readonly and found != SCHEMA_VERSION:
+                self.conn = self._in_memory_copy()
+            if not readonly:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+            self._upgrade()
+            self.mark_dead_runs()
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise StoreError(_describe(self.path, exc)) from None
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self.readonly:
+            if self.path.exists() and not os.access(self.path, os.W_OK):
+                raise StoreError(f"{self.path} is read-only; a run needs a store it can write (give another --db)")
+            conn = sqlite3.connect(self.path, timeout=30.0)
+        else:
+            uri = self.path.resolve().as_uri()
+            try:
+                conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+                conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            except sqlite3.OperationalError:
+                # a WAL store in a folder this process cannot write (no -shm file to share): nobody can be
+                # writing it, so read it as an immutable file
+                conn = sqlite3.connect(uri + "?immutable=1", uri=True, timeout=30.0)
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(_describe(self.path, exc)) from None
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def _check(self) -> int | None:
+        """The file's schema version, or StoreError when it is not an attnbench store this version can use."""
+        tables = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        ours = {"meta", "records", "runs", "envs", "peaks"}
+        if tables and not tables & {"meta", "records", "runs"}:
+            shown = ", ".join(sorted(tables)[:5]) + (", …" if len(tables) > 5 else "")
+            raise StoreError(f"{self.path} is a SQLite database of something else (tables: {shown}); "
+                             "attnbench leaves it alone: give another --db")
+        try:
+            found = schema_version(self.conn)
+        except ValueError:
+            raise StoreError(f"{self.path}: its schema version is not a number; not an attnbench store "
+                             "this version can read") from None
+        if found is not None and found > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema version {found}; this attnbench reads up to "
+                             f"{SCHEMA_VERSION}: upgrade attnbench")
+        if found == SCHEMA_VERSION and not {"meta", "records", "runs", "envs"} <= tables:
+            missing = ", ".join(sorted(ours - tables - {"peaks"}))
+            raise StoreError(f"{self.path} says schema version {found} but lacks table(s) {missing}: damaged; "
+                             "attnbench leaves it alone")
+        return found
+
+    def _in_memory_copy(self) -> sqlite3.Connection:
+        """A private copy of an older (or empty) store, for a reader to migrate without touching the file."""
+        memory = sqlite3.connect(":memory:")
+        self.conn.backup(memory)
+        self.conn.close()
+        memory.row_factory = sqlite3.Row
+        return memory
 
     def _upgrade(self) -> None:
         """Create the schema, or migrate an older one step by step; readers of a current file write nothing."""
         while (found := schema_version(self.conn)) != SCHEMA_VERSION:
-            if found is not None and found > SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path} has schema version {found}; this attnbench reads up to "
-                                   f"{SCHEMA_VERSION}: upgrade attnbench")
             self.conn.execute("BEGIN IMMEDIATE")  # take the write lock, then look again: another process may have
             try:
                 found = schema_version(self.conn)
@@ -194,8 +276,8 @@ class ResultStore:
                     raise DuplicateRecords(f"{self.path}: {exc}") from None
                 if found is None or found >= SCHEMA_VERSION or not isinstance(exc, Exception):
                     raise
-                raise RuntimeError(f"{self.path}: migrating the schema from version {found} to {found + 1} failed "
-                                   f"({type(exc).__name__}: {exc}); the database is unchanged") from exc
+                raise StoreError(f"{self.path}: migrating the schema from version {found} to {found + 1} failed "
+                                 f"({type(exc).__name__}: {exc}); the database is unchanged") from exc
 
     def mark_dead_runs(self) -> list[str]:
         """Runs still 'running' whose process on this host is gone (killed: SIGKILL, OOM killer, power)
@@ -204,7 +286,8 @@ class ResultStore:
         rows = self.conn.execute("SELECT run_id, pid, pid_started FROM runs WHERE status='running' AND host=? "
                                  "AND pid IS NOT NULL", (host,)).fetchall()
         dead = [r["run_id"] for r in rows if not process_alive(r["pid"], r["pid_started"])]
-        if dead:
+        self._dead = set(dead)
+        if dead and not self.readonly:
             try:
                 with self.conn:
                     self.conn.executemany("UPDATE runs SET status='interrupted' WHERE run_id=? AND status='running'",
@@ -288,12 +371,18 @@ class ResultStore:
                                json.dumps(details or {}, sort_keys=True)))
 
     # ---- reading --------------------------------------------------------------------------------
+    def _run_row(self, row) -> dict:
+        run = dict(row)
+        if run["run_id"] in self._dead and run["status"] == "running":  # a reader does not write the change
+            run["status"] = "interrupted"
+        return run
+
     def runs(self) -> list[dict]:
-        return [dict(r) for r in self.conn.execute("SELECT * FROM runs ORDER BY created_at")]
+        return [self._run_row(r) for r in self.conn.execute("SELECT * FROM runs ORDER BY created_at")]
 
     def run(self, run_id: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        return dict(row) if row else None
+        return self._run_row(row) if row else None
 
     def latest_run_id(self) -> str | None:
         row = self.conn.execute("SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()

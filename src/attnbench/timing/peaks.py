@@ -89,7 +89,7 @@ def measured_peaks(db, device, *, copy: bool = False) -> dict[str, float]:
     from attnbench.results.store import ResultStore
     if not Path(db).exists():
         return {}
-    with ResultStore(db) as store:
+    with ResultStore(db, readonly=True) as store:
         stored = store.peaks(device_name(device))
     kinds = {"bf16": "matmul_bf16", "fp16": "matmul_fp16", **({"copy": "copy"} if copy else {})}
     return {key: float(stored[kind]["value"]) for key, kind in kinds.items() if kind in stored}

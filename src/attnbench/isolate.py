@@ -19,6 +19,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,17 @@ def describe_exit(returncode: int | None) -> str:
     return f"worker exited with status {returncode}"
 
 
+def crash_line(text: str) -> str:
+    """The line of a worker's stderr that says why it died: Python's "Fatal Python error: ..." when there is
+    one, else the last line that is not part of a stack; cut to 200 characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    fatal = [line for line in lines if line.startswith("Fatal Python error")]
+    stack = ("File ", "Current thread", "Thread 0x", "Extension modules:", "Traceback", "<no Python frame>")
+    rest = [line for line in lines if not line.startswith(stack) and not line.startswith("0x")]
+    line = (fatal or rest[-1:] or [""])[0]
+    return line if len(line) <= 200 else line[:199] + "…"
+
+
 class Worker:
     """One ``python -m attnbench.worker`` process and its line protocol."""
 
@@ -62,8 +74,11 @@ class Worker:
         # The worker runs the same attnbench as the parent, installed or not.
         root = str(Path(attnbench.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        # The worker's stderr (kernel messages, a crash's "Fatal Python error" stack) goes to a file: a crash is
+        # one line in its record, the whole text is logged (ATTNBENCH_LOG=info), the terminal stays clean.
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "attnbench.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.stderr, env=env)
         self._buffer = b""
         try:
             self.send({"setup": base64.b64encode(pickle.dumps(setup)).decode()})
@@ -104,7 +119,17 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             returncode = self.proc.returncode
-        return describe_exit(returncode)
+        last = crash_line(self.stderr_text())
+        return describe_exit(returncode) + (f": {last}" if last else "")
+
+    def stderr_text(self, limit: int = 1 << 16) -> str:
+        """The last ``limit`` bytes the worker wrote to stderr."""
+        try:
+            self.stderr.seek(0, os.SEEK_END)
+            self.stderr.seek(max(0, self.stderr.tell() - limit))
+            return self.stderr.read().decode(errors="replace")
+        except (OSError, ValueError):
+            return ""
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -122,6 +147,10 @@ class Worker:
             pass
         self.kill()
         self.proc.stdout.close()
+        text = self.stderr_text()
+        if text.strip():
+            log.info("worker %d wrote to stderr:\n%s", self.proc.pid, text.rstrip())
+        self.stderr.close()
 
 
 class IsolatedRunner(Runner):

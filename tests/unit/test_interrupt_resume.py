@@ -3,6 +3,8 @@
 import signal
 import time
 
+import pytest
+
 from reliability_helpers import TINY, attnbench, popen, query
 
 SEQ = ["--seq-lens", "16..45:+1"]  # 30 cases
@@ -101,3 +103,32 @@ def test_a_live_run_is_left_running_and_a_reused_pid_is_not_mistaken_for_it():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert not process_alive(gone.pid, None)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_a_run_like_ctrl_c(tmp_path, signum):
+    db = tmp_path / "r.db"
+    proc = popen("run", *TINY, *SEQ, "--backends", "test-sleep", "--db", str(db), ATTNBENCH_TEST_SLEEP_S="0.15")
+    wait_for_records(db, 2, proc)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    [(run_id, status)] = query(db, "SELECT run_id, status FROM runs")
+    assert status == "interrupted" and "Traceback" not in err
+    assert f"--resume {run_id}" in err and f"stopped by {signal.Signals(signum).name}" in err
+    res = attnbench("run", "--resume", run_id, "--db", str(db), "--quiet", ATTNBENCH_TEST_SLEEP_S="0.001")
+    assert res.returncode == 0, res.stderr
+    assert query(db, "SELECT COUNT(DISTINCT case_id), COUNT(*) FROM records") == [(30, 30)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("after_s", [0.3, 0.6, 1.2])
+def test_a_signal_while_the_cli_starts_is_one_line(signum, after_s):
+    proc = popen("backends")
+    time.sleep(after_s)  # somewhere in the imports of torch and the backends (not Python's own start-up)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:  # finished before the signal arrived: nothing to check
+        return
+    assert proc.returncode == 128 + signum and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith("attnbench: error:"), err

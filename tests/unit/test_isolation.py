@@ -6,7 +6,7 @@ import time
 import pytest
 from reliability_helpers import PLUGINS, TINY, attnbench, query
 
-from attnbench.isolate import describe_exit
+from attnbench.isolate import crash_line, describe_exit
 from attnbench.runner import Runner, RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
@@ -21,7 +21,9 @@ def test_crashes_and_hangs_become_error_records_and_the_sweep_continues(tmp_path
     assert res.returncode == 0, res.stderr
     rows = dict((r[0], r[1:]) for r in query(db, "SELECT backend, status, reason FROM records"))
     assert rows["naive"][0] == "ok" and rows["test-sleep"][0] == "ok"  # before and after the crashes
-    assert rows["test-nullread"] == ("error", "worker died with signal 11 (SIGSEGV)")
+    assert rows["test-nullread"] == ("error", "worker died with signal 11 (SIGSEGV): Fatal Python error: "
+                                              "Segmentation fault")
+    assert "Current thread" not in res.stderr and "File " not in res.stderr, res.stderr  # no stack as is
     assert rows["test-hang"] == ("error", "timed out after 1.5 s")
     assert query(db, "SELECT status FROM runs") == [("done",)]
     assert len(json.loads((tmp_path / "out.json").read_text())) == 4
@@ -38,6 +40,15 @@ def test_results_match_an_in_process_run(tmp_path):
     cases = [query(db, "SELECT case_id, status, reason, flops FROM records WHERE run_id=? ORDER BY id", r) for r in runs]
     assert cases[0] == cases[1] and len(cases[0]) == 4
     assert {c[1] for c in cases[0]} == {"ok", "unsupported"}
+
+
+def test_crash_line_picks_the_reason_out_of_a_stack():
+    stack = ("Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+             '  File "/x/kernel.py", line 3 in run\n\nExtension modules: numpy.core (total: 12)\n')
+    assert crash_line(stack) == "Fatal Python error: Segmentation fault"
+    assert crash_line("warming up\nCUDA error: an illegal memory access was encountered\n") == (
+        "CUDA error: an illegal memory access was encountered")
+    assert crash_line("") == "" and len(crash_line("x" * 1000)) == 200
 
 
 @pytest.mark.parametrize("code, text", [(-11, "worker died with signal 11 (SIGSEGV)"),

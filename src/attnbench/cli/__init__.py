@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 
 import typer
@@ -124,11 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as exc:
         where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
         common.fail(where + " ".join(exc.format_message().split()), 2)
-    except typer.Abort:
-        common.fail("aborted", 130)
-    except KeyboardInterrupt:
-        common.fail("interrupted" if not entry.received else f"stopped by {signal.Signals(entry.received[0]).name}",
-                    entry.exit_status())
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C (and SIGTERM/SIGHUP, see entry) into Abort
+        common.fail(entry.stopped(), entry.exit_status())
     except (common.UserError, FileNotFoundError, StoreError) as exc:
         if debug:
             raise
@@ -137,4 +133,6 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         common.fail(f"{type(exc).__name__}: {' '.join(str(exc).split())} (set ATTNBENCH_DEBUG=1 for details)", 1)
+    if entry.received:  # typer turns KeyboardInterrupt into a silent exit status 130
+        common.fail(entry.stopped(), entry.exit_status())
     sys.exit(code if isinstance(code, int) else 0)

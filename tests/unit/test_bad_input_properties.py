@@ -43,7 +43,7 @@ class Accepted(BaseException):
 @pytest.fixture(autouse=True)
 def _no_execution(monkeypatch):
     def refuse(plan, **kwargs):
-        raise Accepted(plan)
+        raise Accepted(plan, kwargs)
     monkeypatch.setattr(run_cmd, "execute", refuse)
 
 
@@ -56,7 +56,7 @@ def invoke(argv, capsys) -> tuple[int | None, str]:
         code = exc.code
     except Accepted as exc:
         code = "accepted"
-        LAST_PLAN[:] = [exc.args[0]]
+        LAST_PLAN[:] = list(exc.args)
     return code, capsys.readouterr().err
 
 
@@ -264,3 +264,109 @@ def test_yaml_inner_lists_are_grouped_batches(capsys):
     plan = LAST_PLAN[0]
     assert sorted({(s.batch, s.seqlens_q) for s in plan.specs}) == [(1, (16, 16)), (1, (32,)), (2, (16, 16)),
                                                                       (2, (32,))]
+
+
+# ---- bounds checked before any work; every config key honoured or refused ------------------------
+@pytest.mark.parametrize("argv, needle", [
+    (["--run-id", "../../escape"], "--run-id"), (["--run-id", "latest"], "reserved"),
+    (["--run-id", "x" * 10_000], "1 to 64"), (["--run-id", "a\nb"], "letters, digits"),
+    (["--run-id", "tab\there"], "letters, digits"), (["--run-id", "-x"], "start"),
+    (["--window", "1000000000000000000000000000000,0"], "--window"), (["--window", "-5,0"], "--window"),
+    (["--case-timeout", "1e12"], "--case-timeout"), (["--cooldown", "1e30"], "--cooldown"),
+    (["--min-time-ms", "1e30"], "--min-time-ms"), (["--backends", "naive,,naive"], "empty name"),
+    (["--dtype", "x" * 10_000], "dtype"),
+])
+def test_out_of_bounds_values_are_refused_before_running(capsys, argv, needle):
+    line = assert_rejected(["run", *BASE, *argv], capsys, needle)
+    assert len(line) < 700  # the echo of a huge input is cut
+
+
+def test_trace_must_be_a_folder(capsys, tmp_path):
+    afile = tmp_path / "passwd"
+    afile.write_text("x")
+    assert_rejected(["run", *BASE, "--trace", str(afile)], capsys, "it is a file")
+    code, err = invoke(["run", *BASE, "--trace", str(tmp_path / "new" / "traces")], capsys)
+    assert code == "accepted", err
+
+
+def test_config_run_id_and_shard_are_honoured(capsys):
+    cfg = WORK / "ids.yaml"
+    cfg.write_text("run_id: from-yaml\nshard: 1/2\nseq_lens: [16, 32, 48, 64]\npass: fwd\ncausal: false\n"
+                   "backends: naive\n")
+    code, err = invoke(["run", *BASE, "--config", str(cfg)], capsys)
+    assert code == "accepted", err
+    plan, kwargs = LAST_PLAN
+    assert kwargs["run_id"] == "from-yaml" and plan.db.name == "never.rank1.db"
+    one = {s.seqlens_q for s in plan.specs}
+    cfg.write_text(cfg.read_text().replace("shard: 1/2", "shard: 0/2"))
+    code, err = invoke(["run", *BASE, "--config", str(cfg)], capsys)
+    zero = {s.seqlens_q for s in LAST_PLAN[0].specs}
+    assert one and zero and not one & zero and one | zero == {(16,), (32,), (48,), (64,)}  # two halves
+    code, err = invoke(["run", *BASE, "--config", str(cfg), "--run-id", "from-flag"], capsys)
+    assert code == "accepted" and LAST_PLAN[1]["run_id"] == "from-flag"  # the flag wins
+
+
+@pytest.mark.parametrize("text, accepted", [("check: false", True), ("check: true", True), ("check: no", True),
+                                            ('check: "no"', False), ("check: 0", False), ("table: 'yes'", False)])
+def test_config_flags_are_true_or_false(capsys, text, accepted):
+    cfg = WORK / "flags.yaml"
+    cfg.write_text(text + "\nseq_lens: 16\npass: fwd\ncausal: false\nbackends: naive\n")
+    code, err = invoke(["run", *BASE, "--config", str(cfg)], capsys)
+    if not accepted:
+        assert_rejected(["run", *BASE, "--config", str(cfg)], capsys, "expected true or false")
+        return
+    assert code == "accepted", err
+    assert (LAST_PLAN[1]["checker"] is None) == (text in ("check: false", "check: no"))
+
+
+def test_a_config_key_given_twice_is_refused(capsys):
+    cfg = WORK / "twice.yaml"
+    cfg.write_text("seq_lens: 64\nseq-lens: 128\n")
+    assert_rejected(["run", *BASE, "--config", str(cfg)], capsys, "seq_lens", "seq-lens", "give it once")
+    cfg.write_text("seq_len: 64\nseq_lens: 128\n")
+    assert_rejected(["run", *BASE, "--config", str(cfg)], capsys, "give it once")
+
+
+def test_yaml_aliases_are_bounded(capsys):
+    lines, prev = ["a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]"], "a"
+    for name in "bcdefghijk":  # 9^11 values once expanded, from a 400-byte file
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+        prev = name
+    cfg = WORK / "bomb.yaml"
+    cfg.write_text("\n".join(lines) + f"\nseq_lens: *{prev}\n")
+    line = assert_rejected(["run", *BASE, "--config", str(cfg)], capsys, "more than 100,000 values")
+    assert len(line) < 300
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["e2e", "--model", "llama-tiny", "--layers", "40"], "llama-tiny has 2 layers"),
+    (["e2e", "--model", "llama-tiny", "--layers", "1000000"], "--layers"),
+    (["e2e", "--model", "llama-tiny", "--steps", "99999999999999999999"], "--steps"),
+    (["dist", "--timeout", "0"], "--timeout"), (["dist", "--timeout", "1e12"], "--timeout"),
+])
+def test_other_commands_check_bounds_first(capsys, argv, needle):
+    assert_rejected([*argv, "--device", "cpu", "--db", str(DB)], capsys, needle)
+
+
+@pytest.mark.parametrize("name, value, needle", [("ATTNBENCH_LOG", "bogus", "ATTNBENCH_LOG"),
+                                                 ("ATTNBENCH_DEBUG", "maybe", "ATTNBENCH_DEBUG")])
+def test_bad_environment_is_one_line(capsys, monkeypatch, name, value, needle):
+    monkeypatch.setenv(name, value)
+    assert_rejected(["run", *BASE], capsys, needle)
+
+
+def test_environment_values_mean_what_users_mean():
+    assert cli.log_level(None) == cli.log_level("") == cli.log_level("  ") == "WARNING"
+    assert cli.log_level("debug") == "DEBUG"
+    assert not any(cli.debug_flag(v) for v in (None, "", "0", "false", "No", "off"))
+    assert all(cli.debug_flag(v) for v in ("1", "true", "YES", "on"))
+
+
+def test_debug_0_keeps_tracebacks_off(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_DEBUG", "0")
+
+    def boom(plan, **kwargs):
+        raise RuntimeError("unexpected")
+    monkeypatch.setattr(run_cmd, "execute", boom)
+    code, err = invoke(["run", *BASE, "--seq-lens", "16", "--backends", "naive"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "RuntimeError: unexpected" in err

@@ -120,3 +120,48 @@ def test_a_device_or_folder_is_not_a_store(tmp_path):
         res = attnbench("run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", db)
         assert res.returncode == 2 and "--db" in res.stderr, res.stderr
     assert not os.path.exists(os.devnull + "-journal")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--run", ""], "empty name"), (["--all-runs", "--run", "x"], "drop --run"),
+    (["--format", "json", "-o", "x.csv"], "make them agree"), (["--backend", "nosuch"], "no backend 'nosuch'"),
+    (["--backend", "naive,,naive"], "empty name"), (["--run", "latest,"], "empty name"),
+])
+def test_export_refuses_what_it_cannot_honour(good, tmp_path, capsys, argv, needle):
+    from attnbench import cli
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["export", "--db", str(good), *[str(tmp_path / a) if a == "x.csv" else a for a in argv]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and needle in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_export_takes_the_format_from_the_file_name(good, tmp_path, capsys):
+    import json
+
+    from attnbench import cli
+    cli_args = ["export", "--db", str(good), "-o", str(tmp_path / "x.json")]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(cli_args)
+    assert exc.value.code == 0
+    assert json.loads((tmp_path / "x.json").read_text())[0]["backend"] == "naive"
+
+
+def test_resuming_a_shard_runs_only_that_shard(tmp_path):
+    db = tmp_path / "r.db"
+    res = attnbench("run", *TINY, "--seq-lens", "16..23:+1", "--backends", "naive", "--shard", "0/2",
+                    "--run-id", "R", "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    shard = tmp_path / "r.rank0.db"
+    with sqlite3.connect(shard) as conn:
+        [(n,)] = conn.execute("SELECT COUNT(*) FROM records").fetchall()
+        conn.execute("DELETE FROM records WHERE id IN (SELECT MAX(id) FROM records)")
+        conn.execute("UPDATE runs SET status='interrupted'")
+    conn.close()
+    assert 0 < n < 8
+    res = attnbench("run", "--resume", "R", "--db", str(shard))
+    assert res.returncode == 0, res.stderr
+    with sqlite3.connect(shard) as conn:
+        assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT case_id) FROM records").fetchall() == [(n, n)]
+    conn.close()

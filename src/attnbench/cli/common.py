@@ -120,8 +120,9 @@ def shown(value) -> str:
 def fail(message: str, code: int = 2) -> None:
     """Print one line to stderr (cut to MAX_MESSAGE characters) and exit."""
     message = " ".join(str(message).split())
-    if len(message) > MAX_MESSAGE:
-        message = message[:MAX_MESSAGE - 20] + f" … ({len(message)} chars)"
+    if len(message) > MAX_MESSAGE:  # keep the start (what is wrong) and the end (what to do instead)
+        half = MAX_MESSAGE // 2 - 20
+        message = f"{message[:half]} … ({len(message) - 2 * half} characters cut) … {message[-half:]}"
     try:
         err_console.print(f"attnbench: error: {message}", markup=False, highlight=False, soft_wrap=True)
     except OSError:  # stderr gone (a closed terminal after SIGHUP)
@@ -164,8 +165,39 @@ def load_config(path: Path | None) -> dict:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of option names to values")
-    keys = {str(k).replace("-", "_"): v for k, v in data.items()}
-    return {CONFIG_ALIASES.get(k, k): v for k, v in keys.items()}
+    if _too_big(data, MAX_CONFIG_VALUES):
+        raise UserError(f"--config {path}: expands to more than {MAX_CONFIG_VALUES:,} values (nested YAML aliases?); "
+                        "give the values without nesting aliases")
+    out: dict = {}
+    spelled: dict = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        name = CONFIG_ALIASES.get(name, name)
+        if name in out:
+            raise UserError(f"--config {path}: {shown(str(spelled[name]))} and {shown(str(key))} set the same option; "
+                            "give it once")
+        out[name], spelled[name] = value, key
+    return out
+
+
+MAX_CONFIG_VALUES = 100_000
+"""Most values a config file may hold once its YAML aliases are expanded (a few nested anchors make billions)."""
+
+
+def _too_big(data, limit: int) -> bool:
+    """Does ``data`` hold more than ``limit`` values, counting shared (aliased) ones each time they appear?"""
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
 
 
 # YAML keys that read naturally but differ from the parameter names.
@@ -216,8 +248,14 @@ def parse_window(value) -> tuple[int, int] | None:
     try:
         left, right = (int(p) for p in parts)
     except (TypeError, ValueError):
-        raise UserError(f"bad --window {value!r}: give LEFT,RIGHT like 256,0 (-1 = unbounded)") from None
+        raise UserError(f"bad --window {shown(value)}: give LEFT,RIGHT like 256,0 (-1 = unbounded)") from None
+    if not all(-1 <= side <= MAX_WINDOW for side in (left, right)):
+        raise UserError(f"bad --window {shown(value)}: each side must be -1 (unbounded) or 0..{MAX_WINDOW}")
     return left, right
+
+
+MAX_WINDOW = 2**31 - 1
+"""Kernels take window sides as 32-bit ints."""
 
 
 def axis_values(opts: dict, name: str, *, groups: bool = False) -> list | None:
@@ -349,13 +387,14 @@ def option_int(opts: dict, name: str, lo: int, hi: int, *, default: int) -> int:
     return value
 
 
-def option_bool(opts: dict, name: str) -> bool:
-    """A flag's value (false if unset); UserError unless it is true or false."""
+def option_bool(opts: dict, name: str, default: bool = False) -> bool:
+    """A flag's value (``default`` if unset); UserError unless it is true or false (a YAML "no" in quotes is
+    a string, not false: refused rather than read as true)."""
     value = opts.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
-        raise UserError(f"bad {flag_name(name)} {value!r}: expected true or false")
+        raise UserError(f"bad {flag_name(name)} {shown(value)}: expected true or false")
     return value
 
 
@@ -380,7 +419,7 @@ Dtype = Annotated[list[str] | None, typer.Option(
     help="fp16, bf16, fp32 (or fp64); fp8 / fp8-head: e4m3 inputs with one descale per tensor / per KV head.")]
 CausalMode = Annotated[str | None, typer.Option(
     "--causal", "--no-causal", metavar="[both]", show_default=False, rich_help_panel="Shape",
-    help="--causal, --no-causal or --causal both (default: both in run's default sweep, else not causal).")]
+    help="--causal, --no-causal or --causal both (default: both).")]
 Window = Annotated[str | None, typer.Option("--window", metavar="LEFT,RIGHT", help="Sliding window LEFT,RIGHT (-1 = unbounded).",
                                                 rich_help_panel="Shape")]
 Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).", rich_help_panel="Shape")]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from attnbench.cli.common import UserError, check_db_path
+from attnbench.cli.common import UserError, check_db_path, shown
 from attnbench.results.store import DEFAULT_DB, ResultStore
 
 RESUME_OVERRIDES = ("db", "quiet", "isolate", "case_timeout", "output", "resume")
@@ -62,16 +62,21 @@ def resumed_options(ctx: typer.Context) -> dict:
     return opts
 
 
+MAX_CASE_TIMEOUT_S = 7 * 86400.0
+"""A week: larger values overflow the timers underneath."""
+
+
 def case_timeout(value) -> float | None:
-    """--case-timeout SECONDS: a positive, finite number."""
+    """--case-timeout SECONDS: a positive number, at most MAX_CASE_TIMEOUT_S."""
     if value is None:
         return None
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = math.nan
-    if isinstance(value, bool) or not (math.isfinite(seconds) and seconds > 0):
-        raise UserError(f"bad --case-timeout {value!r}: give a positive number of seconds, like 600")
+    if isinstance(value, bool) or not (0 < seconds <= MAX_CASE_TIMEOUT_S):
+        raise UserError(f"bad --case-timeout {shown(value)}: give a number of seconds in (0, {MAX_CASE_TIMEOUT_S:g}], "
+                        "like 600")
     return seconds
 
 

@@ -147,6 +147,10 @@ def _plan(ctx: typer.Context) -> dict:
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (3 if cpu else 20))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    timeout = opts.get("timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 7 * 86400:
+        raise UserError(f"bad --timeout {common.shown(timeout)}: give the seconds a collective may wait, "
+                        "in (0, 604800], like 600")
     if (opts.get("timeline_calls") or 0) < 0:
         raise UserError(f"bad --timeline {opts['timeline_calls']}: give a number of calls (0 for none)")
     if opts.get("output") is not None:

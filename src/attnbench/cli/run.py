@@ -29,6 +29,10 @@ from attnbench.timing.peaks import measured_peaks
 IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 
+BOOL_OPTIONS = {"check": True, "quiet": False, "table": False, "isolate": False, "skip_missing": False,
+                "fail_on_approx": False}
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
     """A validated run: what to run and how. Built before anything is written."""
@@ -92,8 +96,9 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
     for item in names:
         for name in str(item).split(","):
             name = name.strip()
-            if not name:
-                continue
+            if not name:  # as --seq-lens 64,,64 is refused
+                raise UserError(f"bad --backends {common.shown(','.join(map(str, names)))}: an empty name; "
+                                "give names separated by single commas")
             if name not in known:
                 raise UserError(f"unknown backend {name!r}; known: {', '.join(known)}")
             out.append(name)
@@ -141,6 +146,8 @@ def plan_from_options(opts: dict) -> RunPlan:
         if opts.get(name) is not None:
             opts[name] = common.option_int(opts, name, lo, common.MAX_REPEAT, default=0)
     opts["warm_l2"] = common.option_bool(opts, "warm_l2")
+    for name, default in BOOL_OPTIONS.items():  # a YAML `check: "no"` is refused, not read as true
+        common.option_bool(opts, name, default)
     timing, profiler = timing_opts.resolve(opts, device)
     extra = timing_opts.run_options(opts)
     try:
@@ -377,10 +384,14 @@ def run(
 
     Exit status 1 when a case's numbers are wrong (an exact backend's mismatch, NaN/Inf output)."""
     plan = build_plan(ctx)
-    plan, run_id, hint = sharding.apply(plan, shard, run_id)
+    if plan.resume:  # the stored sweep, narrowed to the stored shard, into the file given
+        plan, run_id, hint = sharding.resumed(plan)
+    else:  # from the flags or the config file
+        plan, run_id, hint = sharding.apply(plan, common.option_text(plan.config, "shard"),
+                                            common.option_text(plan.config, "run_id"))
     quiet = common.option_bool(plan.config, "quiet") or sharding.rank() > 0  # one rank prints
     checker = None
-    if plan.config.get("check", True) is not False:
+    if common.option_bool(plan.config, "check", default=True):
         from attnbench.accuracy.check import AccuracyChecker
         checker = AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in plan.specs))
     run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)

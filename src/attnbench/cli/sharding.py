@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from attnbench import shard as shardmod
-from attnbench.cli.common import UserError
-from attnbench.results.store import ResultStore, new_run_id
+from attnbench.cli.common import UserError, shown
+from attnbench.results.store import ResultStore, check_run_id, new_run_id
 
 ShardOpt = Annotated[str | None, typer.Option(
     "--shard", rich_help_panel="Run control", help="Run only shard I of N (I/N) of the sweep, into its own DB file; set by torchrun too.")]
@@ -33,8 +33,11 @@ def resolve(shard_text: str | None) -> shardmod.Shard | None:
 def apply(plan, shard_text: str | None, run_id: str | None):
     """(plan narrowed to this shard, run id, merge hint or None). The run id must be new in the DB file."""
     part = resolve(shard_text)
-    if run_id is not None and not run_id.strip():
-        raise UserError("--run-id is empty")
+    if run_id is not None:
+        try:
+            check_run_id(run_id)
+        except ValueError as exc:
+            raise UserError(f"bad --run-id {shown(run_id)}: {exc}") from None
     template = plan.db
     db = shardmod.db_path(plan.db, part)
     device = shardmod.device_for(plan.options.device, part)
@@ -51,6 +54,19 @@ def apply(plan, shard_text: str | None, run_id: str | None):
                 raise UserError(f"run {run_id} already exists in {db}; choose another --run-id")
     return plan, run_id, merge_hint(template, part)
 
+
+
+def resumed(plan):
+    """(plan, run id, None) for ``--resume``: the stored sweep narrowed to the shard it was started with (a
+    resumed shard runs only its own missing cases), written to the file given."""
+    stored = plan.config.get("shard")
+    if stored:
+        try:
+            part = shardmod.parse(str(stored))
+        except ValueError as exc:
+            raise UserError(f"run {plan.resume}: stored --shard {shown(stored)}: {exc}") from None
+        plan = dataclasses.replace(plan, specs=shardmod.select(plan.specs, part))
+    return plan, plan.resume, None
 
 
 def merge_hint(db_template, part: shardmod.Shard | None) -> str | None:

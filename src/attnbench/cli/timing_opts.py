@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
-from attnbench.cli.common import UserError
+from attnbench.cli.common import UserError, shown
 from attnbench.timing import TIMING_MODES, TimingConfig
 
 PROFILERS = ("none", "torch", "ncu", "nsys", "rocprof")
@@ -30,15 +32,22 @@ def _check_tools(profiler: str) -> None:
             raise UserError(f"--profiler {profiler}: {TOOLS[profiler]} is not installed or not on PATH{hint}")
 
 
+LIMITS = {"--min-time-ms": 3_600_000.0, "--max-time-ms": 3_600_000.0, "--ci-target": 100.0, "--idle-ratio": 1000.0,
+          "--cooldown": 3600.0}
+"""Largest accepted values (an hour of sampling or of pause per case; larger ones are typos that would look
+like a hang or overflow a timer)."""
+
+
 def _nonneg(value, name: str) -> float | None:
     if value is None:
         return None
     try:
-        number = float(value)
+        number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         number = math.nan
-    if not (number >= 0 and math.isfinite(number)):
-        raise UserError(f"bad {name} {value!r}: expected a number >= 0")
+    hi = LIMITS[name]
+    if not (0 <= number <= hi):
+        raise UserError(f"bad {name} {shown(value)}: expected a number in 0..{hi:g}")
     return number
 
 
@@ -74,7 +83,20 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
     return config, profiler
 
 
+def check_trace_dir(path: Path) -> None:
+    """--trace DIR: a folder, or a path where one can be made (checked before any case runs)."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"bad --trace {shown(str(path))}: it is a file; give a folder for the traces")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"bad --trace {shown(str(path))}: {parent} is not a folder this process can write")
+
+
 def run_options(opts: dict) -> dict:
     """RunOptions fields for --trace and --cooldown."""
     trace = opts.get("trace")
+    if trace:
+        check_trace_dir(Path(str(trace)))
     return {"trace_dir": str(trace) if trace else None, "cooldown_s": _nonneg(opts.get("cooldown"), "--cooldown") or 0.0}

@@ -12,6 +12,7 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.results import export as exportmod
 from attnbench.results.record import STATUSES
+from attnbench.spec import PASSES
 from attnbench.results.store import DEFAULT_DB, ResultStore, repair_duplicates
 
 Runs = Annotated[list[str] | None, typer.Option(
@@ -48,22 +49,35 @@ def resolve_run(store: ResultStore, text: str) -> str:
 
 
 def resolve_runs(store: ResultStore, runs: list[str] | None) -> list[str]:
-    items = [part.strip() for item in runs or ["latest"] for part in str(item).split(",") if part.strip()]
-    return list(dict.fromkeys(resolve_run(store, r) for r in items or ["latest"]))
+    items = _split(runs, "--run") or ["latest"]
+    return list(dict.fromkeys(resolve_run(store, r) for r in items))
 
 
-def _split(values: list[str] | None) -> list[str]:
-    return [p.strip() for v in values or [] for p in str(v).split(",") if p.strip()]
+def _split(values: list[str] | None, flag: str = "") -> list[str]:
+    """Comma-separated or repeated values; an empty one (``--run ''``, ``a,,b``) is an error, not 'all'."""
+    items = [p.strip() for v in values or [] for p in str(v).split(",")]
+    if any(not item for item in items):
+        raise UserError(f"bad {flag or 'filter'} {common.shown(','.join(map(str, values)))}: an empty name")
+    return items
 
 
 def select_rows(store: ResultStore, run_ids: list[str], backends: list[str] | None = None,
                 passes: list[str] | None = None, statuses: list[str] | None = None) -> list[dict]:
     """Rows of ``run_ids`` filtered by backend, pass and status (unknown statuses are an error)."""
-    backends, passes, statuses = _split(backends), _split(passes), _split(statuses)
+    backends, passes = _split(backends, "--backend"), _split(passes, "--pass")
+    statuses = _split(statuses, "--status")
     bad = [s for s in statuses if s not in STATUSES]
     if bad:
-        raise UserError(f"unknown --status {', '.join(bad)}; allowed: {', '.join(STATUSES)}")
+        raise UserError(f"unknown --status {common.shown(', '.join(bad))}; allowed: {', '.join(STATUSES)}")
+    bad = [p for p in passes if p not in PASSES]
+    if bad:
+        raise UserError(f"unknown --pass {common.shown(', '.join(bad))}; allowed: {', '.join(PASSES)}")
     rows = [r for run_id in run_ids for r in store.rows(run_id)]
+    present = dict.fromkeys(r["backend"] for r in rows)
+    missing = [b for b in backends if b not in present]
+    if missing:  # a typo must not look like "no records"
+        raise UserError(f"no backend {common.shown(', '.join(missing))} in run {', '.join(run_ids)}; "
+                        f"its backends: {', '.join(present) or 'none'}")
     return [r for r in rows if (not backends or r["backend"] in backends) and (not passes or r["pass"] in passes)
             and (not statuses or r["status"] in statuses)]
 
@@ -84,7 +98,7 @@ def plot(
     """Draw one metric against one sweep axis: a line per backend, a panel per pass and causal setting."""
     from attnbench.report import plots
 
-    ys = _split(y)
+    ys = _split(y, "--y")
     try:
         for item in ys:
             plots.check_axes(x, item)
@@ -134,7 +148,8 @@ def report(
 
 
 def export(
-    fmt: Annotated[str, typer.Option("--format", "-f", help="csv, json or parquet.")] = "csv",
+    fmt: Annotated[str | None, typer.Option(
+        "--format", "-f", help="csv, json or parquet (default: from the -o file's suffix, else csv).")] = None,
     run: Runs = None,
     all_runs: Annotated[bool, typer.Option("--all-runs", help="Every run in the database.")] = False,
     backend: BackendFilter = None,
@@ -143,11 +158,18 @@ def export(
     db: common.Db = None,
 ) -> None:
     """Write records of a run as CSV, JSON or Parquet (to a file, or to stdout for CSV and JSON)."""
+    suffix = output.suffix.lower().lstrip(".") if output is not None else ""
+    if fmt is None:
+        fmt = suffix if suffix in exportmod.FORMATS else "csv"
     fmt = fmt.lower()
     if fmt not in exportmod.FORMATS:
-        raise UserError(f"bad --format {fmt!r}; allowed: {', '.join(exportmod.FORMATS)}")
+        raise UserError(f"bad --format {common.shown(fmt)}; allowed: {', '.join(exportmod.FORMATS)}")
+    if suffix in exportmod.FORMATS and suffix != fmt:
+        raise UserError(f"--format {fmt} but -o {output.name} says {suffix}: drop one, or make them agree")
     if output is None and fmt == "parquet":
         raise UserError("--format parquet needs an output file: -o FILE.parquet")
+    if all_runs and run:
+        raise UserError("--all-runs exports every run; drop --run (or drop --all-runs)")
     with open_store(db) as store:
         run_ids = [r["run_id"] for r in store.runs()] if all_runs else resolve_runs(store, run)
         rows = select_rows(store, run_ids, backend, None, status)

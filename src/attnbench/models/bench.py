@@ -35,6 +35,17 @@ def model_names() -> list[str]:
     return [*llama.CONFIGS, *dit.PRESETS]
 
 
+MAX_STEPS = 100_000
+"""Most --steps / --warmup: more would look like a hang."""
+
+
+def model_layers(name: str) -> int:
+    """Blocks of model ``name`` (--layers truncates to at most this many)."""
+    if name in llama.CONFIGS:
+        return llama.CONFIGS[name].n_layers
+    return dit.PRESETS[name].config["num_layers"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class E2EConfig:
     """What to run end to end."""
@@ -73,10 +84,13 @@ class E2EConfig:
             raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
         if not self.backends:
             raise ValueError("give at least one backend")
-        for name, value, low in (("steps", self.steps, 1), ("warmup", self.warmup, 0), ("layers", self.layers, 1),
-                                 ("batch", self.batch, 1), ("seq_len", self.seq_len, 2)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name, value, low, high in (("steps", self.steps, 1, MAX_STEPS), ("warmup", self.warmup, 0, MAX_STEPS),
+                                       ("layers", self.layers, 1, model_layers(self.model)),
+                                       ("batch", self.batch, 1, 65536), ("seq_len", self.seq_len, 2, 2**22)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+                what = f" ({self.model} has {high} layers; --layers keeps the first N)" if name == "layers" else ""
+                flag = {"batch": "--batch-size", "seq_len": "--seq-len"}.get(name, f"--{name}")
+                raise ValueError(f"{flag} must be an integer in {low}..{high}{what}, got {str(value)[:40]}")
 
 
 @dataclass

@@ -160,6 +160,28 @@ def repair_duplicates(path: str | Path) -> int:
         conn.close()
 
 
+MAX_RUN_ID = 64
+RUN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-+")
+RESERVED_RUN_IDS = ("latest",)
+"""Words the views read as something else (``--run latest`` = the newest run)."""
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id a user gave, or ValueError: 1..64 of letters, digits, ``. _ - +``, not starting with ``.`` or
+    ``-`` (it names plot folders and files, so no path separators, no ``..``), not a reserved word."""
+    rule = f"use 1 to {MAX_RUN_ID} letters, digits, '.', '_', '-' or '+'"
+    if not run_id or len(run_id) > MAX_RUN_ID:
+        raise ValueError(f"it has {len(run_id)} characters; {rule}")
+    bad = sorted(set(run_id) - RUN_ID_CHARS)
+    if bad:
+        raise ValueError(f"it holds {''.join(bad)[:10]!r}; {rule}")
+    if run_id[0] in ".-" or ".." in run_id:
+        raise ValueError(f"it may not start with '.' or '-' nor hold '..'; {rule}")
+    if run_id.lower() in RESERVED_RUN_IDS:
+        raise ValueError(f"{run_id!r} is reserved (--run latest means the newest run); use another id")
+    return run_id
+
+
 def new_run_id() -> str:
     """Sortable, unique run id: UTC time plus a random suffix."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]

@@ -8,6 +8,7 @@ printed.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -33,12 +34,31 @@ def stopped() -> str:
     return f"stopped by {signal.Signals(received[0]).name}"
 
 
+def _leave(code: int) -> None:
+    """Exit now with ``code``. After a signal, Python may still exit "killed by SIGINT" (status -2) if the
+    KeyboardInterrupt passed through C code running Python source (an extension's import does): os._exit
+    keeps the status we chose. Everything that had to be saved was saved on the way out."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def main() -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     try:
         from attnbench.cli import main as cli_main
-    except KeyboardInterrupt:
-        sys.stderr.write("attnbench: error: interrupted\n")
-        sys.exit(exit_status())
-    cli_main()
+    except BaseException:  # numpy turns a KeyboardInterrupt inside its import into an ImportError
+        if not received:
+            raise
+        sys.stderr.write(f"attnbench: error: {stopped()}\n")
+        _leave(exit_status())
+    try:
+        cli_main()
+    except SystemExit as exc:
+        if received:
+            _leave(exc.code if isinstance(exc.code, int) else 1)
+        raise

@@ -4,7 +4,6 @@ import signal
 import time
 
 import pytest
-
 from reliability_helpers import TINY, attnbench, popen, query
 
 SEQ = ["--seq-lens", "16..45:+1"]  # 30 cases

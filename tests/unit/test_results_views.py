@@ -180,7 +180,7 @@ def test_export_filters_and_stdout(db):
     assert len(rows) == 2 and {(r["backend"], r["status"], r["num_seqs"]) for r in rows} == {
         ("sdpa-math", "unsupported", 2), ("sdpa-math", "unsupported", 3)}
     res = cli("export", "--db", db, "--status", "bogus")
-    assert res.returncode == 2 and "unknown --status bogus" in res.stderr
+    assert res.returncode == 2 and "unknown --status 'bogus'" in res.stderr
 
 
 def test_parquet_needs_pyarrow_or_round_trips(db, cpu_rows, tmp_path):

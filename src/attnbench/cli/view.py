@@ -12,8 +12,8 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.results import export as exportmod
 from attnbench.results.record import STATUSES
-from attnbench.spec import PASSES
 from attnbench.results.store import DEFAULT_DB, ResultStore, repair_duplicates
+from attnbench.spec import PASSES
 
 Runs = Annotated[list[str] | None, typer.Option(
     "--run", metavar="RUN", help="Run id(s) or unique prefixes; 'latest' = the newest run (default: latest).")]

@@ -76,3 +76,16 @@ def test_profiler_nsys_reaches_the_plan_as_an_external_timing_mode(monkeypatch):
     monkeypatch.setattr(external, "find_tool", lambda tool: None)
     with pytest.raises(common.UserError, match="nsys is not installed"):
         run.plan_from_options({"profiler": "nsys", "backends": ["naive"], "seq_lens": ["64"]})
+
+
+def test_precise_is_the_tight_setting_and_explicit_flags_still_win():
+    from attnbench.cli import timing_opts
+    from attnbench.timing.config import CI_TARGET_PCT, PRECISE
+    default, _ = timing_opts.resolve({}, "cuda")
+    assert default.ci_target_pct == CI_TARGET_PCT == 0.3 and default.max_time_for("cuda") == 150.0
+    tight, _ = timing_opts.resolve({"precise": True}, "cuda")
+    assert (tight.ci_target_pct, tight.max_time_for("cuda")) == (PRECISE["ci_target_pct"], PRECISE["max_time_ms"])
+    mixed, _ = timing_opts.resolve({"precise": True, "ci_target": 0.05, "max_time_ms": 500}, "cuda")
+    assert (mixed.ci_target_pct, mixed.max_time_for("cuda")) == (0.05, 500.0)
+    cpu, _ = timing_opts.resolve({"precise": True}, "cpu")
+    assert cpu.ci_target_pct == 0.1 and cpu.max_time_for("cpu") == 1000.0

@@ -84,7 +84,7 @@ def test_sampling_policy_repeat_is_a_minimum_and_time_is_capped():
 
 def test_time_cap_stops_slow_kernels_early_but_never_under_min_samples():
     cfg = TimingConfig(repeat=100, min_time_ms=200.0, max_time_ms=1000.0, ci_target_pct=0)
-    assert TimingConfig().max_time_for("cuda") == 350.0 and cfg.max_time_for("cpu") == 1000.0
+    assert TimingConfig().max_time_for("cuda") == 150.0 and cfg.max_time_for("cpu") == 1000.0
     assert TimingConfig().max_time_for("cpu") == 1000.0
     assert cfg.samples_wanted([], "cuda") == MIN_SAMPLES          # first learn the per-call time
     assert cfg.samples_wanted([150.0] * MIN_SAMPLES, "cuda") == 0  # 1.5 s measured: enough

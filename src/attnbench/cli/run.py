@@ -30,7 +30,7 @@ IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 
 BOOL_OPTIONS = {"check": True, "quiet": False, "table": False, "isolate": False, "skip_missing": False,
-                "fail_on_approx": False}
+                "fail_on_approx": False, "precise": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,10 +340,13 @@ def run(
         "--min-time-ms", rich_help_panel="Timing", help="Sample until this much time is measured per case (default: 100).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(
         "--max-time-ms", rich_help_panel="Timing", help="Stop sampling a case once this much time is measured or spent, even before "
-        "--repeat samples (at least 10) (default: 350 on GPU, 1000 on CPU).")] = None,
+        "--repeat samples (at least 10) (default: 150 on GPU, 1000 on CPU).")] = None,
     ci_target: Annotated[float | None, typer.Option(
         "--ci-target", rich_help_panel="Timing", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
-        "after --repeat samples (default: 0.1; 0 = always sample --min-time-ms).")] = None,
+        "after --repeat samples (default: 0.3; 0 = always sample --min-time-ms).")] = None,
+    precise: Annotated[bool, typer.Option(
+        "--precise", rich_help_panel="Timing", help="The tight setting: --ci-target 0.1 --max-time-ms 350 (about 1.7x the "
+        "timing). The default's within-run CI is already tighter than the run-to-run spread.")] = False,
     idle_ratio: Annotated[float | None, typer.Option(
         "--idle-ratio", rich_help_panel="Timing", help="Leave the GPU idle this many times a call's time before each timed call: the "
         "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from attnbench.cli.common import UserError, shown
 from attnbench.timing import TIMING_MODES, TimingConfig
+from attnbench.timing.config import PRECISE
 
 PROFILERS = ("none", "torch", "ncu", "nsys", "rocprof")
 
@@ -70,14 +71,18 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
         what = f"--profiler {profiler}" if profiler != "none" else f"--timing {timing}"
         raise UserError(f"{what} needs a CUDA/ROCm device; on CPU attnbench times with perf_counter")
     cpu = device == "cpu"
+    precise = PRECISE if opts.get("precise") is True else {}
+    if precise and cpu:
+        precise = {"ci_target_pct": precise["ci_target_pct"]}  # the CPU's cap is already 1 s
     try:
         config = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (10 if cpu else 30),
                               cold_l2=not opts.get("warm_l2", False), mode=mode,
                               min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"),
-                              max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),
-                              **_given(ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target"),
-                                       idle_ratio=_nonneg(opts.get("idle_ratio"), "--idle-ratio")))
+                              **{**precise, **_given(
+                                  max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),
+                                  ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target"),
+                                  idle_ratio=_nonneg(opts.get("idle_ratio"), "--idle-ratio"))})
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return config, profiler

@@ -94,6 +94,11 @@ class Precompiler:
         except Exception as exc:  # a broken worker pool included
             log.info("compiling %s %s ahead failed (%s); compiling it here", backend_name, spec.label(), exc)
 
+    def pending(self, spec: AttnSpec, backend_name: str) -> bool:
+        """Whether a worker is still compiling (or yet to compile) this case."""
+        future = self.futures.get((spec, backend_name))
+        return future is not None and not future.done()
+
     def summary(self) -> str | None:
         """One line on what the workers compiled, e.g. 'compiled ahead in 6 workers: flashinfer 16 cases
         (longest 98 s), flex 24 cases (longest 5 s)'; None when nothing was. The longest case, not a sum:

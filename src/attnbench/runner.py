@@ -13,7 +13,7 @@ import gc
 import logging
 import math
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -138,18 +138,25 @@ class Runner:
     def _run(self, cases: list[tuple[AttnSpec, Backend]]) -> list[Record]:
         records: list[Record] = []
         inputs, inputs_key = None, None
-        for i, (spec, backend) in enumerate(cases):
+        queue = deque(cases)
+        while queue:
+            spec, backend = queue.popleft()
             if self.stop_requested:
                 break
+            if self.precompiler.pending(spec, backend.name) and any(
+                    not self.precompiler.pending(s, b.name) for s, b in queue):
+                # its worker is still compiling (a JIT build can take minutes): time other cases meanwhile
+                queue.append((spec, backend))
+                continue
             new_shape = spec.shape_key() != inputs_key
             if new_shape:
                 inputs, inputs_key = None, spec.shape_key()
             if self.device_lost or (new_shape and not self._release_inputs()):
-                records += self._run_isolated(cases[i:])
+                records += self._run_isolated([(spec, backend), *queue])
                 break
             if self.on_case:
                 self.on_case(spec, backend.name)
-            if i and self.options.cooldown_s > 0:
+            if records and self.options.cooldown_s > 0:
                 with self.clock.phase("cooldown"):
                     time.sleep(self.options.cooldown_s)
             if new_shape:

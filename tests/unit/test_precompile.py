@@ -64,3 +64,42 @@ def test_worker_count_leaves_the_host_cores_to_the_main_process():
     assert worker_count(3, cpus=16) == 3
     assert worker_count(32, cpus=6) == 2
     assert worker_count(32, cpus=2) == 0
+
+
+class _SlowBuild:
+    """A precompiler whose build of one case finishes only after ``others`` other cases have run."""
+
+    def __init__(self, slow: tuple[AttnSpec, str], runner, others: int):
+        self.slow, self.runner, self.others = slow, runner, others
+        self.waited_at: int | None = None
+
+    def pending(self, spec, name):
+        return (spec, name) == self.slow and len(self.runner.done) < self.others
+
+    def wait(self, spec, name):
+        if (spec, name) == self.slow:
+            self.waited_at = len(self.runner.done)
+
+    def close(self):
+        pass
+
+
+def test_a_case_still_compiling_waits_at_the_back_instead_of_blocking_the_run():
+    from attnbench.runner import Runner, RunOptions
+    from attnbench.timing import TimingConfig
+    specs = [AttnSpec(batch=1, seqlens_q=(n,), heads_q=1, head_dim=8, dtype="fp32", pass_="fwd") for n in (16, 24)]
+    done: list = []
+    runner = Runner(RunOptions(device="cpu", backends=("naive", "sdpa-math"),
+                               timing=TimingConfig(warmup=0, repeat=1, min_time_ms=0)), run_id="t", env_id=None,
+                    sink=lambda record: done.append((record.spec.seqlens_q[0], record.backend)))
+    runner.done = done
+    slow = _SlowBuild((specs[0], "naive"), runner, others=2)
+    runner._start_precompiler = lambda cases: slow
+    runner.run(specs)
+    assert runner.done[:2] == [(16, "sdpa-math"), (24, "naive")]  # timed while the build went on
+    assert runner.done[-1] == (16, "naive") and len(runner.done) == 4 and slow.waited_at == 3
+    slow_last = _SlowBuild((specs[0], "naive"), runner, others=99)  # nothing else left: it is waited for
+    done.clear()
+    runner._start_precompiler = lambda cases: slow_last
+    runner.run(specs)
+    assert runner.done[-1] == (16, "naive") and len(runner.done) == 4

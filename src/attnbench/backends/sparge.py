@@ -116,6 +116,7 @@ class SpargeCdf(_Sparge):
     description = "SpargeAttn spas_sage2_attn_meansim_cuda (CDF-threshold block sparsity; INT8 QK, FP8 PV)"
     function = "spas_sage2_attn_meansim_cuda"
     knob_names = CDF_KNOBS
+    compiles_ahead = True  # its Triton kernels JIT-compile per shape too (2.2 s a case in the main process on an H100)
 
 
 class SpargeFp16(_Sparge):
@@ -133,5 +134,6 @@ class SpargeFp16Cdf(_Sparge):
     description = "SpargeAttn spas_sage_attn_meansim_cuda (CDF-threshold block sparsity; INT8 QK, FP16 PV; causal)"
     function = "spas_sage_attn_meansim_cuda"
     knob_names = CDF_KNOBS
+    compiles_ahead = True  # as SpargeCdf
     capabilities = SpargeFp16.capabilities
     causal_refused = None

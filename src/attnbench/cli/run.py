@@ -222,7 +222,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     phases = wall_breakdown(runner.clock.seconds, time.perf_counter() - started)
     compiled = runner.precompiler.summary()
     if compiled and not quiet:
-        common.err_console.print(compiled, markup=False, highlight=False)
+        common.err_console.print(compiled, markup=False, highlight=False, soft_wrap=True)  # one line in a log
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
                                  f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",

@@ -162,9 +162,10 @@ def test_idle_ratio_leaves_the_device_idle_between_calls():
         t0 = _time.perf_counter()
         samples = time_events(lambda: a @ a, cfg, dev)
         walls[ratio] = (_time.perf_counter() - t0, sum(samples))
-    (busy_wall, _), (idle_wall, idle_sum) = walls[0.0], walls[2.0]
+    (busy_wall, busy_sum), (idle_wall, idle_sum) = walls[0.0], walls[2.0]
     assert idle_wall * 1e3 > idle_sum * 2.5       # ~3x the measured time: 2x of it idle
-    assert idle_wall > 2 * busy_wall
+    # (not idle_wall > 2 * busy_wall: under -n 8 the busy loop's host overhead alone reached idle_wall, H100 2026-11-24)
+    assert abs(idle_sum - busy_sum) < 0.2 * busy_sum  # idling changes when calls run, not what they measure
 
 
 def test_align_is_queued_before_each_start_event():

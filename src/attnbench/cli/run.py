@@ -345,7 +345,7 @@ def run(
         "--ci-target", rich_help_panel="Timing", help="Stop sampling a case once the 95% CI of its median is within +- this % of it, "
         "after --repeat samples (default: 0.3; 0 = always sample --min-time-ms).")] = None,
     precise: Annotated[bool, typer.Option(
-        "--precise", rich_help_panel="Timing", help="The tight setting: --ci-target 0.1 --max-time-ms 350 (about 1.7x the "
+        "--precise", rich_help_panel="Timing", help="The tight setting: --ci-target 0.1 --max-time-ms 350 (about 2x the "
         "timing). The default's within-run CI is already tighter than the run-to-run spread.")] = False,
     idle_ratio: Annotated[float | None, typer.Option(
         "--idle-ratio", rich_help_panel="Timing", help="Leave the GPU idle this many times a call's time before each timed call: the "

@@ -334,16 +334,17 @@ MAX_SEED = 2**63 - 1
 
 
 def check_db_path(path: Path) -> Path:
-    """--db must be a SQLite file or a path where one can be created."""
+    """--db must be a file or a path where one can be created. What the file holds is the store's to check
+    (ResultStore refuses anything but an attnbench store, before writing; planning opens it)."""
     if path.is_dir():
         raise UserError(f"bad --db {str(path)!r}: it is a directory; give a file path like results.db")
     if path.exists() and not path.is_file():
         raise UserError(f"bad --db {str(path)!r}: not a regular file; give a file path like results.db")
-    if path.is_file() and path.stat().st_size:
-        with path.open("rb") as f:
-            if f.read(16) != b"SQLite format 3\x00":
-                raise UserError(f"bad --db {str(path)!r}: not a SQLite database; give a new path or an attnbench .db")
     return path
+
+
+MAX_WAIT_S = 7 * 86400.0
+"""Longest wait a user may set (--case-timeout, dist --timeout): a week; more overflows the timers underneath."""
 
 
 def check_output_path(path: Path) -> Path:

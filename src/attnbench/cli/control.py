@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from attnbench.cli.common import UserError, check_db_path, shown
+from attnbench.cli.common import MAX_WAIT_S, UserError, check_db_path, shown
 from attnbench.results.store import DEFAULT_DB, ResultStore
 
 RESUME_OVERRIDES = ("db", "quiet", "isolate", "case_timeout", "output", "resume")
@@ -62,20 +62,16 @@ def resumed_options(ctx: typer.Context) -> dict:
     return opts
 
 
-MAX_CASE_TIMEOUT_S = 7 * 86400.0
-"""A week: larger values overflow the timers underneath."""
-
-
 def case_timeout(value) -> float | None:
-    """--case-timeout SECONDS: a positive number, at most MAX_CASE_TIMEOUT_S."""
+    """--case-timeout SECONDS: a positive number, at most MAX_WAIT_S."""
     if value is None:
         return None
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = math.nan
-    if isinstance(value, bool) or not (0 < seconds <= MAX_CASE_TIMEOUT_S):
-        raise UserError(f"bad --case-timeout {shown(value)}: give a number of seconds in (0, {MAX_CASE_TIMEOUT_S:g}], "
+    if isinstance(value, bool) or not (0 < seconds <= MAX_WAIT_S):
+        raise UserError(f"bad --case-timeout {shown(value)}: give a number of seconds in (0, {MAX_WAIT_S:g}], "
                         "like 600")
     return seconds
 

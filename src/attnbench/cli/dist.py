@@ -148,9 +148,9 @@ def _plan(ctx: typer.Context) -> dict:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     timeout = opts.get("timeout")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 7 * 86400:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= common.MAX_WAIT_S:
         raise UserError(f"bad --timeout {common.shown(timeout)}: give the seconds a collective may wait, "
-                        "in (0, 604800], like 600")
+                        f"in (0, {common.MAX_WAIT_S:g}], like 600")
     if (opts.get("timeline_calls") or 0) < 0:
         raise UserError(f"bad --timeline {opts['timeline_calls']}: give a number of calls (0 for none)")
     if opts.get("output") is not None:

@@ -160,6 +160,10 @@ def repair_duplicates(path: str | Path) -> int:
         conn.close()
 
 
+REQUIRED_TABLES = frozenset({"meta", "records", "runs", "envs"})
+"""Tables a current store must hold (``peaks`` is made when first needed)."""
+
+
 MAX_RUN_ID = 64
 RUN_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-+")
 RESERVED_RUN_IDS = ("latest",)
@@ -248,7 +252,6 @@ class ResultStore:
     def _check(self) -> int | None:
         """The file's schema version, or StoreError when it is not an attnbench store this version can use."""
         tables = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        ours = {"meta", "records", "runs", "envs", "peaks"}
         if tables and not tables & {"meta", "records", "runs"}:
             shown = ", ".join(sorted(tables)[:5]) + (", …" if len(tables) > 5 else "")
             raise StoreError(f"{self.path} is a SQLite database of something else (tables: {shown}); "
@@ -261,8 +264,8 @@ class ResultStore:
         if found is not None and found > SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema version {found}; this attnbench reads up to "
                              f"{SCHEMA_VERSION}: upgrade attnbench")
-        if found == SCHEMA_VERSION and not {"meta", "records", "runs", "envs"} <= tables:
-            missing = ", ".join(sorted(ours - tables - {"peaks"}))
+        missing = ", ".join(sorted(REQUIRED_TABLES - tables))
+        if found == SCHEMA_VERSION and missing:
             raise StoreError(f"{self.path} says schema version {found} but lacks table(s) {missing}: damaged; "
                              "attnbench leaves it alone")
         return found

@@ -9,29 +9,19 @@ when the main process reaches the case, its ``prepare`` finds the compiled code 
 traces: about 0.4 s instead of 2-5 s on an H200 host). Nothing a worker measures is used. A case whose
 compile has not started in a worker when the main process reaches it is compiled there instead.
 
-The workers share the GPU: a compile runs the compiled kernel (forward, or forward and backward), and
-a JIT package may run more (Triton autotuning benchmarks its configurations). Two processes on one GPU
-take turns in time slices, so a case timed while a worker runs kernels reads up to twice its time, for
-the whole case (seen on an H100: fa3 S=2k fwd_bwd 0.43 ms in two runs, 0.86 ms in a third). The main
-process therefore stops the workers while it times a case (``paused``: SIGSTOP, then SIGCONT); a build
-a worker started in a child process (nvcc, ninja) keeps running, since it does not use the GPU. What a
-worker had queued on the GPU before it stopped still runs (one call, at most one autotuning
-measurement); the case's warm-up absorbs most of it. A case timed with workers stopped says how many in
-its record (``info["compile_workers_paused"]``).
+The workers share the GPU: each compile ends with one call of the compiled kernel (forward, or forward
+and backward). Those calls can overlap samples the main process is taking; such a sample is slow, an
+outlier that the median does not follow. A case timed while workers were busy says so in its record
+(``info["compile_workers_busy"]``).
 """
 
 from __future__ import annotations
 
 import logging
-import contextlib
-import ctypes
 import multiprocessing
 import os
-import signal
-import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from collections.abc import Iterator
 
 from attnbench.backends.base import Backend
 from attnbench.spec import AttnSpec
@@ -47,21 +37,7 @@ def worker_count(jobs: int, cpus: int | None = None) -> int:
     return max(0, min(jobs, MAX_WORKERS, (cpus - 2) // 2))
 
 
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies: a worker the parent stopped (``paused``)
-    cannot notice by itself that nobody will ever continue it, and would hold its CUDA context forever."""
-    if sys.platform != "linux":
-        return
-    PR_SET_PDEATHSIG = 1
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the request was in place
-        os._exit(1)
-
-
-def _init_worker(pids) -> None:
-    _die_with_parent()
-    pids.put(os.getpid())
+def _init_worker() -> None:
     # Triton's parallel compile pool in every worker would oversubscribe the host; one graph is one kernel.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch._inductor.config
@@ -99,11 +75,8 @@ class Precompiler:
             return
         self.workers = workers
         # spawn: a forked child would inherit this process's CUDA context, which CUDA does not allow.
-        context = multiprocessing.get_context("spawn")
-        self._pid_queue = context.SimpleQueue()
-        self._pids: list[int] = []
-        self.pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                        initargs=(self._pid_queue,))
+        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_init_worker)
         for spec, backend in cases:
             self.futures[(spec, backend.name)] = self.pool.submit(_compile_case, spec, backend, device, seed,
                                                                   inputs_dist)
@@ -139,25 +112,6 @@ class Precompiler:
     def busy(self) -> bool:
         """Whether any worker is still compiling."""
         return any(f.running() for f in self.futures.values())
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[int]:
-        """Stop the worker processes for the block (the number stopped is yielded; 0 when none is busy),
-        so that no kernel of theirs shares the GPU with what the block times. Only on Linux."""
-        stopped = []
-        if self.pool is not None and sys.platform == "linux" and self.busy:
-            while not self._pid_queue.empty():
-                self._pids.append(self._pid_queue.get())
-            for pid in self._pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
-                    stopped.append(pid)
-        try:
-            yield len(stopped)
-        finally:
-            for pid in stopped:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
 
     def close(self) -> None:
         """Stop: pending compiles are dropped; running ones finish in the background and their workers exit."""

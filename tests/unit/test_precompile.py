@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
-
-import pytest
 
 from attnbench.backends.naive import NaiveBackend
 from attnbench.inputs import InputDist
@@ -91,9 +83,6 @@ class _SlowBuild:
     def close(self):
         pass
 
-    def paused(self):
-        return contextlib.nullcontext(0)
-
 
 def test_a_case_still_compiling_waits_at_the_back_instead_of_blocking_the_run():
     from attnbench.runner import Runner, RunOptions
@@ -114,93 +103,3 @@ def test_a_case_still_compiling_waits_at_the_back_instead_of_blocking_the_run():
     runner._start_precompiler = lambda cases: slow_last
     runner.run(specs)
     assert runner.done[-1] == (16, "naive") and len(runner.done) == 4
-
-
-class Ticks(NaiveBackend):
-    """Naive attention whose prepare, before anything else, appends to a file every 10 ms for ``seconds``
-    or until a file named like it plus ".stop" exists."""
-
-    name = "test-ticks"
-    compiles_ahead = True
-
-    def __init__(self, path: str, seconds: float):
-        self.path, self.seconds = path, seconds
-
-    def prepare(self, spec, inputs):
-        end = time.monotonic() + self.seconds
-        with open(self.path, "a") as out:
-            while time.monotonic() < end and not os.path.exists(self.path + ".stop"):
-                out.write(".")
-                out.flush()
-                time.sleep(0.01)
-        return super().prepare(spec, inputs)
-
-
-def _ticks(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def _wait_for(condition, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.02)
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="workers are paused only on Linux")
-def test_paused_stops_busy_workers_and_lets_them_go_on(tmp_path):
-    path = tmp_path / "ticks"
-    backend = Ticks(str(path), seconds=30)
-    ahead = Precompiler([(_spec(17), backend)], device="cpu", seed=0, inputs_dist=InputDist(), workers=1)
-    try:
-        _wait_for(lambda: _ticks(path) > 0)
-        with ahead.paused() as stopped:
-            time.sleep(0.1)  # a tick in flight when the signal came lands
-            before = _ticks(path)
-            time.sleep(0.5)
-            assert _ticks(path) == before  # nothing ran while stopped
-        assert stopped == 1
-        _wait_for(lambda: _ticks(path) > before)  # and it goes on afterwards
-    finally:
-        (tmp_path / "ticks.stop").touch()
-        ahead.close()
-    idle = Precompiler([], device="cpu", seed=0, inputs_dist=InputDist(), workers=1)
-    with idle.paused() as stopped:
-        assert stopped == 0  # no worker: nothing to stop
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="workers are paused only on Linux")
-def test_a_stopped_worker_dies_with_its_parent(tmp_path):
-    """A parent killed while it holds the workers stopped leaves no stopped process behind."""
-    script = textwrap.dedent(f"""
-        import os, sys, time
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_precompile import Ticks, _spec, _ticks, _wait_for
-        from pathlib import Path
-        from attnbench.inputs import InputDist
-        from attnbench.precompile import Precompiler
-        path = Path({str(tmp_path / "ticks")!r})
-        ahead = Precompiler([(_spec(17), Ticks(str(path), seconds=300))], device="cpu", seed=0,
-                            inputs_dist=InputDist(), workers=1)
-        _wait_for(lambda: _ticks(path) > 0)
-        with ahead.paused():
-            print(*ahead._pids, flush=True)
-            time.sleep(300)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        pids = [int(p) for p in parent.stdout.readline().split()]
-        assert pids
-        _wait_for(lambda: all(_state(pid) == "T" for pid in pids))  # stopped
-    finally:
-        parent.kill()
-        parent.wait()
-    _wait_for(lambda: all(_state(pid) in (None, "Z") for pid in pids), timeout=30)
-
-
-def _state(pid: int) -> str | None:
-    """The process's state letter from /proc (T: stopped, Z: zombie), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None

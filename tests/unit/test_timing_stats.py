@@ -173,3 +173,30 @@ def test_the_spin_before_a_chunk_covers_the_host_time_to_queue_it_and_no_more():
     assert hold == pytest.approx(HOLD_MARGIN * 0.2 * 100 - 0.05 * 99)
     assert hold_ms(10, 0.1, 0.0) == pytest.approx(HOLD_MARGIN * 1.0)   # no device time known yet
     assert hold_ms(10, 0.1, 5.0) == 0.0                                 # device-bound: no spin needed
+
+
+def _retime_with(monkeypatch, *draws, ci_target_pct=0.3):
+    """_measure_settled on a (pretend) GPU whose measurements return ``draws`` in turn."""
+    import torch
+
+    from attnbench.timing import Measurement
+    from attnbench.timing import case as case_mod
+    calls = iter(draws)
+    monkeypatch.setattr(case_mod, "measure_detailed", lambda fns, config, device: Measurement(list(next(calls)), {}))
+    ctx = case_mod.CaseContext(config=TimingConfig(ci_target_pct=ci_target_pct), device=torch.device("cuda"))
+    return case_mod._measure_settled(lambda: None, ctx)
+
+
+def test_an_unsettled_median_is_timed_again_and_the_better_known_one_kept(monkeypatch):
+    steady = [1.0 + 0.001 * (i % 5) for i in range(40)]
+    split = [1.0] * 18 + [2.0] * 22  # a slow mode for part of the case: its median lands there, CI wide
+    samples, info = _retime_with(monkeypatch, split, steady)
+    assert samples == steady
+    assert info["retimed"]["kept"] == "second" and info["retimed"]["first_median_ms"] == 2.0
+    assert info["retimed"]["first_ci_pct"] > 5 > info["retimed"]["second_ci_pct"]
+    samples, info = _retime_with(monkeypatch, split, [1.0] * 19 + [3.0] * 21)  # the second is worse: first kept
+    assert samples == split and info["retimed"]["kept"] == "first"
+    samples, info = _retime_with(monkeypatch, steady)  # settled: one measurement, nothing added
+    assert samples == steady and "retimed" not in info
+    samples, info = _retime_with(monkeypatch, split, ci_target_pct=0)  # a fixed sample count asked for: as is
+    assert samples == split and "retimed" not in info

@@ -24,6 +24,7 @@ PLUGINS_ENV = "ATTNBENCH_PLUGINS"
 # name -> "module:Class"; modules are imported only when the backend is asked for.
 BUILTIN: dict[str, str] = {
     "naive": "attnbench.backends.naive:NaiveBackend",
+    "naive-scale-scores": "attnbench.backends.naive:NaiveScaleScoresBackend",
     "sdpa-math": "attnbench.backends.sdpa:SdpaMath",
     "sdpa-flash": "attnbench.backends.sdpa:SdpaFlash",
     "sdpa-efficient": "attnbench.backends.sdpa:SdpaEfficient",

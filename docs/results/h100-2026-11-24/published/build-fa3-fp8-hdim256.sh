@@ -1,0 +1,13 @@
+# FA3 with FP8 and head dim 256 (the trimmed build's other switches kept), built in /tmp/fa3b
+set -eu
+src=$(ls $PWD/.fa3src/*.tar.gz); work=/tmp/fa3b; rm -rf $work; mkdir -p $work && tar xzf "$src" -C $work && cd $work/fa3src/hopper
+export FLASH_ATTENTION_FORCE_BUILD=TRUE MAX_JOBS=16 NVCC_THREADS=2 \
+  FLASH_ATTENTION_DISABLE_SM80=TRUE FLASH_ATTENTION_DISABLE_SPLIT=TRUE \
+  FLASH_ATTENTION_DISABLE_PAGEDKV=TRUE FLASH_ATTENTION_DISABLE_APPENDKV=TRUE FLASH_ATTENTION_DISABLE_SOFTCAP=TRUE \
+  FLASH_ATTENTION_DISABLE_LOCAL=TRUE FLASH_ATTENTION_DISABLE_PACKGQA=TRUE FLASH_ATTENTION_DISABLE_CLUSTER=TRUE \
+  FLASH_ATTENTION_DISABLE_HDIM96=TRUE FLASH_ATTENTION_DISABLE_HDIM192=TRUE \
+  FLASH_ATTENTION_DISABLE_HDIMDIFF64=TRUE FLASH_ATTENTION_DISABLE_HDIMDIFF192=TRUE FLASH_ATTENTION_DISABLE_BACKWARD=TRUE \
+  FLASH_ATTENTION_DISABLE_FP16=TRUE
+t0=$(date +%s)
+python3 setup.py bdist_wheel > /tmp/fa3b.log 2>&1 || { grep -E "error" /tmp/fa3b.log | head; tail -20 /tmp/fa3b.log; exit 1; }
+echo "built in $(( $(date +%s) - t0 )) s"; ls -la dist/*.whl

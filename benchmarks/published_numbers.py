@@ -134,13 +134,11 @@ EXPLAINED: dict[str, str] = {
 """attnbench backend -> what was checked about its gaps over 5% (CHECKED applies to all)."""
 
 
-def paper_flops(figure: Figure, seq: int) -> float:
-    heads = HIDDEN // figure.head_dim
-    batch = TOKENS // seq
-    fwd = 4.0 * seq * seq * figure.head_dim * heads * batch
-    if figure.causal:
-        fwd /= 2
-    return fwd * (2.5 if figure.pass_ == "bwd" else 1.0)
+def paper_flops(spec) -> float:
+    """The paper's count: attnbench's dense count (4·S²·d·H·B forward, the same ×2.5 for the backward),
+    halved with a causal mask."""
+    from attnbench import metrics
+    return metrics.flops(spec, convention="dense") / (2 if spec.causal else 1)
 
 
 def specs(figure: Figure):
@@ -224,7 +222,7 @@ def cmd_page(args) -> None:
                     if rec.status != "ok" or not rec.median_ms:
                         cells.append(f"{_fmt(pub)} / {rec.status}")
                         continue
-                    ours = paper_flops(fig, s) / (rec.median_ms * 1e-3) / 1e12
+                    ours = paper_flops(spec) / (rec.median_ms * 1e-3) / 1e12
                     if pub is None:
                         cells.append(f"OOM / {ours:.0f}")
                         continue

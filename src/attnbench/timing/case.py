@@ -62,7 +62,7 @@ def _measure_settled(fns, ctx: CaseContext) -> tuple[list[float], dict]:
     """Measure; on a GPU, measure once more when the median came out unsettled (CI wider than
     RETIME_CI_PCT) and keep the measurement whose median is known better. Both go in the record."""
     measured = measure_detailed(fns, ctx.config, ctx.device)
-    if ctx.device.type != "cuda" or not ctx.config.ci_target_pct or len(measured.samples_ms) < 2:
+    if ctx.device.type != "cuda" or not ctx.config.ci_target_pct:
         return measured.samples_ms, measured.info
     first_ci = median_ci_half_width_pct(measured.samples_ms)
     if not first_ci > RETIME_CI_PCT:

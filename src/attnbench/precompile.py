@@ -93,6 +93,11 @@ class Precompiler:
             self.seconds.setdefault(backend_name, []).append(future.result())
         except Exception as exc:  # a broken worker pool included
             log.info("compiling %s %s ahead failed (%s); compiling it here", backend_name, spec.label(), exc)
+        if self.pool is not None and all(f.done() for f in self.futures.values()):
+            # Nothing left to compile: the workers exit now, while the run goes on. Left to the end, the
+            # process waited ~3 s for them at exit (each tears down torch and a CUDA context).
+            self.pool.shutdown(wait=False)
+            self.pool = None
 
     def pending(self, spec: AttnSpec, backend_name: str) -> bool:
         """Whether a worker is still compiling (or yet to compile) this case."""

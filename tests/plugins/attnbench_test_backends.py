@@ -220,6 +220,27 @@ class Stale(WrapsNaive):
         return call
 
 
+class StaleInPlace(WrapsNaive):
+    """Stale as above, and every call writes into the same output buffer (as a preallocated-out API does)."""
+
+    name = "test-stale-inplace"
+    description = "test: one output buffer, wrong after the first call"
+
+    def wrap(self, inner):
+        calls, buffer = [], []
+
+        def call():
+            calls.append(1)
+            res = inner()
+            out = res.out * 0.9 if len(calls) > 1 else res.out
+            if not buffer:
+                buffer.append(out.detach().clone())
+            buffer[0].copy_(out)
+            res.out = buffer[0]
+            return res
+        return call
+
+
 class Jitter(WrapsNaive):
     """Correct, but the output's last bit differs from call to call (like atomics in a backward)."""
 
@@ -355,7 +376,7 @@ BUG_CLASSES = [DropsTailKeys, UpperLeftCausal, GqaModulo, VarlenLeak]
 WRONG = [_scaled(t, 0.99) for t in ("out", "dq", "dk", "dv")] + [_scaled("dk", 1.01), LseShift, SoftmaxScale, SoftmaxScaleNoLse,
                                                                         BlockBias]
 
-for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, Jitter, MaskedMath,
+for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, StaleInPlace, Jitter, MaskedMath,
             *BUG_CLASSES, NoMaxSubtraction):
     registry.register(cls.name, cls)
 

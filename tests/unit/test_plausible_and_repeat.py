@@ -61,7 +61,29 @@ def test_a_kernel_wrong_after_its_first_call_fails_the_check():
     assert stale.accuracy["repeat"]["after_timing"] == "fail"
     naive = recs["naive"].accuracy
     assert recs["naive"].status == "ok" and naive["repeat"] == {"deterministic": True, "max_diff": 0.0,
-                                                                "after_timing": "pass"}
+                                                                "after_timing": "pass", "same_as_checked": True}
+
+
+def test_a_kernel_reusing_its_output_buffer_is_checked_again_after_timing():
+    # its first call after the timed ones returns the checked call's buffer, now holding other values:
+    # the bits match themselves, so the verdict must come from the reference, not be carried over
+    spec = AttnSpec(seqlens_q=(100,), heads_q=2, head_dim=16, dtype="fp32")
+    stale = run(spec, ["test-stale-inplace"])["test-stale-inplace"]
+    assert stale.status == "mismatch" and stale.reason.startswith("a call after the timed calls: out")
+    assert "same_as_checked" not in stale.accuracy["repeat"]
+
+
+def test_same_bits_needs_equal_values_in_memory_of_its_own():
+    import torch
+
+    from attnbench.backends.base import Outputs
+    from attnbench.runner import same_bits
+    x = torch.randn(4, 8)
+    assert same_bits(Outputs(out=x.clone()), Outputs(out=x.clone()))
+    assert not same_bits(Outputs(out=x), Outputs(out=x))  # one buffer: nothing to compare
+    assert not same_bits(Outputs(out=x.clone()), Outputs(out=torch.nextafter(x, x + 1)))  # last bit
+    assert not same_bits(Outputs(out=x.clone(), lse=x[:, 0].clone()), Outputs(out=x.clone()))
+    assert not same_bits(Outputs(out=x.clone()), Outputs(out=x.double()))
 
 
 def test_repeated_calls_that_differ_are_reported_not_failed():

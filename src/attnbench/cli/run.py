@@ -293,7 +293,7 @@ def report_wrong_cases(records: list, approx_too: bool) -> None:
 
 
 def wall_breakdown(phases: dict[str, float], total_s: float) -> dict[str, float]:
-    """The runner's per-phase seconds plus ``other`` (stores, statistics, progress) and ``total``."""
+    """The runner's per-phase seconds plus ``other`` (statistics, progress, records) and ``total``."""
     out = {k: v for k, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v > 0}
     out["other"] = max(0.0, total_s - sum(out.values()))
     out["total"] = total_s

@@ -7,7 +7,9 @@ rocprofv3) re-run the case in a subprocess: see ``timing.external``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -40,10 +42,33 @@ def _events(fn, config: TimingConfig, device: torch.device, align=None) -> list[
     return time_events(fn, config, device, align)
 
 
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as ``timeit`` does), back to its state after.
+
+    A collection inside a timed batch stops the host from queueing calls (a full one took 0.3-0.4 s
+    with every kernel package loaded, before the runner's ``gc.freeze``): the device drains the queue,
+    and the later calls of that chunk whose launch costs more host time than their kernel would be
+    timed at the host's pace. (The unsettled cases that ``RETIME_CI_PCT`` retimes are not this: as
+    many were retimed with the collector paused, H100 2026-11-24.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], config: TimingConfig,
                      device: str | torch.device, align: Callable[[], object] | None = None) -> Measurement:
-    """Time ``fn`` (or, in graph mode, closures prepared over different input copies) on ``device``."""
-    device = torch.device(device)
+    """Time ``fn`` (or, in graph mode, closures prepared over different input copies) on ``device``,
+    with the garbage collector paused."""
+    with collection_paused():
+        return _measure(fn, config, torch.device(device), align)
+
+
+def _measure(fn, config: TimingConfig, device: torch.device, align) -> Measurement:
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if device.type == "cpu":
         from attnbench.timing.cpu import time_cpu

@@ -224,6 +224,10 @@ class Runner:
             return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
         except Exception as exc:  # a failing kernel is a result, not the end of the sweep
             log.debug("case failed", exc_info=True)
+            if (limit := backend.build_limit(exc)) is not None and not self._context_lost():
+                _free(self.device)
+                return self._record(spec, backend, status="unsupported", reason=f"the installed build: {limit}",
+                                    info=info)
             reason = f"{type(exc).__name__}: {_first_line(exc)}"
             if self._context_lost():
                 self.device_lost = True

@@ -150,3 +150,27 @@ def test_an_overflow_bug_shows_only_with_large_inputs(tmp_path):
     assert large.returncode == 1
     status = {r["backend"]: r["status"] for r in json.loads(large.stdout)}
     assert status["test-no-max"] in ("nan", "mismatch") and status["naive"] == "ok"
+
+
+class _TrimmedBuild(attnbench_test_backends.WrapsNaive):
+    """A kernel whose build was trimmed: it raises its build's own words for head dims over 64."""
+
+    name = "test-trimmed-build"
+    build_limits = ("this build has head dims up to",)
+
+    def wrap(self, inner):
+        def call():
+            raise RuntimeError("this build has head dims up to 64 only")
+        return call
+
+
+def test_what_a_trimmed_build_lacks_is_unsupported_and_other_errors_stay_errors():
+    from attnbench.backends import registry
+    registry.register(_TrimmedBuild.name, _TrimmedBuild)
+    spec = AttnSpec(seqlens_q=(32,), heads_q=2, head_dim=128, dtype="fp32")
+    rec = run(spec, [_TrimmedBuild.name])[_TrimmedBuild.name]
+    assert (rec.status, rec.reason) == ("unsupported", "the installed build: this build has head dims up to 64 only")
+    assert _TrimmedBuild().build_limit(RuntimeError("CUDA error: an illegal memory access")) is None
+    assert registry.get("fa2").build_limit(RuntimeError("this flash-attn build has head dims up to 128 only"))
+    assert registry.get("fa3").build_limit(RuntimeError("This flash attention build does not support FP8."))
+    assert registry.get("naive").build_limit(RuntimeError("this flash-attn build has head dims up to 128 only")) is None

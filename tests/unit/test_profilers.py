@@ -23,6 +23,17 @@ def test_split_marked_cold_drops_flush_by_position_even_if_closure_fills():
     assert marked.kernel_names(calls) == [F, "attn"]
 
 
+def test_kernel_times_are_per_call_medians_with_repeated_launches_summed():
+    calls = [[("quant", 0.1), ("attn", 1.0), ("quant", 0.1)],
+             [("quant", 0.3), ("attn", 2.0)],
+             [("attn", 3.0), ("extra", 0.5)]]
+    times = marked.kernel_times_ms(calls)
+    assert list(times) == ["quant", "attn", "extra"]
+    assert times["quant"] == pytest.approx(0.2)   # per call 0.2, 0.3, 0 -> median 0.2
+    assert times["attn"] == pytest.approx(2.0)
+    assert times["extra"] == pytest.approx(0.0)   # launched in one call of three
+
+
 def test_split_marked_several_blocks_warm():
     trace = [(M, 0), (M, 0), ("a", 1.0), (M, 0), ("a", 2.0), (M, 0),          # block 1: 2 calls
              (M, 0), (M, 0), ("b1", 3.0), ("b2", 4.0), (M, 0)]                # block 2: 1 call

@@ -138,6 +138,15 @@ class Backend:
     """``prepare`` compiles code per shape that an on-disk cache keeps (torch.compile's, Triton's), so a worker
     process can compile the case ahead of the main process (``attnbench.precompile``)."""
 
+    build_limits: tuple[str, ...] = ()
+    """Start of the errors a trimmed build of the package raises for what it was built without (a head dim,
+    FP8): such a case is ``unsupported`` by the installed build, not a kernel ``error``."""
+
+    def build_limit(self, exc: BaseException) -> str | None:
+        """The installed build's own words when ``exc`` says the build lacks what the case needs, else None."""
+        text = str(exc).strip()
+        return text.splitlines()[0] if any(text.startswith(p) for p in self.build_limits) else None
+
     def unavailable_reason(self) -> str | None:
         """Why the backend cannot run at all here (missing package, too old torch); None if it can."""
         if self.package is None:

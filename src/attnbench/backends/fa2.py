@@ -46,6 +46,7 @@ class _Fa2(KernelBackend):
     distribution = "flash-attn"
     install = "pip install flash-attn --no-build-isolation"
     capabilities = _DENSE
+    build_limits = ("this flash-attn build has head dims up to",)  # builds trimmed to fewer head dims
 
     def _info(self, spec: AttnSpec, **extra) -> dict:
         return self.base_info() | {"gqa": "native" if spec.gqa else "none"} | extra

@@ -110,6 +110,7 @@ class _Fa3(Fa3Build, KernelBackend):
     package = "flash_attn_interface"
     distribution = "flash_attn_3"
     install = "build it from flash-attention's hopper/ folder (cd hopper && pip install . --no-build-isolation)"
+    build_limits = ("This flash attention build does not support",)  # the hopper/ build's FLASHATTENTION_DISABLE_*
 
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,

@@ -6,6 +6,9 @@
   (qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, causal=, window_left=, sm_scale=,
   q_data_type=, ...) runs in ``prepare``; only ``run(q, k, v)`` is timed.
 
+``--backend-opt flashinfer.backend=fa2|fa3`` pins FlashInfer's kernel template (default ``auto``: its own
+choice, the FA3 template on Hopper where it applies); the record's ``info["template"]`` says which was asked.
+
 FlashInfer aligns causal masks to the lower right like the spec. Its window has a left side only
 (``window_left``; the right side is 0 when causal, unbounded otherwise), so windows with a bounded
 right side that is not causal are unsupported.
@@ -57,6 +60,14 @@ class FlashInfer(KernelBackend):
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
                                 window=True, backward=False, different_v_dim=False, min_compute_capability=(8, 0))
 
+    TEMPLATES = ("auto", "fa2", "fa3")
+
+    def __init__(self, backend: str = "auto"):
+        if backend not in self.TEMPLATES:
+            raise ValueError(f"backend must be one of {', '.join(self.TEMPLATES)}, got {backend!r}")
+        self.backend = backend
+        """FlashInfer's kernel template: ``auto`` (its choice: fa3 on Hopper where supported), ``fa2``, ``fa3``."""
+
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if spec.has_window and effective_window(spec)[1] not in (-1, 0):
             return "FlashInfer windows bound the left side only (right side must be causal or unbounded)"
@@ -71,21 +82,31 @@ class FlashInfer(KernelBackend):
 
     def _single(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         fn = self.kernel()
-        kwargs = {"causal": causal, "kv_layout": "NHD", "sm_scale": spec.softmax_scale, "window_left": left}
+        kwargs = {"causal": causal, "kv_layout": "NHD", "sm_scale": spec.softmax_scale, "window_left": left,
+                  **self._backend_kwarg(fn)}
 
         def pre(q, k, v):  # (1, S, H, D) -> (S, H, D), contiguous (a copy only for bhsd storage)
             return tuple(t[0].contiguous() for t in (q, k, v))
 
         def forward(q, k, v):
             return fn(q, k, v, **kwargs).unsqueeze(0)
-        info = self.base_info() | {"window_left": left}
+        info = self.base_info() | {"window_left": left, "template": self.backend}
         return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)
+
+    def _backend_kwarg(self, fn) -> dict:
+        """``backend=`` for FlashInfer versions that take it (0.2 on); a pinned template needs it."""
+        if self.backend == "auto":
+            return {}
+        if not has_param(fn, "backend"):
+            raise RuntimeError(f"this flashinfer has no backend= to pin the {self.backend} template")
+        return {"backend": self.backend}
 
     def _ragged(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         mod = importlib.import_module(self.package)
         p = packed(spec, inputs)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
-        wrapper = mod.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD")
+        wrapper = mod.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD",
+                                                           **self._backend_kwarg(mod.BatchPrefillWithRaggedKVCacheWrapper))
         head_dim_key = "head_dim_qk" if has_param(wrapper.plan, "head_dim_qk") else "head_dim"
         wrapper.plan(qo_indptr=p.cu_seqlens_q, kv_indptr=p.cu_seqlens_k, num_qo_heads=spec.heads_q,
                      num_kv_heads=spec.heads_kv, **{head_dim_key: spec.head_dim}, causal=causal,
@@ -98,7 +119,8 @@ class FlashInfer(KernelBackend):
             return tuple(p.flatten(t).contiguous() for t in (q, k, v))
         closure = autograd_closure(spec, inputs, forward, pre)
         info = self.base_info() | {"kernel": "flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run",
-                                   "window_left": left, "flattened_dense": p.batch is not None}
+                                   "window_left": left, "flattened_dense": p.batch is not None,
+                                   "template": self.backend}
         return Prepared(fn=closure, info=info)
 
 

@@ -22,7 +22,7 @@ from attnbench.spec import AttnSpec
 from attnbench.timing import ncu as ncu_mod
 from attnbench.timing import nsys as nsys_mod
 from attnbench.timing import rocprof as rocprof_mod
-from attnbench.timing.marked import iteration_times_ms, kernel_names, split_marked
+from attnbench.timing.marked import iteration_times_ms, kernel_names, kernel_times_ms, split_marked
 
 TOOLS = {"ncu": "ncu", "nsys": "nsys", "rocprof": "rocprofv3"}
 
@@ -88,7 +88,8 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
     blocks = split_marked(kernels, [c.iterations for c in cases], cold=cold)
     out = []
     for calls, extra in zip(blocks, child_info, strict=True):
-        info = {"kernels": kernel_names(calls), "kernels_per_call": int(statistics.median(len(c) for c in calls)),
+        info = {"kernels": kernel_names(calls), "kernel_ms": kernel_times_ms(calls),
+                "kernels_per_call": int(statistics.median(len(c) for c in calls)),
                 "kernel_source": tool, "profiler_cold_l2": "ncu --cache-control all" if tool == "ncu" else cold}
         out.append((iteration_times_ms(calls), info | {"child_info": extra.get("info", {})}))
     return out

@@ -16,6 +16,7 @@ miscounted. Any mismatch raises instead of guessing.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 import torch
@@ -97,7 +98,22 @@ def iteration_times_ms(iterations: Sequence[Sequence[Kernel]]) -> list[float]:
     return [float(sum(duration for _, duration in it)) for it in iterations]
 
 
+def _short(name: str, max_len: int) -> str:
+    return name if len(name) <= max_len else name[:max_len - 3] + "..."
+
+
 def kernel_names(iterations: Sequence[Sequence[Kernel]], max_len: int = 300) -> list[str]:
     """Distinct kernel names in order of first appearance (long template names shortened)."""
-    names = dict.fromkeys(name for it in iterations for name, _ in it)
-    return [n if len(n) <= max_len else n[:max_len - 3] + "..." for n in names]
+    return [_short(n, max_len) for n in dict.fromkeys(name for it in iterations for name, _ in it)]
+
+
+def kernel_times_ms(iterations: Sequence[Sequence[Kernel]], max_len: int = 300) -> dict[str, float]:
+    """Each distinct kernel's median time per call (ms; its launches in one call summed, 0 in a call that
+    did not launch it), in order of first appearance: which part of a call is the attention kernel and
+    which is preprocessing (a quantization pass, a layout copy)."""
+    names = list(dict.fromkeys(name for it in iterations for name, _ in it))
+    per_call = [{n: 0.0 for n in names} for _ in iterations]
+    for totals, it in zip(per_call, iterations, strict=True):
+        for name, duration in it:
+            totals[name] += duration
+    return {_short(n, max_len): float(statistics.median(t[n] for t in per_call)) for n in names}

@@ -19,6 +19,7 @@ from attnbench.timing.marked import (
     Marker,
     iteration_times_ms,
     kernel_names,
+    kernel_times_ms,
     launch_marked,
     split_marked,
 )
@@ -48,7 +49,8 @@ def time_profiler(fn: Callable[[], object], *, warmup: int, repeat: int, cold_l2
     iterations = split_marked(device_kernels(prof.events()), [repeat], cold=flush is not None)[0]
     samples = iteration_times_ms(iterations)
     per_call = [len(it) for it in iterations]
-    info = {"kernels": kernel_names(iterations), "kernels_per_call": int(statistics.median(per_call)),
+    info = {"kernels": kernel_names(iterations), "kernel_ms": kernel_times_ms(iterations),
+            "kernels_per_call": int(statistics.median(per_call)),
             "kernel_source": "torch.profiler"}
     return samples, info
 

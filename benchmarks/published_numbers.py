@@ -1,17 +1,20 @@
 """Published attention figures re-run on the GPU at hand: the kernel authors' numbers beside attnbench's.
 
-    python3 benchmarks/published_numbers.py run  --db published.db [--run-id published]
+    python3 benchmarks/published_numbers.py run  --db published.db [--run-id published] [--figures K,...]
     python3 benchmarks/published_numbers.py page --db published.db [--run-id published] -o page.md
 
 ``run`` times every case of the figures below that this machine can run (attnbench's runner, default
-timing and accuracy check, records in the store); ``page`` writes the comparison from those stored
-records: the published number with its source, ours, the ratio, and for each gap over 5% the checked
-explanation (EXPLAINED) or "unexplained". Nothing here is tuned toward a published number.
+timing and accuracy check, records in the store); series that need another timing mode or backend
+option (a kernel timed alone by the profiler, a pinned FlashInfer template) are timed in runs of their
+own, named ``RUN_ID+profiler``, ``RUN_ID+flashinfer.backend=fa2`` and so on. ``page`` writes the
+comparison from those stored records: the published number with its source, ours, the ratio, and for
+each gap over 5% what was checked, or "unexplained". Nothing here is tuned toward a published number.
 
-FLOP counts. The FlashAttention-3 paper (§4.1) counts 4·S²·d·H per forward call, halved with a causal
-mask, and 2.5× that for the backward; attnbench counts the attended (query, key) pairs exactly
-(causal: S(S+1)/2, 0.1-0.2% more than S²/2 at these lengths) with the same 2.5 for the backward. The
-page converts our times with the paper's count, so the ratio is a ratio of times.
+FLOP counts. All three sources count 4·B·S²·H·d per forward call (FlashInfer writes it as 2·… for
+causal), halved with a causal mask, and the FlashAttention-3 paper 2.5× that for the backward;
+attnbench counts the attended (query, key) pairs exactly (causal: S(S+1)/2, 0.1-0.2% more than S²/2 at
+these lengths) with the same 2.5 for the backward. The page converts our times with the sources' count,
+so the ratio is a ratio of times.
 """
 
 from __future__ import annotations
@@ -23,16 +26,41 @@ import sys
 from pathlib import Path
 
 FA3_PAPER = "FlashAttention-3 paper (Shah et al., 2024, arXiv:2407.08608)"
-IMAGES = "https://subtext.edge.nugit.net/image/"
-"""Where the figures' bar labels were read: text transcriptions of the paper's figure images. They carry
-each panel's title (pass, head dim, GPU) but not its caption, so with or without a causal mask is
+SAGE = "SageAttention README, kernel speed (thu-ml/SageAttention, assets/H100_hd{d}.png, added with release 2.1.0, 2025-01-30)"
+FLASHINFER = ("FlashInfer 0.2 release post (flashinfer.ai, 2024-12-12), figure 'Performance comparison between "
+              "dense/vector-sparse attention on FA-2 and FA-3 templates on H100 SXM5'")
+NUGIT = "https://subtext.edge.nugit.net/image/"
+"""Where the FlashAttention-3 paper's bar labels were read: text transcriptions of its figure images. They
+carry each panel's title (pass, head dim, GPU) but not its caption, so with or without a causal mask is
 inferred: of two head-dim-128 forward panels, the one whose standard attention runs at 26-35 TF/s
 (half the FLOPs counted, the same work done) is the causal one."""
 
 
 @dataclasses.dataclass(frozen=True)
+class Ours:
+    """What attnbench runs for a published series: a backend, the options it needs, and how it is timed."""
+
+    backend: str
+    opts: tuple[str, ...] = ()
+    """``--backend-opt`` items, e.g. ``flashinfer.backend=fa3``."""
+    kernel_only: bool = False
+    """Timed by the profiler and compared by the call's longest kernel alone (the attention kernel of a call
+    that also quantizes its inputs), for figures that leave the preprocessing out."""
+
+    @property
+    def group(self) -> str:
+        """The run that times this series beside the figures' plain run ('' = the plain run)."""
+        return "+".join((["profiler"] if self.kernel_only else []) + list(self.opts))
+
+    @property
+    def label(self) -> str:
+        extra = [*self.opts, *(["attention kernel alone"] if self.kernel_only else [])]
+        return f"`{self.backend}`" + (f" ({', '.join(extra)})" if extra else "")
+
+
+@dataclasses.dataclass(frozen=True)
 class Figure:
-    """One published panel: a pass, head size and mask over S = 512 … 16k, B·S = 16k tokens, H·d = 2048."""
+    """One published panel: a pass, head size and mask over a list of (batch, sequence length, heads)."""
 
     key: str
     source: str
@@ -41,64 +69,152 @@ class Figure:
     head_dim: int
     causal: bool
     dtype: str
-    series: dict[str, tuple[tuple[str, ...], tuple[float | None, ...]]]
-    """Published series name -> (attnbench backends that run that kernel, TF/s per S; None = OOM/absent)."""
-    image: str
-    """The transcription the values were read from (under IMAGES)."""
+    shapes: tuple[tuple[int, int, int], ...]
+    """(B, S, H) per published column."""
+    series: dict[str, tuple[tuple[Ours, ...], tuple[float | None, ...]]]
+    """Published series name -> (what attnbench runs for that kernel, TF/s per column; None = OOM/absent)."""
+    values: str
+    """Where and how the published values were read."""
     note: str = ""
+
+    def columns(self) -> list[str]:
+        batches = {b for b, _, _ in self.shapes}
+        tokens = {b * s for b, s, _ in self.shapes}
+        if len(batches) == 1 or len(tokens) == 1:
+            return [f"S={s}" for _, s, _ in self.shapes]
+        return [f"B={b} S={s}" for b, s, _ in self.shapes]
+
+    def shape_text(self) -> str:
+        (b0, s0, h0), d = self.shapes[0], self.head_dim
+        if len({b * s for b, s, _ in self.shapes}) == 1 and len({h for *_, h in self.shapes}) == 1:
+            return f"B·S = {b0 * s0} tokens, H = {h0}, d = {d}"
+        if len({b for b, _, _ in self.shapes}) == 1:
+            return f"B = {b0}, H = {h0}, d = {d}"
+        return ", ".join(f"B={b} S={s}" for b, s, _ in self.shapes) + f"; H = {h0}, d = {d}"
+
+
+def ours(*names: str) -> tuple[Ours, ...]:
+    return tuple(Ours(n) for n in names)
 
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS, HIDDEN = 16384, 2048
-STANDARD = ("naive", "naive-scale-scores")
+
+
+def paper_shapes(d: int) -> tuple[tuple[int, int, int], ...]:
+    """The FlashAttention-3 paper's: B·S = 16k tokens, H·d = 2048."""
+    return tuple((TOKENS // s, s, HIDDEN // d) for s in SEQ_LENS)
+
+
+def sage_shapes(d: int) -> tuple[tuple[int, int, int], ...]:
+    """SageAttention's bench/ scripts: batch 4, 32 heads, S = 1k … 32k."""
+    return tuple((4, s, 32) for s in (1024, 2048, 4096, 8192, 16384, 32768))
+
+
+FLASHINFER_SHAPES = ((128, 1024, 32), (64, 2048, 32), (32, 4096, 32), (8, 8192, 32), (1, 32768, 32))
+"""The figure's settings (its benchmark script, benchmarks/bench_hopper_attention.py at d7ac8e3, runs
+B=16 at L=8192 where the figure is labelled B=8; ours follow the figure)."""
+
+STANDARD = ours("naive", "naive-scale-scores")
 """The paper's "standard attention" is flash-attention's benchmark function (Q·Kᵀ by baddbmm with the
 scale as alpha, an added causal mask, softmax, a matmul): scale folded like ``naive``'s."""
 
+def transcribed(image: str, note: str) -> str:
+    return f"the figure's bar labels as transcribed from its image ({NUGIT}{image}); {note}"
+
+
+SAGE_VALUES = ("the bar labels of the README's image (https://github.com/thu-ml/SageAttention/blob/"
+               "d1a57a546c3d395b1ffcbeecc66d81db76f3b4b5/assets/H100_hd{d}.png), read off the image. The README "
+               "says its TOPS count the attention kernel alone, without quantization and smoothing; the "
+               "shapes and the timing are those of its bench/ scripts (fp16 inputs, flash_attn's "
+               "benchmark_forward: warm L2, mean of 100 calls). Its FlashAttn2 and Xformers series are "
+               "PyTorch's SDPA flash and memory-efficient kernels (bench_baseline.py --method fa2 / xformers), "
+               "its FlashAttn3 the hopper/ build of flash-attention's 2.7.2 release (b7d29fb)")
+SAGE2 = (Ours("sage2-fp8-sm90"), Ours("sage2-fp8-sm90", kernel_only=True))
+"""The README's SageAttn2-8b on H100: sageattn_qk_int8_pv_fp8_cuda_sm90 (INT8 Q·Kᵀ per thread, FP8 P·V,
+fp32+fp32 accumulation), the kernel ``sageattn`` picks on Hopper."""
+
+
+def sage_figure(d: int, causal: bool, series: dict) -> Figure:
+    mask = "with" if causal else "without"
+    names = ("Xformers", "FlashAttn2", "FlashAttn3-fp16", "SageAttn2-8b")
+    ran = (ours("sdpa-efficient"), ours("sdpa-flash", "fa2"), ours("fa3"), SAGE2)
+    return Figure(f"sage-fwd-d{d}" + ("-causal" if causal else ""), SAGE.format(d=d),
+                  f"H100, head dim {d}, causal = {causal} (forward, {mask} causal mask)", "fwd", d, causal, "fp16",
+                  sage_shapes(d), {n: (r, series[n]) for n, r in zip(names, ran, strict=True)},
+                  values=SAGE_VALUES.format(d=d),
+                  note="its SageAttention1 and FlashAttn3-fp8 series are not run (no SageAttention 1 beside 2 "
+                       "in one environment; the carried FA3 build has no FP8)")
+
+
 FIGURES = [
     Figure("fa3-fwd-d64", FA3_PAPER, "Figure 5, forward, without causal mask, head dim 64, H100 80GB SXM5",
-           "fwd", 64, False, "bf16", {
+           "fwd", 64, False, "bf16", paper_shapes(64), {
                "Standard attention": (STANDARD, (52, 63, 67, 72, 73, None)),
-               "FlashAttention-2": (("fa2",), (282, 306, 318, 321, 322, 324)),
-               "cuDNN": (("sdpa-cudnn",), (335, 373, 395, 408, 412, 413)),
-               "FlashAttention-3": (("fa3",), (333, 392, 460, 476, 496, 497)),
-           }, image="55f47a106c25f22983b2741a7e8bcdbaec8521b6a583d130c6f92b94e0f65924", note="one transcription found"),
+               "FlashAttention-2": (ours("fa2"), (282, 306, 318, 321, 322, 324)),
+               "cuDNN": (ours("sdpa-cudnn"), (335, 373, 395, 408, 412, 413)),
+               "FlashAttention-3": (ours("fa3"), (333, 392, 460, 476, 496, 497)),
+           }, values=transcribed("55f47a106c25f22983b2741a7e8bcdbaec8521b6a583d130c6f92b94e0f65924", "one transcription found")),
     Figure("fa3-fwd-d128", FA3_PAPER, "Figure 5, forward, without causal mask, head dim 128, H100 80GB SXM5",
-           "fwd", 128, False, "bf16", {
+           "fwd", 128, False, "bf16", paper_shapes(128), {
                "Standard attention": (STANDARD, (74, 100, 119, 133, 139, None)),
-               "FlashAttention-2": (("fa2",), (309, 350, 362, 368, 370, 370)),
-               "cuDNN": (("sdpa-cudnn",), (497, 574, 617, 609, 600, 595)),
-               "FlashAttention-3": (("fa3",), (467, 565, 625, 638, 646, 648)),
-           }, image="e27582d2db385c9bac87ebc92343d2452b7c01d5d934e596c90172b346d00d42", note="two transcriptions; they disagree at S=512 (cuDNN 497 / FA3 467 or the reverse) and on "
-                   "FA2 at 16k (370 or 395)"),
+               "FlashAttention-2": (ours("fa2"), (309, 350, 362, 368, 370, 370)),
+               "cuDNN": (ours("sdpa-cudnn"), (497, 574, 617, 609, 600, 595)),
+               "FlashAttention-3": (ours("fa3"), (467, 565, 625, 638, 646, 648)),
+           }, values=transcribed("e27582d2db385c9bac87ebc92343d2452b7c01d5d934e596c90172b346d00d42", "two transcriptions; they disagree at S=512 (cuDNN 497 / FA3 467 or the reverse) and on "
+                   "FA2 at 16k (370 or 395)")),
     Figure("fa3-fwd-d128-causal", FA3_PAPER, "Figure 5, forward, with causal mask, head dim 128, H100 80GB SXM5",
-           "fwd", 128, True, "bf16", {
+           "fwd", 128, True, "bf16", paper_shapes(128), {
                "Standard attention": (STANDARD, (26, 31, 34, 35, 35, None)),
-               "FlashAttention-2": (("fa2",), (191, 260, 298, 319, 333, 335)),
-               "cuDNN": (("sdpa-cudnn",), (315, 410, 484, 518, 529, 539)),
-               "FlashAttention-3": (("fa3",), (292, 423, 521, 579, 602, 616)),
-           }, image="4ec6690918d4df7a49f27715412cc425602eb075dfe3f7821cddc4a74f058ca1", note="one transcription found"),
+               "FlashAttention-2": (ours("fa2"), (191, 260, 298, 319, 333, 335)),
+               "cuDNN": (ours("sdpa-cudnn"), (315, 410, 484, 518, 529, 539)),
+               "FlashAttention-3": (ours("fa3"), (292, 423, 521, 579, 602, 616)),
+           }, values=transcribed("4ec6690918d4df7a49f27715412cc425602eb075dfe3f7821cddc4a74f058ca1", "one transcription found")),
     Figure("fa3-bwd-d128", FA3_PAPER, "Figure 6, backward, without causal mask, head dim 128, H100 80GB SXM5",
-           "bwd", 128, False, "bf16", {
+           "bwd", 128, False, "bf16", paper_shapes(128), {
                "Standard attention": (STANDARD, (104, 131, 159, 174, 181, None)),
-               "FlashAttention-2": (("fa2",), (214, 260, 291, 310, 318, 322)),
-               "cuDNN": (("sdpa-cudnn",), (305, 408, 465, 499, 518, 516)),
-               "FlashAttention-3": (("fa3",), (316, 424, 501, 542, 559, 561)),
-           }, image="f60142e2221e7ea9f80b7017987fabedaaa04df4adeb1a9e7b0a3defac28a701", note="one transcription found"),
+               "FlashAttention-2": (ours("fa2"), (214, 260, 291, 310, 318, 322)),
+               "cuDNN": (ours("sdpa-cudnn"), (305, 408, 465, 499, 518, 516)),
+               "FlashAttention-3": (ours("fa3"), (316, 424, 501, 542, 559, 561)),
+           }, values=transcribed("f60142e2221e7ea9f80b7017987fabedaaa04df4adeb1a9e7b0a3defac28a701", "one transcription found")),
     Figure("fa3-fwd-d256-causal", FA3_PAPER, "Figure 5, forward, with causal mask, head dim 256, H100 80GB SXM5",
-           "fwd", 256, True, "bf16", {
-               "FlashAttention-2": (("fa2",), (208, 251, 278, 293, 297, 298)),
-               "cuDNN": (("sdpa-cudnn",), (308, 391, 450, 483, 497, 509)),
-               "FlashAttention-3": (("fa3",), (286, 427, 537, 612, 628, 642)),
-           }, image="662fef77d03ef90933e0bf349be79e2e8ba39c73aa1f09020aee8016df309aba",
-           note="one transcription found; the panel is taken as the causal one because the paper's abstract gives "
-                "FA3 up to 740 TF/s in BF16/FP16, above this panel's 642"),
+           "fwd", 256, True, "bf16", paper_shapes(256), {
+               "FlashAttention-2": (ours("fa2"), (208, 251, 278, 293, 297, 298)),
+               "cuDNN": (ours("sdpa-cudnn"), (308, 391, 450, 483, 497, 509)),
+               "FlashAttention-3": (ours("fa3"), (286, 427, 537, 612, 628, 642)),
+           }, values=transcribed("662fef77d03ef90933e0bf349be79e2e8ba39c73aa1f09020aee8016df309aba", "one transcription found; the panel is taken as the causal one because the paper's abstract gives "
+                "FA3 up to 740 TF/s in BF16/FP16, above this panel's 642")),
     Figure("fa3-fp8-fwd-d256", FA3_PAPER, "Figure 7, FP8 forward, without causal mask, head dim 256, H100 80GB SXM5",
-           "fwd", 256, False, "fp8", {
-               "FlashAttention-3": (("fa3",), (510, 744, 931, 966, 1151, 1171)),
-           }, image="32f2f2fec0fa3843531d75854adc12b775b435f234a01edd2e63c4c71c1ed980",
-           note="one transcription found; taken as the non-causal panel because it peaks at 1171, the paper's "
+           "fwd", 256, False, "fp8", paper_shapes(256), {
+               "FlashAttention-3": (ours("fa3"), (510, 744, 931, 966, 1151, 1171)),
+           }, values=transcribed("32f2f2fec0fa3843531d75854adc12b775b435f234a01edd2e63c4c71c1ed980", "one transcription found; taken as the non-causal panel because it peaks at 1171, the paper's "
                 "'close to 1.2 PFLOPs/s'. Its cuDNN and Triton FP8 series have no attnbench backend (PyTorch's "
-                "cuDNN attention takes no FP8)"),
+                "cuDNN attention takes no FP8)")),
+    sage_figure(128, False, {"Xformers": (166, 175, 181, 180, 181, 180), "FlashAttn2": (319, 343, 339, 339, 339, 339),
+                             "FlashAttn3-fp16": (410, 444, 441, 459, 465, 470),
+                             "SageAttn2-8b": (676, 807, 852, 900, 871, 882)}),
+    sage_figure(128, True, {"Xformers": (134, 156, 169, 174, 177, 180), "FlashAttn2": (217, 281, 307, 330, 328, 329),
+                            "FlashAttn3-fp16": (361, 495, 528, 546, 576, 590),
+                            "SageAttn2-8b": (448, 624, 744, 795, 835, 858)}),
+    sage_figure(64, False, {"Xformers": (124, 131, 139, 139, 141, 142), "FlashAttn2": (268, 290, 298, 299, 303, 303),
+                            "FlashAttn3-fp16": (355, 452, 456, 491, 474, 482),
+                            "SageAttn2-8b": (457, 524, 567, 599, 604, 606)}),
+    sage_figure(64, True, {"Xformers": (99, 118, 126, 135, 139, 140), "FlashAttn2": (181, 244, 274, 288, 297, 302),
+                           "FlashAttn3-fp16": (190, 330, 393, 430, 450, 467),
+                           "SageAttn2-8b": (326, 441, 514, 543, 583, 594)}),
+    Figure("flashinfer-prefill-causal-d128", FLASHINFER, "dense (contiguous) causal prefill, head dim 128, H100 SXM5",
+           "fwd", 128, True, "fp16", FLASHINFER_SHAPES, {
+               "FlashInfer FA2 (contiguous)": ((Ours("flashinfer", ("flashinfer.backend=fa2",)),),
+                                               (277, 316, 339, 349, 354)),
+               "FlashInfer FA3 (contiguous)": ((Ours("flashinfer", ("flashinfer.backend=fa3",)),),
+                                               (392, 471, 532, 568, 602)),
+           }, values="the bar lengths of the post's image (https://github.com/flashinfer-ai/flashinfer-ai.github.io/"
+                     "blob/main/assets/imgs/fa3-template.png; the figure has no bar labels) measured in pixels "
+                     "against its 0/200/400/600 grid lines, to about ±1 TF/s; the post's benchmark is "
+                     "benchmarks/bench_hopper_attention.py at flashinfer d7ac8e3: BatchPrefillWithRaggedKVCacheWrapper "
+                     "with backend='fa2' or 'fa3', fp16, triton.testing.do_bench (L2 cleared per call, mean), CUDA 12.4",
+           note="attnbench's `flashinfer` runs B=1 through single_prefill_with_kv_cache (the same template, no ragged "
+                "index); its vector-sparse (page_size=1) series are not run here"),
 ]
 
 NOT_RUN = [
@@ -107,31 +223,41 @@ NOT_RUN = [
     (FA3_PAPER, "Figure 7, FP8 forward at head dims 64 and 128, and causal",
      "the transcriptions found are partial or their panel could not be told apart"),
     (FA3_PAPER, "Triton series (OpenAI's tutorial kernel)", "no attnbench backend runs that kernel"),
-    ("SageAttention2 paper and README", "kernel TOPS on Hopper",
-     "published as plots only (no numbers in the text found); not transcribed, so not compared"),
-    ("FlashInfer", "decode / prefill figures", "published in blog-post plots; no official table to reproduce "
-     "(flashinfer#1313 asks for one), so not compared"),
+    ("SageAttention README", "SageAttention1 and FlashAttn3-fp8 series, other GPUs",
+     "no SageAttention 1 beside 2 in one environment; the carried FA3 build has no FP8; the README's other GPUs "
+     "(H20, H800, L20, A100, …) are not lent here"),
+    ("FlashInfer", "decode figures (introduction post, 2024-01-03: single and batch decode on H100 SXM as "
+     "bandwidth utilization)", "line plots without value labels, of FlashInfer 0.0.1, readable only to a few "
+     "points of utilization; not transcribed. No H100/H200 decode table from the authors was found "
+     "(flashinfer#1313 asks for official numbers)"),
 ]
 
-CHECKED = ("Checked for every gap: the SM clock at the start and end of each case (1650-1980 MHz, the low "
+CHECKED = {
+    "fa3": "Checked for every gap: the SM clock at the start and end of each case (1650-1980 MHz, the low "
            "values at the start of the longest cases only), the FLOP count (ours differs from the paper's by "
-           "< 0.2%), the shapes (B·S = 16k, H·d = 2048, bf16, the paper's layout (B, S, H, D)).")
-EXPLAINED: dict[str, str] = {
-    "fa3": "Ours is faster. What differs: the kernel version — ours is flash_attn_3 built from the hopper/ "
+           "< 0.2%), the shapes (B·S = 16k, H·d = 2048, bf16, the paper's layout (B, S, H, D)).",
+}
+"""Figure family (the key's first word) -> what was checked for all its gaps."""
+EXPLAINED: dict[tuple[str, str], str] = {
+    ("fa3", "fa3"): "Ours is faster. What differs: the kernel version — ours is flash_attn_3 built from the hopper/ "
            "folder of flash-attention at commit 0251105a (2025; the record's version says 3.0.0), the paper "
            "timed its July 2024 code. Not checked further (the 2024 code was not built here).",
-    "sdpa-cudnn": "Ours is faster. What differs: the library version — ours is cuDNN 9.19 through PyTorch "
+    ("fa3", "sdpa-cudnn"): "Ours is faster. What differs: the library version — ours is cuDNN 9.19 through PyTorch "
                   "2.11's SDPA; the paper timed an earlier cuDNN 9 release. Not checked further.",
-    "fa2": "Within 8%; ours is flash-attn 2.8.3 (the paper's FA2 version not re-checked).",
-    "naive": "Unexplained. Folded-scale naive is within 5% of the paper's standard attention at S ≤ 1k "
+    ("fa3", "fa2"): "Within 8%; ours is flash-attn 2.8.3 (the paper's FA2 version not re-checked).",
+    ("fa3", "naive"): "Unexplained. Folded-scale naive is within 5% of the paper's standard attention at S ≤ 1k "
              "(non-causal forward) and falls to 0.65-0.75× at S = 4k-8k, yet runs at 79 (d64) and 155 (d128) "
              "TF/s at S = 16k, B = 1, where the paper reports OOM: per score element, B=2 S=8k takes twice "
              "the time of B=1 S=16k. The backward is faster than the paper's at S ≤ 2k. Not investigated "
              "further here; the paper's standard attention is flash-attention's benchmark function "
              "(baddbmm with alpha = scale, an added causal mask), which attnbench does not run.",
-    "naive-scale-scores": "Expected: the extra pass over the S×S scores costs 10-30% against `naive` here.",
+    ("fa3", "naive-scale-scores"): "Expected: the extra pass over the S×S scores costs 10-30% against `naive` here.",
 }
-"""attnbench backend -> what was checked about its gaps over 5% (CHECKED applies to all)."""
+"""(figure family, series label) -> what was checked about its gaps over 5% (CHECKED applies to all)."""
+
+
+def family(figure: Figure) -> str:
+    return figure.key.split("-")[0]
 
 
 def paper_flops(spec) -> float:
@@ -143,8 +269,12 @@ def paper_flops(spec) -> float:
 
 def specs(figure: Figure):
     from attnbench.spec import AttnSpec
-    return [AttnSpec(batch=TOKENS // s, seqlens_q=(s,), heads_q=HIDDEN // figure.head_dim, head_dim=figure.head_dim,
-                     dtype=figure.dtype, causal=figure.causal, pass_=figure.pass_) for s in SEQ_LENS]
+    return [AttnSpec(batch=b, seqlens_q=(s,), heads_q=h, head_dim=figure.head_dim, dtype=figure.dtype,
+                     causal=figure.causal, pass_=figure.pass_) for b, s, h in figure.shapes]
+
+
+def group_run_id(run_id: str, group: str) -> str:
+    return f"{run_id}+{group}" if group else run_id
 
 
 def cmd_run(args) -> None:
@@ -155,97 +285,156 @@ def cmd_run(args) -> None:
     if not torch.cuda.is_available() and not args.cpu_smoke:
         sys.exit("published_numbers: needs a CUDA GPU (the figures are H100 figures)")
     figures = [f for f in FIGURES if not args.figures or f.key in args.figures.split(",")]
-    wanted = sorted({b for f in figures for bs, _ in f.series.values() for b in bs})
+    if not figures:
+        sys.exit(f"published_numbers: no figure named {args.figures!r}; known: {', '.join(f.key for f in FIGURES)}")
     device = "cpu" if args.cpu_smoke else "cuda"
     here = set(registry.available(device))
-    backends = [b for b in wanted if b in here]
-    missing = sorted(set(wanted) - here)
-    if missing:
-        print(f"not installed here, not run: {', '.join(missing)}")
-    plan = plan_from_options({"backends": backends, "db": args.db, "device": device})
-    all_specs = list(dict.fromkeys(s for f in figures for s in specs(f)))
-    if args.cpu_smoke:  # the script's own check: the smallest shape of each figure, scaled down, on the CPU
-        all_specs = [s.replace(batch=1, seqlens_q=(64,), seqlens_k=(64,), heads_q=2, heads_kv=2) for s in all_specs[::6]]
-    plan = dataclasses.replace(plan, specs=all_specs)
-    run_id, records, _phases = execute(plan, run_id=args.run_id)
-    ok = sum(r.status == "ok" for r in records)
-    print(f"{ok}/{len(records)} cases ok, stored in {args.db} as run {run_id}")
+    groups: dict[str, dict] = {}  # the plain run first: a later group's --backend-opt replaces a backend for good
+    for fig in sorted(figures, key=lambda f: any(o.group for os, _ in f.series.values() for o in os)):
+        for ran, _ in fig.series.values():
+            for o in ran:
+                g = groups.setdefault(o.group, {"ours": o, "backends": set(), "specs": []})
+                g["backends"].add(o.backend)
+                g["specs"] += [s for s in specs(fig) if s not in g["specs"]]
+    for group, g in sorted(groups.items(), key=lambda kv: kv[0] != ""):
+        backends = sorted(b for b in g["backends"] if b in here)
+        missing = sorted(g["backends"] - here)
+        if missing:
+            print(f"not installed here, not run: {', '.join(missing)}")
+        if not backends:
+            continue
+        o: Ours = g["ours"]
+        opts = {"backends": backends, "db": args.db, "device": device, "backend_opt": list(o.opts)}
+        if o.kernel_only:
+            if args.cpu_smoke:
+                continue  # the profiler's kernel times need a GPU
+            opts |= {"timing": "profiler", "check": False}  # the plain run checks the same calls
+        plan = plan_from_options(opts)
+        group_specs = g["specs"]
+        if args.cpu_smoke:  # the script's own check: each figure's smallest shape, scaled down, on the CPU
+            group_specs = list(dict.fromkeys(s.replace(batch=1, seqlens_q=(64,), seqlens_k=(64,), heads_q=2, heads_kv=2)
+                                             for s in group_specs))
+        plan = dataclasses.replace(plan, specs=group_specs)
+        run_id, records, _phases = execute(plan, run_id=group_run_id(args.run_id, group))
+        ok = sum(r.status == "ok" for r in records)
+        print(f"{ok}/{len(records)} cases ok, stored in {args.db} as run {run_id}")
 
 
 def _fmt(x: float | None, digits: int = 0) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def ours_tflops(o: Ours, spec, rec) -> tuple[float | None, str | None]:
+    """Our TF/s under the source's FLOP count (None with the reason when the record has no number)."""
+    if rec is None:
+        return None, "not run"
+    if rec.status != "ok" or not rec.median_ms:
+        return None, rec.status
+    ms = rec.median_ms
+    if o.kernel_only:
+        kernels = rec.info.get("kernel_ms") or {}
+        if not kernels:
+            return None, "no kernel times"
+        ms = max(kernels.values())
+    return paper_flops(spec) / (ms * 1e-3) / 1e12, None
+
+
+def load(store, run_ids: list[str]) -> dict:
+    """(group, backend, case label, pass) -> record, from ``run_ids`` and their ``+group`` runs; a later run's
+    ok record of a case replaces an earlier one's failure."""
+    names = [r["run_id"] for r in store.runs()]
+    by_case: dict = {}
+    for run_id in run_ids:
+        for name in [run_id] + [n for n in names if n.startswith(run_id + "+")]:
+            group = name[len(run_id) + 1:] if name != run_id else ""
+            for r in store.records(name):
+                key = (group, r.backend, r.spec.label(), r.spec.pass_)
+                if key not in by_case or by_case[key].status != "ok":
+                    by_case[key] = r
+    return by_case
+
+
+def kernel_note(figures, by_case) -> str:
+    """Which kernel the kernel-alone rows timed (the longest of each call), from the stored names."""
+    seen = {}
+    for fig in figures:
+        for ran, _ in fig.series.values():
+            for o in ran:
+                for spec in specs(fig):
+                    rec = by_case.get((o.group, o.backend, spec.label(), spec.pass_))
+                    if o.kernel_only and rec is not None and rec.info.get("kernel_ms"):
+                        kernels = rec.info["kernel_ms"]
+                        longest = max(kernels, key=kernels.get)
+                        seen.setdefault(o.backend, (longest.split("(")[0][:120], len(kernels)))
+    return " ".join(f"`{b}` attention kernel alone: `{name}` (of {n} kernels a call; the rest quantize and "
+                    f"smooth the inputs)." for b, (name, n) in seen.items())
+
+
 def cmd_page(args) -> None:
     from attnbench.results.store import ResultStore
     store = ResultStore(args.db, create=False, readonly=True)
     run_ids = args.run_id or [store.latest_run_id()]
-    by_case: dict = {}
-    for run_id in run_ids:  # a later run's ok record of a case replaces an earlier one's failure
-        for r in store.records(run_id):
-            key = (r.backend, r.spec.label(), r.spec.pass_)
-            if key not in by_case or by_case[key].status != "ok":
-                by_case[key] = r
+    by_case = load(store, run_ids)
     if not by_case:
         sys.exit(f"published_numbers: no records of run {', '.join(map(str, run_ids))} in {args.db}")
     records = list(by_case.values())
     env = store.env(records[0].env_id) or {}
     run = store.run(run_ids[-1]) or {}
     run_id = " + ".join(run_ids)
+    keys = {(k[0], k[1]) for k in by_case}
+    figures = [f for f in FIGURES if any((o.group, o.backend) in keys for ran, _ in f.series.values() for o in ran)]
     lines = [f"# Published attention figures re-run: {env.get('device_name', '?')}", ""]
     packages = env.get("packages") or {}
     versions = ", ".join(f"{k} {v}" for k, v in sorted(packages.items()) if v)
     finished = run.get("finished_at")
     when = datetime.datetime.fromtimestamp(finished, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC") if finished else "?"
-    lines += [f"Run `{run_id}` of `{args.db}`, finished {when}; torch {env.get('torch', '?')}, "
+    lines += [f"Runs `{run_id}` (and their `+…` runs) of `{args.db}`, finished {when}; torch {env.get('torch', '?')}, "
               f"CUDA {env.get('cuda', '?')}; {versions}.",
               args.how or f"Commands: `python3 benchmarks/published_numbers.py run --db {Path(args.db).name}`, then "
               f"`… page --db {Path(args.db).name}`.",
-              "", "Shapes as in the paper: B·S = 16k tokens, H·d = 2048 (B = 16384/S, H = 2048/d), bf16. "
-              "Ours = the paper's FLOP count (4·S²·d·H·B, causal /2, backward ×2.5) over our median time, "
-              "so the ratio is published time / our time. Gaps over 5% are in bold.", ""]
+              "", "Each panel runs the source's shapes and data type. Ours = the source's FLOP count "
+              "(4·B·S²·H·d, causal /2, backward ×2.5) over our median time, so the ratio is published time / "
+              "our time. Gaps over 5% are in bold.", ""]
+    if note := kernel_note(figures, by_case):
+        lines += [note, ""]
     gaps = []
-    for fig in FIGURES:
-        lines += [f"## {fig.panel}", "", f"Source: {fig.source}, {fig.panel}. Values: the figure's bar labels as "
-                  f"transcribed from its image ({IMAGES}{fig.image})" + (f"; {fig.note}" if fig.note else "")
-                  + ".", ""]
-        header = "| series | attnbench backend | " + " | ".join(f"S={s}" for s in SEQ_LENS) + " |"
-        lines += [header, "|---|---|" + "---:|" * len(SEQ_LENS)]
-        for series, (backends, published) in fig.series.items():
-            for backend in backends:
+    for fig in figures:
+        lines += [f"## {fig.panel}", "", f"Source: {fig.source}, {fig.panel}. Shapes: {fig.shape_text()}, "
+                  f"{fig.dtype}. Values: {fig.values}" + (f"; {fig.note}" if fig.note else "") + ".", ""]
+        cols = fig.columns()
+        lines += ["| series | attnbench | " + " | ".join(cols) + " |", "|---|---|" + "---:|" * len(cols)]
+        for series, (ran, published) in fig.series.items():
+            for o in ran:
                 cells = []
-                for s, spec, pub in zip(SEQ_LENS, specs(fig), published, strict=True):
-                    rec = by_case.get((backend, spec.label(), spec.pass_))
-                    if rec is None:
-                        cells.append(f"{_fmt(pub)} / not run")
-                        continue
-                    if rec.status != "ok" or not rec.median_ms:
-                        cells.append(f"{_fmt(pub)} / {rec.status}")
-                        continue
-                    ours = paper_flops(spec) / (rec.median_ms * 1e-3) / 1e12
-                    if pub is None:
+                for col, spec, pub in zip(cols, specs(fig), published, strict=True):
+                    rec = by_case.get((o.group, o.backend, spec.label(), spec.pass_))
+                    ours, why = ours_tflops(o, spec, rec)
+                    if ours is None:
+                        cells.append(f"{_fmt(pub)} / {why}")
+                    elif pub is None:
                         cells.append(f"OOM / {ours:.0f}")
-                        continue
-                    ratio = ours / pub
-                    cell = f"{pub:.0f} / {ours:.0f} ({ratio:.2f})"
-                    if abs(ratio - 1) > 0.05:
-                        cell = f"**{cell}**"
-                        gaps.append((fig, series, backend, s, pub, ours, ratio, rec))
-                    cells.append(cell)
-                lines.append(f"| {series} | `{backend}` | " + " | ".join(cells) + " |")
+                    else:
+                        ratio = ours / pub
+                        cell = f"{pub:.0f} / {ours:.0f} ({ratio:.2f})"
+                        if abs(ratio - 1) > 0.05:
+                            cell = f"**{cell}**"
+                            gaps.append((fig, series, o, col, ratio))
+                        cells.append(cell)
+                lines.append(f"| {series} | {o.label} | " + " | ".join(cells) + " |")
         lines += ["", "Cells: published / ours (ours ÷ published), TF/s.", ""]
-    lines += ["## Gaps over 5%", "", CHECKED, ""]
+    lines += ["## Gaps over 5%", ""]
+    lines += [CHECKED[fam] + "\n" for fam in dict.fromkeys(family(f) for f in figures) if fam in CHECKED]
     if not gaps:
         lines.append("None.")
     seen = set()
-    for fig, series, backend, *_ in gaps:
-        if (fig.key, series, backend) in seen:
+    for fig, series, o, *_ in gaps:
+        if (fig.key, series, o) in seen:
             continue
-        seen.add((fig.key, series, backend))
-        rows = [g for g in gaps if (g[0].key, g[1], g[2]) == (fig.key, series, backend)]
-        where = ", ".join(f"S={g[3]} {g[6]:.2f}" for g in rows)
-        explanation = EXPLAINED.get(backend, "Unexplained.")
-        lines.append(f"- **{fig.key} {series} (`{backend}`)**: {where}. {explanation}")
+        seen.add((fig.key, series, o))
+        rows = [g for g in gaps if (g[0].key, g[1], g[2]) == (fig.key, series, o)]
+        where = ", ".join(f"{g[3]} {g[4]:.2f}" for g in rows)
+        explanation = EXPLAINED.get((family(fig), o.label.replace("`", "")), "Unexplained.")
+        lines.append(f"- **{fig.key} {series} ({o.label})**: {where}. {explanation}")
     lines += ["", "## Not compared", ""]
     lines += [f"- {src}, {what}: {why}." for src, what, why in NOT_RUN]
     text = "\n".join(lines) + "\n"

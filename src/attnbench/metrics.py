@@ -6,6 +6,9 @@ counted exactly, varlen sums each sequence on its own. The two matmuls QK^T and 
 pair; softmax is not counted. Backward = 2.5x forward (five matmuls of the same size: recompute S,
 dV, dP, dQ, dK), forward+backward = 3.5x forward.
 
+A sliding tile mask (``spec.sta``) is counted exactly too, per query head (each head has its own window):
+``flops`` uses the sum over heads instead of H_q x P.
+
 The ``dense`` convention counts every pair (P = sq * sk, no causal discount), as many papers do.
 
 Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_kv heads) and writes
@@ -46,6 +49,8 @@ def pairs(spec: AttnSpec, convention: str = "exact") -> int:
         raise ValueError(f"unknown FLOP convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
     if convention == "dense":
         return sum(sq * sk for sq, sk in spec.sequences)
+    if spec.sta is not None:  # heads differ: the mean over heads (flops() sums them exactly)
+        return sum(spec.sta.pairs_per_head(spec.heads_q)) * spec.batch // spec.heads_q
     per_group = sum(attended_pairs(sq, sk, spec.causal, spec.window)
                     for sq, sk in zip(spec.seqlens_q, spec.seqlens_k, strict=True))
     return per_group * spec.batch
@@ -54,7 +59,11 @@ def pairs(spec: AttnSpec, convention: str = "exact") -> int:
 def flops(spec: AttnSpec, pass_: str | None = None, convention: str = "exact") -> float:
     """Floating-point operations of one call of ``pass_`` (default: the spec's pass)."""
     pass_ = pass_ or spec.pass_
-    fwd = 2.0 * (spec.head_dim + spec.head_dim_v) * spec.heads_q * pairs(spec, convention)
+    if spec.sta is not None and convention == "exact":
+        head_pairs = sum(spec.sta.pairs_per_head(spec.heads_q)) * spec.batch
+    else:
+        head_pairs = spec.heads_q * pairs(spec, convention)
+    fwd = 2.0 * (spec.head_dim + spec.head_dim_v) * head_pairs
     return fwd * PASS_FLOP_FACTOR[pass_]
 
 

@@ -202,6 +202,8 @@ class Runner:
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         if not self.options.inputs.is_default:
             fields["info"] = dict(fields.get("info") or {}, inputs=self.options.inputs.describe())
+        if spec.sta is not None:  # what share of the (query, key) pairs the FLOP count covers
+            fields["info"] = dict(fields.get("info") or {}, kept_fraction=round(spec.sta.kept_fraction(spec.heads_q), 6))
         return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,
                       device=str(self.device), env_id=self.env_id, seed=self.options.seed,
                       flops_convention=self.options.flops_convention, **fields)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.sta import TileMask
+
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
@@ -76,6 +78,8 @@ class AttnSpec:
     """Which pass is timed: fwd, bwd (backward alone) or fwd_bwd."""
     scale: float | None = None
     """Softmax scale; None = 1/sqrt(head_dim)."""
+    sta: TileMask | None = None
+    """Sliding tile attention's mask (``attnbench.sta``): video tokens in tile order, then text; None = none."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -89,6 +93,8 @@ class AttnSpec:
         set_(self, "dtype", normalize_dtype(self.dtype))
         if self.window is not None:
             set_(self, "window", tuple(int(w) for w in self.window))
+        if isinstance(self.sta, dict):
+            set_(self, "sta", TileMask.from_dict(self.sta))
         self._validate()
 
     def _validate(self) -> None:
@@ -118,6 +124,12 @@ class AttnSpec:
             raise ValueError(f"window must be two integers (left, right), each >= -1; got {self.window!r}")
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"scale must be positive, got {self.scale!r}")
+        if self.sta is not None:
+            if self.is_varlen or self.causal or self.has_window or self.seqlens_q != self.seqlens_k:
+                raise ValueError("a sliding tile mask takes one dense self-attention sequence, without causal or "
+                                 "window masks")
+            if (why := self.sta.check(self.seqlens_q[0], self.heads_q)) is not None:
+                raise ValueError(why)
 
     # ---- derived properties -------------------------------------------------------------------
     @property
@@ -179,12 +191,19 @@ class AttnSpec:
             parts.append("causal")
         if self.has_window:
             parts.append(f"win{self.window[0]},{self.window[1]}")
+        if self.sta is not None:
+            parts.append(self.sta.label())
         return " ".join(parts)
 
     def to_dict(self) -> dict:
         """Plain JSON-able fields (the public ones)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        out = {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+               for f in dataclasses.fields(self) if not f.name.startswith("_")}
+        if self.sta is None:
+            del out["sta"]  # records of cases without one stay as they were
+        else:
+            out["sta"] = self.sta.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> AttnSpec:

@@ -47,9 +47,12 @@ def _dense(spec: AttnSpec, q, k, v, dout, grads: bool, max_elems: int) -> dict[s
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dk = torch.zeros(k.shape, dtype=acc, device=k.device) if grads else None
     dv = torch.zeros(v.shape, dtype=acc, device=v.device) if grads else None
+    tile_keep = None if spec.sta is None else spec.sta.tile_keep(hq, q.device)
     for a in range(0, sq, rows):
         b = min(sq, a + rows)
         keep = block_keep(a, b, 0, sk, sq, sk, left, right, q.device)
+        if spec.sta is not None:  # (Hq, rows, keys): each head its own window
+            keep = spec.sta.block(a, b, 0, sk, hq, q.device, tile_keep=tile_keep)
         q_leaf = q[:, a:b].detach().requires_grad_(grads)
         with torch.set_grad_enabled(grads):
             out, lse = _math_rows(q_leaf, k_leaf, v_leaf, keep, spec.softmax_scale)

@@ -11,7 +11,8 @@ dtype: ``P = exp(S − lse)``, ``dV = Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ 
 ``dQ = scale · dS K``, ``dK = scale · dSᵀ Q``. With GQA the q heads of a group are stacked along the
 row axis, so dK and dV are summed over the group by the matmul itself.
 
-Masks follow ``spec.py``: lower-right aligned causal, windows ``(left, right)`` with -1 unbounded.
+Masks follow ``spec.py``: lower-right aligned causal, windows ``(left, right)`` with -1 unbounded, and a
+sliding tile mask (``spec.sta``, one window per head) on top; key blocks a mask hides entirely are skipped.
 Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients.
 
 Shapes (``Reference``): ``out``/``dq``/``dk``/``dv`` come in the input layout, (B, S, H, D) dense or
@@ -147,6 +148,34 @@ def block_keep(a: int, b: int, c: int, d: int, sq: int, sk: int, left: int, righ
     return keep
 
 
+def _keep(a: int, b: int, c: int, d: int, geom, device) -> torch.Tensor | None | bool:
+    """The mask of rows [a, b) x keys [c, d): None = all kept, False = none kept (skip the block), else a
+    bool (rows, keys) tensor, or (Hq, rows, keys) for a sliding tile mask (each head its own window)."""
+    sq, sk, left, right, groups, scale, tiles = geom
+    if tiles is None:
+        return block_keep(a, b, c, d, sq, sk, left, right, device)
+    tm, tile_keep = tiles
+    keep = tm.block(a, b, c, d, tile_keep.shape[0], device, tile_keep=tile_keep)
+    if not keep.any():
+        return False
+    return None if keep.all() else keep
+
+
+def _mask_(s: torch.Tensor, keep: torch.Tensor, groups: int, rows: int) -> None:
+    """Set the scores of dropped pairs to -inf in place; ``s`` is (B·Hkv, G·rows, keys), rows group-major."""
+    if keep.dim() == 2:
+        s.view(s.shape[0], groups, rows, s.shape[-1]).masked_fill_(~keep, -math.inf)
+    else:
+        heads_kv = keep.shape[0] // groups
+        s.view(-1, heads_kv, groups, rows, s.shape[-1]).masked_fill_(
+            ~keep.view(heads_kv, groups, rows, keep.shape[-1]), -math.inf)
+
+
+def _tiles(tile_mask, heads_q: int, device):
+    """(TileMask, its (Hq, tiles, tiles) keep on ``device``) or None."""
+    return None if tile_mask is None else (tile_mask, tile_mask.tile_keep(heads_q, device))
+
+
 # ---- layout helpers ---------------------------------------------------------------------------
 def _rows(x_bshd: torch.Tensor, a: int, b: int, groups: int, dtype) -> torch.Tensor:
     """Rows [a, b) of a (B, S, Hq, D) tensor as (B·Hkv, G·(b-a), D) in ``dtype`` (group-major rows)."""
@@ -169,9 +198,10 @@ def _row_block(spec_rows: int, bsz: int, heads_q: int, block_k: int, blocks: Blo
 # ---- forward ----------------------------------------------------------------------------------
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       window: tuple[int, int] | None = None, scale: float | None = None,
-                      dtype: torch.dtype | None = None,
-                      blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``."""
+                      dtype: torch.dtype | None = None, blocks: BlockSizes | None = None,
+                      tile_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``; ``tile_mask`` is a
+    sliding tile mask (``attnbench.sta.TileMask``) applied on top."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
@@ -182,13 +212,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     lse = torch.full((bsz * hkv, groups, sq), -math.inf, dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
     bq = _row_block(sq, bsz, hq, bk, blocks)
+    geom = (sq, sk, left, right, groups, scale, _tiles(tile_mask, hq, q.device))
     with exact_fp32_matmul():
         for a in range(0, sq, bq):
             b = min(sq, a + bq)
             lo, hi = _key_range(a, b, sq, sk, left, right)
             if hi <= lo:
                 continue  # these rows attend nothing: out 0, lse -inf
-            acc, row_lse = _forward_rows(q, k, v, a, b, lo, hi, bk, (sq, sk, left, right, groups, scale), dtype)
+            acc, row_lse = _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype)
             out[:, :, a:b] = acc.view(bsz * hkv, groups, b - a, dv)
             lse[:, :, a:b] = row_lse.view(bsz * hkv, groups, b - a)
     out_bshd = out.view(bsz, hq, sq, dv).transpose(1, 2)
@@ -197,7 +228,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
 
 def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
     """Online softmax of rows [a, b) over keys [lo, hi): (acc (BH, G·rows, Dv), lse (BH, G·rows))."""
-    sq, sk, left, right, groups, scale = geom
+    groups, scale = geom[4], geom[5]
     q_blk = _rows(q, a, b, groups, dtype) * scale  # never in place: _rows may return a view of q
     rows = q_blk.shape[1]
     m = torch.full(q_blk.shape[:2], -math.inf, dtype=dtype, device=q.device)
@@ -205,11 +236,13 @@ def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
     acc = torch.zeros(q_blk.shape[0], rows, v.shape[3], dtype=dtype, device=q.device)
     for c in range(lo, hi, bk):
         d = min(hi, c + bk)
+        keep = _keep(a, b, c, d, geom, q.device)
+        if keep is False:
+            continue
         k_blk, v_blk = _keys(k, c, d, dtype), _keys(v, c, d, dtype)
         s = torch.bmm(q_blk, k_blk.transpose(1, 2))
-        keep = block_keep(a, b, c, d, sq, sk, left, right, q.device)
         if keep is not None:
-            s.view(s.shape[0], groups, b - a, d - c).masked_fill_(~keep, -math.inf)
+            _mask_(s, keep, groups, b - a)
         m_new = torch.maximum(m, s.amax(dim=-1))
         # A row with no key kept so far has m_new = -inf: subtract 0 instead (exp(-inf) = 0, not NaN).
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -229,7 +262,8 @@ def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, *, causal: bool = False, window: tuple[int, int] | None = None,
                        scale: float | None = None, dtype: torch.dtype | None = None,
-                       blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       blocks: BlockSizes | None = None,
+                       tile_mask=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
@@ -245,7 +279,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dv = torch.zeros(bsz * hkv, sk, v.shape[3], dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
     bq = _row_block(sq, bsz, hq, bk, blocks)
-    geom = (sq, sk, left, right, groups, scale)
+    geom = (sq, sk, left, right, groups, scale, _tiles(tile_mask, hq, q.device))
     with exact_fp32_matmul():
         for c in range(0, sk, bk):
             d = min(sk, c + bk)
@@ -263,7 +297,10 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom, dtype):
     """One (rows, keys) tile: accumulates into dk_blk / dv_blk in place, returns this tile's dQ part."""
     a, b, c, d = box
-    sq, sk, left, right, groups, scale = geom
+    groups, scale = geom[4], geom[5]
+    keep = _keep(a, b, c, d, geom, q.device)
+    if keep is False:
+        return torch.zeros(k_blk.shape[0], groups * (b - a), q.shape[-1], dtype=dtype, device=q.device)
     q_blk = _rows(q, a, b, groups, dtype) * scale  # scale folded into Q: S and dK both need it
     do_blk = _rows(dout, a, b, groups, dtype)
     o_blk = _rows(out, a, b, groups, dtype)
@@ -271,9 +308,8 @@ def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom
     del o_blk
     neg_lse = -lse_g[:, :, a:b].reshape(lse_g.shape[0], -1, 1)
     p = torch.baddbmm(neg_lse, q_blk, k_blk.transpose(1, 2))
-    keep = block_keep(a, b, c, d, sq, sk, left, right, q.device)
     if keep is not None:
-        p.view(p.shape[0], groups, b - a, d - c).masked_fill_(~keep, -math.inf)
+        _mask_(p, keep, groups, b - a)
     p.exp_()
     dv_blk.baddbmm_(p.transpose(1, 2), do_blk)
     ds = torch.bmm(do_blk, v_blk.transpose(1, 2)).sub_(delta).mul_(p)
@@ -287,7 +323,8 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
                         dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> Reference:
     """Exact outputs of ``spec`` on ``inputs`` (on the inputs' device); gradients use ``inputs.dout``."""
     dtype = dtype or compute_dtype_for(inputs.q.device, inputs.q.dtype)
-    kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks)
+    kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks,
+              tile_mask=spec.sta)
     if not inputs.varlen:
         return _dense_case(inputs.q, inputs.k, inputs.v, inputs.dout, grads, kw)
     q, k, v = inputs.q, inputs.k, inputs.v

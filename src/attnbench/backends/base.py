@@ -57,6 +57,8 @@ class Capabilities:
     """Lowest CUDA compute capability (major, minor); ignored on ROCm and CPU."""
     exact: bool = True
     """False for quantized or sparse kernels: judged by approximate thresholds, not exactness."""
+    tile_mask: bool = False
+    """Takes a sliding tile attention mask (``spec.sta``)."""
 
 
 @dataclass(kw_only=True)
@@ -103,6 +105,7 @@ def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.d
         (not spec.is_varlen and not caps.dense, "dense inputs not supported (varlen only)"),
         (spec.causal and not caps.causal, "causal not supported"),
         (spec.has_window and not caps.window, "sliding window not supported"),
+        (spec.sta is not None and not caps.tile_mask, "no sliding tile (STA) mask"),
         (spec.pass_ != "fwd" and not caps.backward, "forward only (no backward)"),
         (spec.seqlens_q != spec.seqlens_k and not caps.cross_lengths, "query and key lengths must match"),
         (spec.head_dim_v != spec.head_dim and not caps.different_v_dim, "value head size must equal q/k head size"),

@@ -4,7 +4,9 @@ Masks are block masks built in ``prepare`` and cached (keyed by the mask paramet
 - causal, lower-right aligned: key j is kept for query i iff j <= i + Sk - Sq;
 - sliding window (left, right) around that diagonal;
 - varlen: a document mask over the packed tokens (batch 1, every sequence of the group, repeated
-  ``batch`` times), with causal/window applied inside each document at its own alignment.
+  ``batch`` times), with causal/window applied inside each document at its own alignment;
+- sliding tile attention (``spec.sta``): the STA mask from its tile table, one block mask per head when
+  the heads' windows differ — the mask FastVideo's own test checks its STA kernel against.
 GQA goes through ``enable_gqa``. Forward and backward.
 
 The first call happens in ``prepare`` and its wall time (compilation included) is recorded as
@@ -73,11 +75,33 @@ def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, 
     return mask_mod
 
 
+def sta_mask_mod(tm, heads: int, device):
+    """mask_mod of a sliding tile mask (``attnbench.sta.TileMask``): the query's and key's tiles looked up in
+    the (heads, tiles, tiles) tile mask; pairs with a text token are kept."""
+    tile_keep = tm.tile_keep(heads, device)
+    last = tile_keep.shape[1] - 1
+    video, tokens = tm.video_tokens, tm.tile_tokens
+    per_head = len(tm.windows) > 1
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = tile_keep[h if per_head else 0, (q_idx // tokens).clamp(max=last), (kv_idx // tokens).clamp(max=last)]
+        return keep | (q_idx >= video) | (kv_idx >= video)
+    return mask_mod
+
+
 @functools.lru_cache(maxsize=32)
-def block_mask(seqs: tuple[tuple[int, int], ...], varlen: bool, window: tuple[int, int], device: str):
-    """Cached BlockMask for the sequences (one (Sq, Sk) pair when dense), or None for no mask."""
+def block_mask(seqs: tuple[tuple[int, int], ...], varlen: bool, window: tuple[int, int], device: str,
+               sta=None, heads: int = 1):
+    """Cached BlockMask for the sequences (one (Sq, Sk) pair when dense), or None for no mask; ``sta``: a
+    sliding tile mask of ``heads`` query heads (one block mask per head when the heads' windows differ)."""
     from torch.nn.attention.flex_attention import create_block_mask
     left, right = window
+    if sta is not None:
+        (q_len, kv_len), = seqs
+        with _unlimited_recompiles():
+            return create_block_mask(sta_mask_mod(sta, heads, device), None, heads if len(sta.windows) > 1 else None,
+                                     q_len, kv_len, device=device,
+                                     _compile=q_len * kv_len > _DENSE_MASK_LIMIT and torch.device(device).type == "cuda")
     if varlen:
         mod = document_mask_mod(seqs, left, right, device)
         q_len, kv_len = sum(s for s, _ in seqs), sum(s for _, s in seqs)
@@ -128,7 +152,7 @@ class FlexBackend(Backend):
 
     name = "flex"
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
-    capabilities = Capabilities(devices=("cuda",), varlen=True, window=True)
+    capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True)
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):
@@ -159,7 +183,7 @@ class FlexBackend(Backend):
         from torch.nn.attention.flex_attention import flex_attention
         device = inputs.q.device
         bm = block_mask(tuple(spec.sequences) if inputs.varlen else (spec.sequences[0],), inputs.varlen,
-                        effective_window(spec), str(device))
+                        effective_window(spec), str(device), spec.sta, spec.heads_q)
         fn = compiled_flex(self.compile_backend, self.mode) if self.compile else flex_attention
         kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa}
 
@@ -189,5 +213,7 @@ class FlexBackend(Backend):
 def _mask_label(spec: AttnSpec, bm) -> str:
     if bm is None:
         return "none"
+    if spec.sta is not None:
+        return f"STA block mask {tuple(bm.shape[-2:])}, {bm.sparsity():.1f}% of blocks skipped"
     kind = "document" if spec.is_varlen else ("window" if spec.has_window else "causal")
     return f"{kind} block mask {tuple(bm.shape[-2:])}"

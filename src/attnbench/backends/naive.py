@@ -72,7 +72,7 @@ class _Mask:
 class NaiveBackend(Backend):
     name = "naive"
     description = "matmul-softmax-matmul in PyTorch, full score matrix, scale folded into Q (the write-ups' 'Pytorch')"
-    capabilities = Capabilities(varlen=True, window=True)
+    capabilities = Capabilities(varlen=True, window=True, tile_mask=True)
     scale_scores = False
     """Apply the softmax scale to the S×S scores instead of Q (``naive-scale-scores``)."""
 
@@ -82,6 +82,8 @@ class NaiveBackend(Backend):
         dev = inputs.q.device
         if not inputs.varlen:
             mask = _Mask.build(spec.seqlens_q[0], spec.seqlens_k[0], spec.causal, spec.window, dev)
+            if spec.sta is not None:  # (Hq, S, S), each head its own window; every query attends some key
+                mask = _Mask(~spec.sta.dense(spec.heads_q, dev), None)
 
             def forward(q, k, v):
                 return naive_attention(q, k, v, mask=mask, **kwargs)

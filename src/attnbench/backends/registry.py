@@ -58,6 +58,8 @@ BUILTIN: dict[str, str] = {
     "flashinfer": "attnbench.backends.flashinfer:FlashInfer",
     "flashinfer-decode": "attnbench.backends.flashinfer:FlashInferDecode",
     "flashinfer-paged": "attnbench.backends.flashinfer:FlashInferPaged",
+    "sta": "attnbench.backends.sta:Sta",
+    "sta-triton": "attnbench.backends.sta:StaTriton",
 }
 
 _extra: dict[str, object] = {}

@@ -42,6 +42,8 @@ def axes(r: Record) -> dict[str, str]:
         out["keys"] = "keys " + (str(s.seqlens_k[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_k)))
     if s.has_window:
         out["window"] = f"window {s.window[0]},{s.window[1]}"
+    if s.sta is not None:
+        out["mask"] = s.sta.label()
     if s.layout != "bshd":
         out["layout"] = s.layout
     return out

@@ -313,6 +313,7 @@ def group_run_id(run_id: str, group: str) -> str:
 def cmd_run(args) -> None:
     import torch
 
+    from attnbench.accuracy.check import AccuracyChecker
     from attnbench.backends import registry
     from attnbench.cli.run import execute, plan_from_options
     if not torch.cuda.is_available() and not args.cpu_smoke:
@@ -348,7 +349,8 @@ def cmd_run(args) -> None:
             group_specs = list(dict.fromkeys(s.replace(batch=1, seqlens_q=(64,), seqlens_k=(64,), heads_q=2, heads_kv=2)
                                              for s in group_specs))
         plan = dataclasses.replace(plan, specs=group_specs)
-        run_id, records, _phases = execute(plan, run_id=group_run_id(args.run_id, group))
+        checker = None if o.kernel_only else AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in group_specs))
+        run_id, records, _phases = execute(plan, run_id=group_run_id(args.run_id, group), checker=checker)
         ok = sum(r.status == "ok" for r in records)
         print(f"{ok}/{len(records)} cases ok, stored in {args.db} as run {run_id}")
 

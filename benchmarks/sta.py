@@ -59,9 +59,7 @@ def cmd_run(args) -> None:
     sta_specs = specs(args.heads)
     for backends, cases, suffix in ((STA_BACKENDS, sta_specs, ""), (DENSE_BACKENDS, dense_specs(sta_specs), "+dense")):
         plan = plan_from_options({"backends": list(backends), "db": args.db, "device": "cuda", "skip_missing": True})
-        # No compile-ahead workers: their flex calls would share the GPU with these long timed calls (cases
-        # timed beside them came out up to 1.5x slow); flex compiles in its own prepare instead, untimed.
-        plan = dataclasses.replace(plan, specs=cases, options=dataclasses.replace(plan.options, compile_workers=0))
+        plan = dataclasses.replace(plan, specs=cases)
         run_id, records, _ = execute(plan, run_id=args.run_id + suffix, checker=AccuracyChecker())
         print(f"{sum(r.status == 'ok' for r in records)}/{len(records)} cases ok, stored as run {run_id}")
 

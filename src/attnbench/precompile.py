@@ -10,9 +10,12 @@ traces: about 0.4 s instead of 2-5 s on an H200 host). Nothing a worker measures
 compile has not started in a worker when the main process reaches it is compiled there instead.
 
 The workers share the GPU: each compile ends with one call of the compiled kernel (forward, or forward
-and backward). Those calls can overlap samples the main process is taking; such a sample is slow, an
-outlier that the median does not follow. A case timed while workers were busy says so in its record
-(``info["compile_workers_busy"]``).
+and backward). Those calls can overlap samples the main process is taking; for a short case such a
+sample is slow, an outlier that the median does not follow. A long case takes few samples and the calls
+can move its median (STA cases on an H100 came out up to 2x slow with a tight spread), so the runner
+times a case whose call needs ``LONG_CASE_MS`` or more at the device's peak rate only when no worker is
+running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
+A case timed while workers were busy says so in its record (``info["compile_workers_busy"]``).
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ class Precompiler:
             return None
         parts = [f"{name} {len(s)} case{'s' * (len(s) != 1)} (longest {max(s):.0f} s)" for name, s in self.seconds.items()]
         return f"compiled ahead in {self.workers} worker{'s' * (self.workers != 1)}: " + ", ".join(parts)
+
+    def drain(self) -> None:
+        """Block until every compile given to the workers has finished (results stay for ``wait``)."""
+        for future in list(self.futures.values()):
+            try:
+                future.exception()
+            except Exception:  # cancelled: nothing to wait for
+                pass
 
     @property
     def busy(self) -> bool:

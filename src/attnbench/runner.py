@@ -66,6 +66,11 @@ class RunOptions:
     two host cores (at most 6), 0 = compile each case in this process when it comes."""
 
 
+LONG_CASE_MS = 2.0
+"""Cases whose call needs at least this long at the device's peak FLOP rate wait for the compile workers
+(``Runner._long_while_compiling``)."""
+
+
 @dataclass
 class PhaseClock:
     """Wall seconds spent per phase of a run (inputs, prepare, check, timing, ...)."""
@@ -106,6 +111,7 @@ class Runner:
         """Compiles cases ahead in worker processes during ``run``."""
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
+        self._ideal_ms: dict[AttnSpec, float] = {}
 
     def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
         """The (spec, backend) pairs still to run, shape-major; within a shape, backends whose cases are
@@ -150,11 +156,15 @@ class Runner:
             spec, backend = queue.popleft()
             if self.stop_requested:
                 break
-            if self.precompiler.pending(spec, backend.name) and any(
-                    not self.precompiler.pending(s, b.name) for s, b in queue):
-                # its worker is still compiling (a JIT build can take minutes): time other cases meanwhile
+            busy = self.precompiler.busy
+            if not self._ready(spec, backend, busy) and any(self._ready(s, b, busy) for s, b in queue):
+                # its worker is still compiling (a JIT build can take minutes), or it is a long case that
+                # the workers' kernel calls would slow: time other cases meanwhile
                 queue.append((spec, backend))
                 continue
+            if self._long_while_compiling(spec, busy):
+                with self.clock.phase("compile"):  # only long cases are left: let the workers finish first
+                    self.precompiler.drain()
             new_shape = spec.shape_key() != inputs_key
             released = True
             if new_shape:
@@ -237,6 +247,22 @@ class Runner:
             else:
                 _free(self.device)
             return self._record(spec, backend, status="error", reason=reason, info=info)
+
+    def _ready(self, spec: AttnSpec, backend: Backend, busy: bool) -> bool:
+        """Whether the case can be timed now: its own compile is done, and it is not a long case while
+        compile workers are running (``busy``)."""
+        return not self.precompiler.pending(spec, backend.name) and not self._long_while_compiling(spec, busy)
+
+    def _long_while_compiling(self, spec: AttnSpec, busy: bool) -> bool:
+        """A compile worker is running and ``spec``'s call takes at least LONG_CASE_MS at the device's peak
+        rate. Each compile ends with calls of the compiled kernel on the same GPU; a long case takes few
+        samples, so those calls move its median instead of showing as outliers (STA cases on an H100,
+        2026-11-24: up to 2x slow with a tight spread)."""
+        if not busy:
+            return False
+        if spec not in self._ideal_ms:
+            self._ideal_ms[spec] = metrics.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
+        return self._ideal_ms[spec] >= LONG_CASE_MS
 
     def _release_inputs(self) -> bool:
         """Free the device memory of the previous shape; False when the CUDA context turned out lost."""

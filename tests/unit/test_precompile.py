@@ -76,9 +76,34 @@ class _SlowBuild:
     def pending(self, spec, name):
         return (spec, name) == self.slow and len(self.runner.done) < self.others
 
+    busy = False
+
     def wait(self, spec, name):
         if (spec, name) == self.slow:
             self.waited_at = len(self.runner.done)
+
+    def close(self):
+        pass
+
+
+class _BusyWorkers:
+    """Compile workers that keep running until ``drain`` (or until ``until`` cases have been timed)."""
+
+    def __init__(self, runner, until: int = 10**9):
+        self.runner, self.until, self.drained_at = runner, until, None
+
+    @property
+    def busy(self):
+        return self.drained_at is None and len(self.runner.done) < self.until
+
+    def drain(self):
+        self.drained_at = len(self.runner.done)
+
+    def pending(self, spec, name):
+        return False
+
+    def wait(self, spec, name):
+        pass
 
     def close(self):
         pass
@@ -103,3 +128,29 @@ def test_a_case_still_compiling_waits_at_the_back_instead_of_blocking_the_run():
     runner._start_precompiler = lambda cases: slow_last
     runner.run(specs)
     assert runner.done[-1] == (16, "naive") and len(runner.done) == 4
+
+
+def test_a_long_case_is_timed_after_the_compile_workers_not_beside_them():
+    from attnbench.plausibility import Ceilings
+    from attnbench.runner import LONG_CASE_MS, Runner, RunOptions
+    from attnbench.timing import TimingConfig
+    short = AttnSpec(batch=1, seqlens_q=(16,), heads_q=1, head_dim=8, dtype="fp32")
+    long_ = AttnSpec(batch=1, seqlens_q=(64,), heads_q=1, head_dim=8, dtype="fp32")
+    # a pretend device so slow that the 64-token case needs more than LONG_CASE_MS at its peak, 16 tokens less
+    from attnbench import metrics
+    tflops = metrics.flops(long_) / (LONG_CASE_MS * 2 * 1e-3) / 1e12
+    assert metrics.flops(short) / (tflops * 1e12) * 1e3 < LONG_CASE_MS
+    done: list = []
+    runner = Runner(RunOptions(device="cpu", backends=("naive",), ceilings=Ceilings(tflops, 1e3, "test"),
+                               timing=TimingConfig(warmup=0, repeat=1, min_time_ms=0)), run_id="t", env_id=None,
+                    sink=lambda record: done.append(record.spec.seqlens_q[0]))
+    runner.done = done
+    workers = _BusyWorkers(runner, until=2)            # they finish after two cases were timed
+    runner._start_precompiler = lambda cases: workers
+    runner.run([long_, short, short.replace(seqlens_q=(24,))])
+    assert done == [16, 24, 64] and workers.drained_at is None
+    done.clear()
+    workers = _BusyWorkers(runner)                     # still running when only the long case is left
+    runner._start_precompiler = lambda cases: workers
+    runner.run([long_, short])
+    assert done == [16, 64] and workers.drained_at == 1

@@ -13,8 +13,8 @@ The workers share the GPU: each compile ends with one call of the compiled kerne
 and backward). Those calls can overlap samples the main process is taking; for a short case such a
 sample is slow, an outlier that the median does not follow. A long case takes few samples and the calls
 can move its median (STA cases on an H100 came out up to 2x slow with a tight spread), so the runner
-times a case whose call needs ``LONG_CASE_MS`` or more at the device's peak rate only when no worker is
-running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
+times a case whose call needs ``runner.long_case_ms`` or more at the device's peak rate (15 ms on a GPU
+by default: such cases get the fewest samples) only when no worker is running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
 A case timed while workers were busy says so in its record (``info["compile_workers_busy"]``).
 """
 

@@ -31,6 +31,7 @@ from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, summarize
 from attnbench.timing.case import CaseContext, time_prepared
 from attnbench.timing.clocks import ClockMonitor
+from attnbench.timing.config import MIN_SAMPLES
 from attnbench.timing.nvtx import nvtx_range
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,11 @@ class RunOptions:
     two host cores (at most 6), 0 = compile each case in this process when it comes."""
 
 
-LONG_CASE_MS = 2.0
-"""Cases whose call needs at least this long at the device's peak FLOP rate wait for the compile workers
-(``Runner._long_while_compiling``)."""
+def long_case_ms(timing: TimingConfig, device_type: str) -> float:
+    """Calls at least this long get the fewest samples (``MIN_SAMPLES`` fill the sampling time cap: 15 ms on a
+    GPU by default), so a few slow ones move the median: such cases wait for the compile workers
+    (``Runner._long_while_compiling``)."""
+    return timing.max_time_for(device_type) / MIN_SAMPLES
 
 
 @dataclass
@@ -254,7 +257,7 @@ class Runner:
         return not self.precompiler.pending(spec, backend.name) and not self._long_while_compiling(spec, busy)
 
     def _long_while_compiling(self, spec: AttnSpec, busy: bool) -> bool:
-        """A compile worker is running and ``spec``'s call takes at least LONG_CASE_MS at the device's peak
+        """A compile worker is running and ``spec``'s call takes at least ``long_case_ms`` at the device's peak
         rate. Each compile ends with calls of the compiled kernel on the same GPU; a long case takes few
         samples, so those calls move its median instead of showing as outliers (STA cases on an H100,
         2026-11-24: up to 2x slow with a tight spread)."""
@@ -262,7 +265,7 @@ class Runner:
             return False
         if spec not in self._ideal_ms:
             self._ideal_ms[spec] = metrics.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
-        return self._ideal_ms[spec] >= LONG_CASE_MS
+        return self._ideal_ms[spec] >= long_case_ms(self.options.timing, self.device.type)
 
     def _release_inputs(self) -> bool:
         """Free the device memory of the previous shape; False when the CUDA context turned out lost."""

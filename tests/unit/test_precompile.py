@@ -132,8 +132,10 @@ def test_a_case_still_compiling_waits_at_the_back_instead_of_blocking_the_run():
 
 def test_a_long_case_is_timed_after_the_compile_workers_not_beside_them():
     from attnbench.plausibility import Ceilings
-    from attnbench.runner import LONG_CASE_MS, Runner, RunOptions
+    from attnbench.runner import Runner, RunOptions, long_case_ms
     from attnbench.timing import TimingConfig
+    timing = TimingConfig(warmup=0, repeat=1, min_time_ms=0)
+    LONG_CASE_MS = long_case_ms(timing, "cpu")
     short = AttnSpec(batch=1, seqlens_q=(16,), heads_q=1, head_dim=8, dtype="fp32")
     long_ = AttnSpec(batch=1, seqlens_q=(64,), heads_q=1, head_dim=8, dtype="fp32")
     # a pretend device so slow that the 64-token case needs more than LONG_CASE_MS at its peak, 16 tokens less
@@ -142,7 +144,7 @@ def test_a_long_case_is_timed_after_the_compile_workers_not_beside_them():
     assert metrics.flops(short) / (tflops * 1e12) * 1e3 < LONG_CASE_MS
     done: list = []
     runner = Runner(RunOptions(device="cpu", backends=("naive",), ceilings=Ceilings(tflops, 1e3, "test"),
-                               timing=TimingConfig(warmup=0, repeat=1, min_time_ms=0)), run_id="t", env_id=None,
+                               timing=timing), run_id="t", env_id=None,
                     sink=lambda record: done.append(record.spec.seqlens_q[0]))
     runner.done = done
     workers = _BusyWorkers(runner, until=2)            # they finish after two cases were timed

@@ -14,6 +14,7 @@ when one is given). This is the mask FastVideo's kernels compute (fastvideo-kern
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -151,9 +152,14 @@ class TileMask:
 
     # ---- text forms ---------------------------------------------------------------------------------
     def label(self) -> str:
-        windows = ",".join(triple_text(w) for w in self.windows)
+        """e.g. ``sta18x48x80/t6x8x8/w3x3x5``; per-head windows as the distinct ones, the head count and a
+        digest of the whole list (two orders of the same windows are different cases)."""
+        distinct = ",".join(triple_text(w) for w in dict.fromkeys(self.windows))
+        if len(self.windows) > 1:
+            digest = hashlib.sha1(repr(self.windows).encode()).hexdigest()[:4]
+            distinct += f"/{len(self.windows)}h#{digest}"
         text = f" text{self.text}" if self.text else ""
-        return f"sta{triple_text(self.grid)}/t{triple_text(self.tile)}/w{windows}{text}"
+        return f"sta{triple_text(self.grid)}/t{triple_text(self.tile)}/w{distinct}{text}"
 
     def to_dict(self) -> dict:
         return {"grid": list(self.grid), "tile": list(self.tile), "windows": [list(w) for w in self.windows],

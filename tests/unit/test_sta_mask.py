@@ -76,7 +76,9 @@ def test_bad_parameters_are_refused_with_the_reason(kwargs, message):
 
 def test_the_spec_carries_the_mask_and_checks_it_fits():
     spec = AttnSpec(seqlens_q=(SMALL.tokens,), heads_q=2, head_dim=16, dtype="fp64", sta=SMALL)
-    assert "sta4x6x9/t2x2x3/w1x3x1,1x1x3 text5" in spec.label()
+    assert "sta4x6x9/t2x2x3/w1x3x1,1x1x3/2h#" in spec.label() and spec.label().endswith(" text5")
+    swapped = spec.replace(sta=TileMask(grid=SMALL.grid, tile=SMALL.tile, windows=SMALL.windows[::-1], text=5))
+    assert swapped.label() != spec.label()                            # the same windows on other heads
     assert AttnSpec.from_dict(spec.to_dict()) == spec
     assert "sta" not in AttnSpec(seqlens_q=(64,)).to_dict()          # other cases' records and ids unchanged
     with pytest.raises(ValueError, match="221 tokens"):
@@ -189,3 +191,16 @@ def test_a_models_call_is_reordered_into_tiles_and_back(monkeypatch):
     want = masked_attention(inputs.q, inputs.k, inputs.v, keep, spec.softmax_scale)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert tm.text == text and backend.extra_reason(spec.replace(seqlens_q=(200,)), "cuda") is not None
+
+
+def test_sta_runs_are_drawn_against_the_kept_fraction_not_the_sequence_length():
+    from attnbench.report import plots
+    from attnbench.results.record import Record
+    masks = [TileMask(grid=(4, 6, 9), tile=(2, 2, 3), windows=((1, 1, 1),)),
+             TileMask(grid=(4, 6, 9), tile=(2, 2, 3), windows=((1, 3, 3),)),
+             TileMask(grid=(2, 6, 9), tile=(2, 2, 3), windows=((1, 1, 3),))]
+    rows = [Record(run_id="r", backend=backend, spec=AttnSpec(seqlens_q=(tm.tokens,), heads_q=1, head_dim=16, sta=tm),
+                   median_ms=1.0, tflops=1.0, info={"kept_fraction": tm.kept_fraction(1)}).to_row()
+            for tm in masks for backend in ("sta", "flex")]
+    assert plots.plot_axes(rows) == ["kept"]            # two masks at one sequence length: not a size plot
+    assert {p["_x"] for p in plots.points(rows, "kept", "ms")} == {tm.kept_fraction(1) for tm in masks}

@@ -27,7 +27,11 @@ X_AXES: dict[str, tuple[str | None, str]] = {
     "emb_dim": ("emb_dim", "embedding dim (heads × head size)"),
     "heads": ("heads_q", "query heads"),
     "sparsity": (None, "sparsity (fraction of attention skipped)"),
+    "kept": (None, "fraction of (query, key) pairs attended"),
 }
+COMPUTED_X = {"sparsity": "sparsity", "kept": "kept_fraction"}
+"""Axes read from the record's ``info`` rather than a store column: sparse backends record their
+sparsity, every sliding-tile-mask (STA) case the fraction of pairs its mask keeps."""
 # --y name -> (store column, axis label, scale applied to the stored value)
 Y_AXES: dict[str, tuple[str, str, float]] = {
     "ms": ("median_ms", "median time per call (ms)", 1.0),
@@ -47,7 +51,7 @@ ALONG_X: dict[str, set[str]] = {
     "seq_len": {"seq_len_k", "num_seqs"}, "kv_seq_len": {"seq_len", "num_seqs"},
     "num_seqs": {"seq_len", "seq_len_k"},
     "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
-    "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(),
+    "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(), "kept": set(),
 }
 # In order of preference when naming lines.
 SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "batch": "b{}", "heads_q": "h{}",
@@ -65,9 +69,21 @@ def sparsity(row: dict) -> float | None:
     return None if value is None else float(value)
 
 
+def _info(row: dict) -> dict:
+    info = row.get("info")
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    return info or {}
+
+
 def x_value(row: dict, x: str) -> float | None:
     column = X_AXES[x][0]
-    return sparsity(row) if column is None else row.get(column)
+    if column is not None:
+        return row.get(column)
+    if x == "sparsity":
+        return sparsity(row)
+    value = _info(row).get(COMPUTED_X[x])
+    return None if value is None else float(value)
 
 
 def y_value(row: dict, y: str) -> float | None:
@@ -101,7 +117,8 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
     with_x = [dict(r, _x=x_value(r, x)) for r in ok]
     with_x = [r for r in with_x if r["_x"] is not None]
     if not with_x:
-        why = " (only sparse backends record one)" if x == "sparsity" else ""
+        why = {"sparsity": " (only sparse backends record one)",
+               "kept": " (only sliding-tile-mask (STA) cases record one)"}.get(x, "")
         raise ValueError(f"no record has a value for --x {x}{why}")
     out = [dict(r, _y=y_value(r, y)) for r in with_x]
     out = [r for r in out if r["_y"] is not None]
@@ -170,7 +187,7 @@ def _style_x(ax, x: str, xs: list[float]) -> None:
 
 FAMILY_COLOURS = {"naive": "#7f7f7f", "sdpa": "#1f77b4", "flex": "#9467bd", "fa2": "#ff7f0e", "fa3": "#d62728",
                   "fa4": "#8c564b", "xformers": "#17becf", "flashinfer": "#2ca02c", "sage": "#bcbd22",
-                  "sage2": "#e377c2", "sparge": "#6b6ecf", "cp": "#393b79"}
+                  "sage2": "#e377c2", "sparge": "#6b6ecf", "cp": "#393b79", "sta": "#637939"}
 """One colour per backend family (the name up to its first '-'), the same in every figure."""
 OTHER_COLOURS = ("#8c6d31", "#843c39", "#637939", "#7b4173", "#3182bd", "#e6550d")
 MAX_LINES = 9
@@ -213,9 +230,11 @@ def plot_axes(rows: list[dict]) -> list[str]:
     as an axis already kept (key lengths equal to query lengths would repeat the sequence-length figure)."""
     ok = [r for r in rows if r.get("status") in DRAWN_STATUSES]
     out, seen = [], []
+    # STA masks vary at one sequence length: drawn against the kept fraction, not against the sizes
+    masks_vary = len({x_value(r, "kept") for r in ok} - {None}) > 1
     for x in X_AXES:
         values = [x_value(r, x) for r in ok]
-        if len(set(values) - {None}) <= 1 or values in seen:
+        if len(set(values) - {None}) <= 1 or values in seen or (masks_vary and x not in ("kept", "sparsity")):
             continue
         out.append(x)
         seen.append(values)

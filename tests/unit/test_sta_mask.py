@@ -204,3 +204,19 @@ def test_sta_runs_are_drawn_against_the_kept_fraction_not_the_sequence_length():
             for tm in masks for backend in ("sta", "flex")]
     assert plots.plot_axes(rows) == ["kept"]            # two masks at one sequence length: not a size plot
     assert {p["_x"] for p in plots.points(rows, "kept", "ms")} == {tm.kept_fraction(1) for tm in masks}
+
+
+def test_the_compiled_kernel_takes_only_what_it_was_built_for_and_says_why():
+    from attnbench.backends.sta import Sta, StaTriton
+
+    def case(grid, windows, text=0, **kw):
+        tm = TileMask(grid=grid, windows=windows, text=text)
+        return AttnSpec(seqlens_q=(tm.tokens,), heads_q=2, head_dim=128, sta=tm, **kw)
+    assert Sta().extra_reason(case((18, 48, 80), ((3, 3, 5),)), "cuda") is None
+    assert "30x48x80 grid only" in Sta().extra_reason(case((18, 48, 80), ((3, 3, 5),), text=10), "cuda")
+    assert "30x48x80 grid only" in Sta().extra_reason(case((30, 48, 80), ((3, 3, 5),)), "cuda")
+    assert "3x5x3 is not built" in Sta().extra_reason(case((18, 48, 80), ((3, 5, 3),)), "cuda")
+    assert "knows the grids" in Sta().extra_reason(case((12, 16, 24), ((1, 1, 1),)), "cuda")
+    assert "1/sqrt" in Sta().extra_reason(case((18, 48, 80), ((3, 3, 5),), scale=0.1), "cuda")
+    assert StaTriton().extra_reason(case((12, 16, 24), ((1, 1, 1),), scale=0.1), "cuda") is None  # scale passed on
+    assert "one tile of text" in StaTriton().extra_reason(case((12, 16, 24), ((1, 1, 1),), text=385), "cuda")

@@ -57,15 +57,10 @@ class _Sta(KernelBackend):
     default_sweep = False
 
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
-        if spec.sta is None:
-            return "needs a sliding tile mask (spec.sta)"
-        if spec.scale is not None and spec.scale != spec.head_dim ** -0.5:
-            return "the kernel's softmax scale is 1/sqrt(head size)"
-        return None
+        return "needs a sliding tile mask (spec.sta)" if spec.sta is None else None
 
     def _info(self, spec: AttnSpec, **extra) -> dict:
-        tm = spec.sta
-        return self.base_info() | {"sta": tm.to_dict(), "layout": "bhsd"} | extra
+        return self.base_info() | {"sta": spec.sta.to_dict(), "layout": "bhsd"} | extra
 
 
 def _bhsd(inputs: AttnInputs):
@@ -89,6 +84,8 @@ class Sta(_Sta):
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if (reason := super().extra_reason(spec, device)) is not None:
             return reason
+        if spec.scale is not None and spec.scale != spec.head_dim ** -0.5:
+            return "the compiled kernel's softmax scale is 1/sqrt(head size)"
         tm = spec.sta
         if tm.tile != _TILE:
             return f"the compiled kernel has tiles of {triple_text(_TILE)} only"

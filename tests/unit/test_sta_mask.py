@@ -191,6 +191,7 @@ def test_a_models_call_is_reordered_into_tiles_and_back(monkeypatch):
     want = masked_attention(inputs.q, inputs.k, inputs.v, keep, spec.softmax_scale)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert tm.text == text and backend.extra_reason(spec.replace(seqlens_q=(200,)), "cuda") is not None
+    assert "2 STA windows for 3 query heads" in backend.extra_reason(spec.replace(heads_q=3, heads_kv=3), "cuda")  # a reason
 
 
 def test_sta_runs_are_drawn_against_the_kept_fraction_not_the_sequence_length():

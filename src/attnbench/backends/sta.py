@@ -157,12 +157,12 @@ class StaTriton(_Sta):
         if tm is None and self.model is not None:
             return (f"the call's {spec.seqlens_q[0]} tokens do not hold the {triple_text(self.model[0])} grid "
                     "(self-attention over video then text)")
-        if (reason := super().extra_reason(spec if spec.sta is not None else spec.replace(sta=tm), device)):
-            return reason
+        if tm is None:
+            return super().extra_reason(spec, device)
+        if (why := tm.check(spec.seqlens_q[0], spec.heads_q)) is not None:  # a model call's heads vs the windows
+            return why
         if tm.text > tm.tile_tokens:
             return f"the Triton kernel takes up to one tile of text ({tm.tile_tokens} tokens), the call has {tm.text}"
-        if len(tm.windows) not in (1, spec.heads_q):
-            return f"{len(tm.windows)} windows for {spec.heads_q} heads"
         return None
 
     def functional(self, spec: AttnSpec):
@@ -170,15 +170,15 @@ class StaTriton(_Sta):
         and back."""
         tm = self.mask(spec)
         run = self._launcher(tm, spec.heads_q, spec.softmax_scale)
-        order = tile_order(tm)
         text, video = tm.text, tm.video_tokens
+        text_pos = torch.arange(text) if self.text_first else torch.arange(video, video + text)
+        # the position in the model's sequence of each token in tile order (video tiles, then the text)
+        order = torch.cat([tile_order(tm) + (text if self.text_first else 0), text_pos])
+        on_device: dict[torch.device, torch.Tensor] = {}
 
         def fn(q, k, v):
-            order_d = order.to(q.device)
-            if self.text_first:
-                order_d = torch.cat([order_d + text, torch.arange(text, device=q.device)])
-            else:
-                order_d = torch.cat([order_d, torch.arange(video, video + text, device=q.device)])
+            if (order_d := on_device.get(q.device)) is None:  # once per device, not a copy per call
+                order_d = on_device[q.device] = order.to(q.device)
             qt, kt, vt = (t.transpose(1, 2).index_select(2, order_d) for t in (q, k, v))  # (B, H, S, D) copies
             out_t = run(qt, kt, vt)
             out = torch.empty_like(out_t)

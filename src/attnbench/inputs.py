@@ -4,7 +4,8 @@ Dense inputs are ``q_bshd`` (batch, seq, heads, dim); with ``layout="bhsd"`` the
 (batch, heads, seq, dim) and exposed as bshd views. Varlen inputs are packed ``q_thd``
 (total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal (never
 zeros) unless an ``InputDist`` asks for larger magnitudes or outliers, where the bugs of kernels that
-skip the running maximum or overflow in fp16 show.
+skip the running maximum or overflow in fp16 show. Cases with attention sinks also get the sink logits,
+float32 (Hq,), drawn after the other tensors (``variants.draw_sinks``).
 
 FP8 cases (``spec.FP8_DTYPES``) draw the bf16 inputs of the same seed and quantize q, k and v to e4m3
 (``quantize``): each tensor, or each KV head (with the queries of its GQA group), is divided by
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.spec import AttnSpec
+from attnbench.variants import draw_sinks
 
 DEFAULT_SEED = 0
 OUTLIER_SIGMAS = 16.0
@@ -85,6 +87,8 @@ class AttnInputs:
     """FP8 only: float32 (Hkv,) descales of q, k, v (value = stored x descale; q's per KV-head group)."""
     unquantized: AttnInputs | None = None
     """FP8 only: the bf16 inputs that were quantized."""
+    sinks: torch.Tensor | None = None
+    """Cases with attention sinks: float32 (Hq,) sink logits (``variants.draw_sinks``); None otherwise."""
 
     @property
     def varlen(self) -> bool:
@@ -94,7 +98,8 @@ class AttnInputs:
         """Fresh leaf tensors sharing storage, with ``requires_grad`` set (for one backend's graph)."""
         def leaf(t):
             return t.detach().requires_grad_(requires_grad)
-        return dataclasses.replace(self, q=leaf(self.q), k=leaf(self.k), v=leaf(self.v))
+        sinks = None if self.sinks is None else leaf(self.sinks)
+        return dataclasses.replace(self, q=leaf(self.q), k=leaf(self.k), v=leaf(self.v), sinks=sinks)
 
 
 def cu_seqlens(lengths, device) -> torch.Tensor:
@@ -123,6 +128,9 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
             return t
         return dist.apply(t, gen, scaled=drawn <= 2)
 
+    def sinks():  # drawn after q, k, v and dout, so those are the same with and without sinks
+        return draw_sinks(spec.heads_q, spec.seqlens_k, gen, device) if spec.sinks else None
+
     if spec.is_varlen:
         seqs = spec.sequences
         tq, tk = sum(s for s, _ in seqs), sum(s for _, s in seqs)
@@ -131,7 +139,7 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
             v=randn(tk, spec.heads_kv, spec.head_dim_v), dout=randn(tq, spec.heads_q, spec.head_dim_v),
             cu_seqlens_q=cu_seqlens([s for s, _ in seqs], device),
             cu_seqlens_k=cu_seqlens([s for _, s in seqs], device),
-            max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed)
+            max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed, sinks=sinks())
 
     b, sq, sk = spec.batch, spec.seqlens_q[0], spec.seqlens_k[0]
 
@@ -143,7 +151,7 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
     return AttnInputs(
         q=dense(sq, spec.heads_q, spec.head_dim), k=dense(sk, spec.heads_kv, spec.head_dim),
         v=dense(sk, spec.heads_kv, spec.head_dim_v), dout=dense(sq, spec.heads_q, spec.head_dim_v),
-        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed)
+        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed, sinks=sinks())
 
 
 def _by_kv_head(t: torch.Tensor, hkv: int) -> torch.Tensor:

@@ -11,9 +11,15 @@ A sliding tile mask (``spec.sta``) is counted exactly too, per query head (each 
 
 The ``dense`` convention counts every pair (P = sq * sk, no causal discount), as many papers do.
 
+The variants of today's models add no FLOPs: a softcap's tanh and ALiBi's bias are elementwise work on the
+scores, like the softmax's exponential, which no convention counts; a sink is one more term per row. So a
+kernel's TF/s with and without a variant count the same matmuls, and the variant's cost shows as a lower
+rate. A sliding window counts exactly as ever (the pairs it keeps).
+
 Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_kv heads) and writes
 O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV. Each tensor
 counts at its own element size: with fp8 inputs Q, K and V are one byte an element and O (bf16) two.
+Sinks add their fp32 logits (read) and, in the backward, their gradient (written): 4 bytes a head each.
 """
 
 from __future__ import annotations
@@ -78,8 +84,9 @@ def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
     v = tk * spec.heads_kv * spec.head_dim_v * elem
     o = tq * spec.heads_q * spec.head_dim_v * out_elem
     lse = tq * spec.heads_q * LSE_BYTES
-    fwd = q + k + v + o + lse
-    bwd = (q + k + v + o + o + lse) + (q + k + v)  # read q,k,v,o,do,lse; write dq,dk,dv
+    sinks = spec.heads_q * LSE_BYTES if spec.sinks else 0
+    fwd = q + k + v + o + lse + sinks
+    bwd = (q + k + v + o + o + lse + sinks) + (q + k + v + sinks)  # read q,k,v,o,do,lse; write dq,dk,dv
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[pass_]
 
 

@@ -7,16 +7,21 @@ times and packed into one ``(total_tokens, heads, head_dim)`` tensor with ``cu_s
 Causal masks are aligned to the lower right (flash-attn >= 2.1): query ``i`` of a sequence with
 ``sq`` queries and ``sk`` keys attends key ``j`` iff ``j <= i + sk - sq``. A sliding window
 ``(left, right)`` keeps keys in ``[i + sk - sq - left, i + sk - sq + right]``; -1 means unbounded.
+
+The variants of today's models (attention sinks, logit softcap, ALiBi) are fields of the case too; their
+definitions are in ``attnbench.variants``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
 from attnbench.sta import TileMask
+from attnbench.variants import alibi_label
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
@@ -80,6 +85,13 @@ class AttnSpec:
     """Softmax scale; None = 1/sqrt(head_dim)."""
     sta: TileMask | None = None
     """Sliding tile attention's mask (``attnbench.sta``): video tokens in tile order, then text; None = none."""
+    sinks: bool = False
+    """Attention sinks (gpt-oss): one seeded logit per query head in every row's softmax denominator
+    (``attnbench.variants``); an input with its own gradient."""
+    softcap: float | None = None
+    """Logit softcap c (Gemma 2): scaled scores s become c·tanh(s/c); None = none."""
+    alibi: tuple[float, ...] | None = None
+    """ALiBi slopes, one per query head (``variants.alibi_slopes`` for the standard ones); None = no ALiBi."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -95,6 +107,10 @@ class AttnSpec:
             set_(self, "window", tuple(int(w) for w in self.window))
         if isinstance(self.sta, dict):
             set_(self, "sta", TileMask.from_dict(self.sta))
+        if self.alibi is not None:
+            set_(self, "alibi", tuple(float(x) if _number(x) else x for x in self.alibi))
+        if _number(self.softcap):
+            set_(self, "softcap", float(self.softcap))
         self._validate()
 
     def _validate(self) -> None:
@@ -124,12 +140,29 @@ class AttnSpec:
             raise ValueError(f"window must be two integers (left, right), each >= -1; got {self.window!r}")
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"scale must be positive, got {self.scale!r}")
+        self._validate_variants()
         if self.sta is not None:
             if self.is_varlen or self.causal or self.has_window or self.seqlens_q != self.seqlens_k:
                 raise ValueError("a sliding tile mask takes one dense self-attention sequence, without causal or "
                                  "window masks")
             if (why := self.sta.check(self.seqlens_q[0], self.heads_q)) is not None:
                 raise ValueError(why)
+
+    def _validate_variants(self) -> None:
+        if not isinstance(self.sinks, bool):
+            raise ValueError(f"sinks must be true or false, got {self.sinks!r}")
+        cap = self.softcap
+        if cap is not None and (not _number(cap) or not math.isfinite(cap) or cap <= 0):
+            raise ValueError(f"softcap must be a finite number > 0, got {cap!r}")
+        if self.alibi is not None:
+            if len(self.alibi) != self.heads_q:
+                raise ValueError(f"ALiBi needs one slope per query head: {len(self.alibi)} slopes for "
+                                 f"{self.heads_q} q-heads")
+            bad = [x for x in self.alibi if not _number(x) or not math.isfinite(x)]
+            if bad:
+                raise ValueError(f"ALiBi slopes must be finite numbers, got {bad[0]!r}")
+        if self.sta is not None and self.variants:
+            raise ValueError("a sliding tile mask does not combine with sinks, softcap or ALiBi")
 
     # ---- derived properties -------------------------------------------------------------------
     @property
@@ -160,6 +193,12 @@ class AttnSpec:
         return list(zip(self.seqlens_q, self.seqlens_k, strict=True)) * self.batch
 
     @property
+    def variants(self) -> tuple[str, ...]:
+        """Names of the model variants the case has (sinks, softcap, alibi), in that order."""
+        return tuple(name for name, on in (("sinks", self.sinks), ("softcap", self.softcap is not None),
+                                           ("alibi", self.alibi is not None)) if on)
+
+    @property
     def gqa(self) -> bool:
         return self.heads_kv != self.heads_q
 
@@ -174,7 +213,7 @@ class AttnSpec:
     def shape_key(self) -> tuple:
         """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
         return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
-                self.head_dim_v, self.dtype, self.layout)
+                self.head_dim_v, self.dtype, self.layout, self.sinks)
 
     def label(self) -> str:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
@@ -193,6 +232,12 @@ class AttnSpec:
             parts.append(f"win{self.window[0]},{self.window[1]}")
         if self.sta is not None:
             parts.append(self.sta.label())
+        if self.sinks:
+            parts.append("sinks")
+        if self.softcap is not None:
+            parts.append(f"softcap{self.softcap:g}")
+        if self.alibi is not None:
+            parts.append(alibi_label(self.alibi))
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -203,15 +248,26 @@ class AttnSpec:
             del out["sta"]  # records of cases without one stay as they were
         else:
             out["sta"] = self.sta.to_dict()
+        for name, default in VARIANT_DEFAULTS.items():  # likewise: old case ids do not change
+            if out[name] == default:
+                del out[name]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> AttnSpec:
         data = dict(data)
-        for key in ("seqlens_q", "seqlens_k", "window"):
+        for key in ("seqlens_q", "seqlens_k", "window", "alibi"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
         return cls(**data)
+
+
+VARIANT_DEFAULTS = {"sinks": False, "softcap": None, "alibi": None}
+"""The variant fields and their 'off' values, left out of ``to_dict`` when off."""
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _positive(name: str, value) -> None:

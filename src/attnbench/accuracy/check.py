@@ -89,6 +89,8 @@ class AccuracyChecker:
         expected = self.expected(spec, inputs, grads=grads)
         got = outputs.tensors()
         wanted = ("out", "dq", "dk", "dv") if grads else ("out",)
+        if grads and spec.sinks:
+            wanted += ("dsinks",)
         missing = tuple(name for name in wanted if name not in got)
         metrics = compare(got, expected.reference.tensors())
         exact = backend.judged_exactly(spec)

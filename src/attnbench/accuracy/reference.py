@@ -15,6 +15,12 @@ Masks follow ``spec.py``: lower-right aligned causal, windows ``(left, right)`` 
 sliding tile mask (``spec.sta``, one window per head) on top; key blocks a mask hides entirely are skipped.
 Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients.
 
+The variants of ``attnbench.variants`` are one term each: a score block gets the softcap (in place; its
+derivative ``1 − tanh²`` multiplies dS in the backward) and the ALiBi bias (no effect on the gradients
+of q and k beyond the shifted probabilities) before the mask; sinks join each row's softmax at the end of
+the forward (``lse ← logaddexp(lse, sink)``, ``out`` rescaled), so the backward, which recomputes P from
+that LSE, needs nothing else, and their gradient is ``−Σ_rows exp(sink − lse) · rowsum(dO ∘ O)``.
+
 Shapes (``Reference``): ``out``/``dq``/``dk``/``dv`` come in the input layout, (B, S, H, D) dense or
 packed (T, H, D) varlen, as views of head-major buffers (not necessarily contiguous). ``lse`` is the
 natural-log log-sum-exp of the scaled scores, (B, Hq, Sq) dense or (Hq, Tq) varlen — the shapes
@@ -35,6 +41,7 @@ import torch
 
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
+from attnbench.variants import relative_positions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +71,8 @@ class Reference:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    dsinks: torch.Tensor | None = None
+    """(Hq,): the gradient of the sink logits (cases with sinks)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -148,17 +157,65 @@ def block_keep(a: int, b: int, c: int, d: int, sq: int, sk: int, left: int, righ
     return keep
 
 
-def _keep(a: int, b: int, c: int, d: int, geom, device) -> torch.Tensor | None | bool:
+@dataclass(frozen=True)
+class _Geom:
+    """What every block of one dense case needs besides its tensors."""
+
+    sq: int
+    sk: int
+    left: int
+    right: int
+    groups: int
+    """Query heads per KV head."""
+    scale: float
+    tiles: tuple | None = None
+    """(TileMask, its (Hq, tiles, tiles) keep on the device) of a sliding tile mask, or None."""
+    softcap: float | None = None
+    slopes: torch.Tensor | None = None
+    """ALiBi slopes as (1, Hkv, G, 1, 1) in the compute dtype (the score blocks' head order), or None."""
+
+    @property
+    def modified(self) -> bool:
+        return self.softcap is not None or self.slopes is not None
+
+
+def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype) -> _Geom:
+    hq, hkv = q.shape[2], k.shape[2]
+    left, right = mask_bounds(causal, window)
+    slopes = None
+    if alibi is not None:
+        slopes = torch.as_tensor(alibi, dtype=dtype, device=q.device).view(1, hkv, hq // hkv, 1, 1)
+    return _Geom(sq=q.shape[1], sk=k.shape[1], left=left, right=right, groups=hq // hkv,
+                 scale=q.shape[-1] ** -0.5 if scale is None else scale, tiles=_tiles(tile_mask, hq, q.device),
+                 softcap=softcap, slopes=slopes)
+
+
+def _keep(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None | bool:
     """The mask of rows [a, b) x keys [c, d): None = all kept, False = none kept (skip the block), else a
     bool (rows, keys) tensor, or (Hq, rows, keys) for a sliding tile mask (each head its own window)."""
-    sq, sk, left, right, groups, scale, tiles = geom
-    if tiles is None:
-        return block_keep(a, b, c, d, sq, sk, left, right, device)
-    tm, tile_keep = tiles
+    if geom.tiles is None:
+        return block_keep(a, b, c, d, geom.sq, geom.sk, geom.left, geom.right, device)
+    tm, tile_keep = geom.tiles
     keep = tm.block(a, b, c, d, tile_keep.shape[0], device, tile_keep=tile_keep)
     if not keep.any():
         return False
     return None if keep.all() else keep
+
+
+def _modify_(s: torch.Tensor, a: int, b: int, c: int, d: int, geom: _Geom) -> torch.Tensor | None:
+    """Softcap, then ALiBi, on the scaled scores ``s`` (B·Hkv, G·rows, keys) of rows [a, b) x keys [c, d), in
+    place (``variants``' definitions, without temporaries the size of ``s``). Returns the softcap's derivative
+    ``1 − tanh²`` for the backward (None without a softcap)."""
+    dcap = None
+    if geom.softcap is not None:
+        s.div_(geom.softcap).tanh_()
+        dcap = 1 - s.square()
+        s.mul_(geom.softcap)
+    if geom.slopes is not None:
+        rel = relative_positions(geom.sq, geom.sk, s.device, s.dtype, rows=(a, b), keys=(c, d))
+        hkv = geom.slopes.shape[1]
+        s.view(-1, hkv, geom.groups, b - a, d - c).addcmul_(geom.slopes, rel)
+    return dcap
 
 
 def _mask_(s: torch.Tensor, keep: torch.Tensor, groups: int, rows: int) -> None:
@@ -199,37 +256,41 @@ def _row_block(spec_rows: int, bsz: int, heads_q: int, block_k: int, blocks: Blo
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       window: tuple[int, int] | None = None, scale: float | None = None,
                       dtype: torch.dtype | None = None, blocks: BlockSizes | None = None,
-                      tile_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      tile_mask=None, softcap: float | None = None, alibi: tuple[float, ...] | None = None,
+                      sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``; ``tile_mask`` is a
-    sliding tile mask (``attnbench.sta.TileMask``) applied on top."""
+    sliding tile mask (``attnbench.sta.TileMask``) applied on top; ``softcap``, ``alibi`` (Hq slopes) and
+    ``sinks`` (Hq logits) are the variants of ``attnbench.variants`` (the LSE includes the sink)."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
-    bsz, sq, hq, dim = q.shape
+    bsz, sq, hq, _ = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    groups, scale = hq // hkv, dim ** -0.5 if scale is None else scale
-    left, right = mask_bounds(causal, window)
-    out = torch.zeros(bsz * hkv, groups, sq, dv, dtype=dtype, device=q.device)
-    lse = torch.full((bsz * hkv, groups, sq), -math.inf, dtype=dtype, device=q.device)
+    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype)
+    out = torch.zeros(bsz * hkv, geom.groups, sq, dv, dtype=dtype, device=q.device)
+    lse = torch.full((bsz * hkv, geom.groups, sq), -math.inf, dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
     bq = _row_block(sq, bsz, hq, bk, blocks)
-    geom = (sq, sk, left, right, groups, scale, _tiles(tile_mask, hq, q.device))
     with exact_fp32_matmul():
         for a in range(0, sq, bq):
             b = min(sq, a + bq)
-            lo, hi = _key_range(a, b, sq, sk, left, right)
+            lo, hi = _key_range(a, b, sq, sk, geom.left, geom.right)
             if hi <= lo:
                 continue  # these rows attend nothing: out 0, lse -inf
             acc, row_lse = _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype)
-            out[:, :, a:b] = acc.view(bsz * hkv, groups, b - a, dv)
-            lse[:, :, a:b] = row_lse.view(bsz * hkv, groups, b - a)
+            out[:, :, a:b] = acc.view(bsz * hkv, geom.groups, b - a, dv)
+            lse[:, :, a:b] = row_lse.view(bsz * hkv, geom.groups, b - a)
+    if sinks is not None:  # the sink joins each row's denominator: rescale out, add it to the LSE
+        sink = sinks.to(dtype).view(1, hkv, geom.groups, 1).expand(bsz, -1, -1, sq).reshape(lse.shape)
+        total = torch.logaddexp(lse, sink)
+        out.mul_(torch.exp(lse - total).unsqueeze(-1))
+        lse = total
     out_bshd = out.view(bsz, hq, sq, dv).transpose(1, 2)
     return out_bshd, lse.view(bsz, hq, sq)
 
 
-def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
+def _forward_rows(q, k, v, a, b, lo, hi, bk, geom: _Geom, dtype):
     """Online softmax of rows [a, b) over keys [lo, hi): (acc (BH, G·rows, Dv), lse (BH, G·rows))."""
-    groups, scale = geom[4], geom[5]
-    q_blk = _rows(q, a, b, groups, dtype) * scale  # never in place: _rows may return a view of q
+    q_blk = _rows(q, a, b, geom.groups, dtype) * geom.scale  # never in place: _rows may return a view of q
     rows = q_blk.shape[1]
     m = torch.full(q_blk.shape[:2], -math.inf, dtype=dtype, device=q.device)
     l_sum = torch.zeros_like(m)
@@ -241,8 +302,10 @@ def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
             continue
         k_blk, v_blk = _keys(k, c, d, dtype), _keys(v, c, d, dtype)
         s = torch.bmm(q_blk, k_blk.transpose(1, 2))
+        if geom.modified:
+            _modify_(s, a, b, c, d, geom)
         if keep is not None:
-            _mask_(s, keep, groups, b - a)
+            _mask_(s, keep, geom.groups, b - a)
         m_new = torch.maximum(m, s.amax(dim=-1))
         # A row with no key kept so far has m_new = -inf: subtract 0 instead (exp(-inf) = 0, not NaN).
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -262,15 +325,17 @@ def _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype):
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, *, causal: bool = False, window: tuple[int, int] | None = None,
                        scale: float | None = None, dtype: torch.dtype | None = None,
-                       blocks: BlockSizes | None = None,
-                       tile_mask=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``."""
+                       blocks: BlockSizes | None = None, tile_mask=None, softcap: float | None = None,
+                       alibi: tuple[float, ...] | None = None, sinks: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, ...]:
+    """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``; with ``sinks``
+    also d(sinks), (Hq,)."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    groups, scale = hq // hkv, dim ** -0.5 if scale is None else scale
-    left, right = mask_bounds(causal, window)
+    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype)
+    groups = geom.groups
     # Rows with no key have lse = -inf; +inf makes exp(s - lse) = 0 there instead of NaN.
     lse_g = torch.where(torch.isinf(lse), torch.full_like(lse, math.inf), lse).to(dtype)
     lse_g = lse_g.view(bsz * hkv, groups, sq)
@@ -279,25 +344,37 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dv = torch.zeros(bsz * hkv, sk, v.shape[3], dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
     bq = _row_block(sq, bsz, hq, bk, blocks)
-    geom = (sq, sk, left, right, groups, scale, _tiles(tile_mask, hq, q.device))
     with exact_fp32_matmul():
         for c in range(0, sk, bk):
             d = min(sk, c + bk)
-            lo, hi = _query_range(c, d, sq, sk, left, right)
+            lo, hi = _query_range(c, d, sq, sk, geom.left, geom.right)
             k_blk, v_blk = _keys(k, c, d, dtype), _keys(v, c, d, dtype)
             for a in range(lo, hi, bq):
                 b = min(hi, a + bq)
                 dq_blk = _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk[:, c:d], dv[:, c:d],
                                          (a, b, c, d), geom, dtype)
                 dq[:, :, a:b] += dq_blk.view(bsz * hkv, groups, b - a, dim)
-    return (dq.view(bsz, hq, sq, dim).transpose(1, 2), dk.view(bsz, hkv, sk, dim).transpose(1, 2),
-            dv.view(bsz, hkv, sk, v.shape[3]).transpose(1, 2))
+    grads = (dq.view(bsz, hq, sq, dim).transpose(1, 2), dk.view(bsz, hkv, sk, dim).transpose(1, 2),
+             dv.view(bsz, hkv, sk, v.shape[3]).transpose(1, 2))
+    if sinks is None:
+        return grads
+    return (*grads, _sink_grad(out, dout, lse, sinks, dtype, bq))
 
 
-def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom, dtype):
+def _sink_grad(out, dout, lse, sinks, dtype, rows: int) -> torch.Tensor:
+    """d sink_h = −Σ over batch and rows of exp(sink_h − lse) · Σ_d dO·O (``variants``), in ``dtype``, (Hq,)."""
+    grad = torch.zeros(sinks.shape[0], dtype=dtype, device=out.device)
+    sink = sinks.to(dtype).view(1, -1, 1)
+    for a in range(0, out.shape[1], rows):  # rows at a time: no (B, S, H, D) temporary in the compute dtype
+        delta = torch.einsum("bshd,bshd->bhs", dout[:, a:a + rows].to(dtype), out[:, a:a + rows].to(dtype))
+        grad -= (torch.exp(sink - lse[:, :, a:a + rows].to(dtype)) * delta).sum(dim=(0, 2))
+    return grad
+
+
+def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom: _Geom, dtype):
     """One (rows, keys) tile: accumulates into dk_blk / dv_blk in place, returns this tile's dQ part."""
     a, b, c, d = box
-    groups, scale = geom[4], geom[5]
+    groups, scale = geom.groups, geom.scale
     keep = _keep(a, b, c, d, geom, q.device)
     if keep is False:
         return torch.zeros(k_blk.shape[0], groups * (b - a), q.shape[-1], dtype=dtype, device=q.device)
@@ -307,13 +384,21 @@ def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom
     delta = (do_blk * o_blk).sum(dim=-1, keepdim=True)
     del o_blk
     neg_lse = -lse_g[:, :, a:b].reshape(lse_g.shape[0], -1, 1)
-    p = torch.baddbmm(neg_lse, q_blk, k_blk.transpose(1, 2))
+    dcap = None
+    if geom.modified:  # the scores themselves first, then - lse
+        p = torch.bmm(q_blk, k_blk.transpose(1, 2))
+        dcap = _modify_(p, a, b, c, d, geom)
+        p.add_(neg_lse)
+    else:
+        p = torch.baddbmm(neg_lse, q_blk, k_blk.transpose(1, 2))
     if keep is not None:
         _mask_(p, keep, groups, b - a)
     p.exp_()
     dv_blk.baddbmm_(p.transpose(1, 2), do_blk)
     ds = torch.bmm(do_blk, v_blk.transpose(1, 2)).sub_(delta).mul_(p)
     del p
+    if dcap is not None:  # through the softcap: d(c·tanh(s/c))/ds = 1 - tanh²
+        ds.mul_(dcap)
     dk_blk.baddbmm_(ds.transpose(1, 2), q_blk)
     return torch.bmm(ds, k_blk).mul_(scale)
 
@@ -324,7 +409,8 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
     """Exact outputs of ``spec`` on ``inputs`` (on the inputs' device); gradients use ``inputs.dout``."""
     dtype = dtype or compute_dtype_for(inputs.q.device, inputs.q.dtype)
     kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks,
-              tile_mask=spec.sta)
+              tile_mask=spec.sta, softcap=spec.softcap, alibi=spec.alibi,
+              sinks=inputs.sinks.detach() if spec.sinks else None)
     if not inputs.varlen:
         return _dense_case(inputs.q, inputs.k, inputs.v, inputs.dout, grads, kw)
     q, k, v = inputs.q, inputs.k, inputs.v
@@ -332,6 +418,8 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
                     lse=q.new_full((q.shape[1], q.shape[0]), -math.inf, dtype=dtype))
     if grads:
         ref.dq, ref.dk, ref.dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
+        if spec.sinks:
+            ref.dsinks = torch.zeros(inputs.sinks.shape, dtype=dtype, device=q.device)
     cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
         (a, b), (c, d) = cu_q[i:i + 2], cu_k[i:i + 2]
@@ -339,6 +427,8 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
         ref.out[a:b], ref.lse[:, a:b] = part.out[0], part.lse[0]
         if grads:
             ref.dq[a:b], ref.dk[c:d], ref.dv[c:d] = part.dq[0], part.dk[0], part.dv[0]
+            if part.dsinks is not None:  # one sink per head for every sequence: the gradients add up
+                ref.dsinks += part.dsinks
     return ref
 
 
@@ -346,7 +436,8 @@ def _dense_case(q, k, v, dout, grads: bool, kw: dict) -> Reference:
     out, lse = attention_forward(q, k, v, **kw)
     ref = Reference(out=out, lse=lse)
     if grads:
-        ref.dq, ref.dk, ref.dv = attention_backward(q, k, v, out, lse, dout, **kw)
+        ref.dq, ref.dk, ref.dv, *dsinks = attention_backward(q, k, v, out, lse, dout, **kw)
+        ref.dsinks = dsinks[0] if dsinks else None
     return ref
 
 

@@ -59,6 +59,12 @@ class Capabilities:
     """False for quantized or sparse kernels: judged by approximate thresholds, not exactness."""
     tile_mask: bool = False
     """Takes a sliding tile attention mask (``spec.sta``)."""
+    sinks: bool = False
+    """Attention sinks (``spec.sinks``), with their gradient when the backend has a backward."""
+    softcap: bool = False
+    """Logit softcap (``spec.softcap``)."""
+    alibi: bool = False
+    """ALiBi with any slopes (``spec.alibi``); a backend limited to some slopes says so in ``extra_reason``."""
 
 
 @dataclass(kw_only=True)
@@ -70,6 +76,8 @@ class Outputs:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    dsinks: torch.Tensor | None = None
+    """(Hq,) gradient of the sink logits (cases with sinks)."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -106,6 +114,9 @@ def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.d
         (spec.causal and not caps.causal, "causal not supported"),
         (spec.has_window and not caps.window, "sliding window not supported"),
         (spec.sta is not None and not caps.tile_mask, "no sliding tile (STA) mask"),
+        (spec.sinks and not caps.sinks, "attention sinks not supported"),
+        (spec.softcap is not None and not caps.softcap, "logit softcap not supported"),
+        (spec.alibi is not None and not caps.alibi, "ALiBi not supported"),
         (spec.pass_ != "fwd" and not caps.backward, "forward only (no backward)"),
         (spec.seqlens_q != spec.seqlens_k and not caps.cross_lengths, "query and key lengths must match"),
         (spec.head_dim_v != spec.head_dim and not caps.different_v_dim, "value head size must equal q/k head size"),
@@ -225,35 +236,37 @@ def autograd_closure(spec: AttnSpec, inputs: AttnInputs, forward: ForwardFn,
     ``forward`` returns ``out`` or ``(out, lse)``. ``pre`` (layout changes, GQA expansion, packing)
     runs once here, outside the timed region; gradients are still taken with respect to the
     original (bshd or packed) inputs. fwd runs under no_grad; bwd runs the forward once here
-    (untimed) and times only ``autograd.grad``; fwd_bwd times both.
+    (untimed) and times only ``autograd.grad``; fwd_bwd times both. A case with attention sinks calls
+    ``forward(q, k, v, sinks=...)`` with the (Hq,) sink logits, and their gradient is returned as ``dsinks``.
     """
     pre = pre or (lambda q, k, v: (q, k, v))
     if spec.pass_ == "fwd":
         with torch.no_grad():
             args = pre(inputs.q, inputs.k, inputs.v)
+        extra = {"sinks": inputs.sinks} if spec.sinks else {}
 
         def run_fwd() -> Outputs:
             with torch.no_grad():
-                return _as_outputs(forward(*args))
+                return _as_outputs(forward(*args, **extra))
         return run_fwd
 
     leaves = inputs.leaves(requires_grad=True)
     wrt, dout = (leaves.q, leaves.k, leaves.v), inputs.dout
     args = pre(*wrt)
+    extra = {}
+    if spec.sinks:
+        wrt, extra = (*wrt, leaves.sinks), {"sinks": leaves.sinks}
+
+    def backward(res: Outputs) -> Outputs:
+        # retain_graph: the nodes built by ``pre`` (and, for bwd, the forward) are shared by every iteration.
+        grads = torch.autograd.grad(res.out, wrt, dout, retain_graph=True)
+        return Outputs(out=res.out.detach(), lse=res.lse, dq=grads[0], dk=grads[1], dv=grads[2],
+                       dsinks=grads[3] if len(grads) > 3 else None)
+
     if spec.pass_ == "bwd":
-        first = _as_outputs(forward(*args))
-
-        def run_bwd() -> Outputs:
-            dq, dk, dv = torch.autograd.grad(first.out, wrt, dout, retain_graph=True)
-            return Outputs(out=first.out.detach(), lse=first.lse, dq=dq, dk=dk, dv=dv)
-        return run_bwd
-
-    def run_fwd_bwd() -> Outputs:
-        res = _as_outputs(forward(*args))
-        # retain_graph: the nodes built by ``pre`` are shared by every iteration.
-        dq, dk, dv = torch.autograd.grad(res.out, wrt, dout, retain_graph=True)
-        return Outputs(out=res.out.detach(), lse=res.lse, dq=dq, dk=dk, dv=dv)
-    return run_fwd_bwd
+        first = _as_outputs(forward(*args, **extra))
+        return lambda: backward(first)
+    return lambda: backward(_as_outputs(forward(*args, **extra)))
 
 
 def _as_outputs(result) -> Outputs:

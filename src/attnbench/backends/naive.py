@@ -4,6 +4,9 @@ Materialises the full (B, H, Sq, Sk) score matrix in the input dtype, as a hand-
 GQA repeats K/V heads; varlen loops over the sequences. Rows whose mask keeps no key output zeros
 (flash-attn's convention) instead of NaN.
 
+The variants of today's models (``attnbench.variants``) are written as a model would: softcap and an fp32 ALiBi
+bias on the score matrix, and the sinks as one more softmax column per row that is dropped afterwards.
+
 Two forms, which differ only in where the softmax scale is applied:
 
 - ``naive``: the scale folded into Q before the first matmul (B·S·H·D multiplies), as careful model
@@ -25,15 +28,18 @@ from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_cl
 from attnbench.inputs import AttnInputs
 from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
+from attnbench.variants import modify_scores, relative_positions, with_sinks
 
 
 def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Tensor, *, causal: bool,
                     window: tuple[int, int] | None, scale: float, mask: _Mask | None = None,
-                    scale_scores: bool = False) -> torch.Tensor:
+                    scale_scores: bool = False, terms: Terms | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(Q K^T * scale + mask) V for (B, S, H, D) tensors; returns (B, Sq, Hq, Dv).
 
     ``mask`` is the precomputed ``_Mask`` of (causal, window) for these lengths; built here if absent.
     ``scale_scores``: multiply the score matrix by the scale instead of Q (module docstring).
+    ``terms``: softcap and ALiBi (``variants``); ``sinks``: (Hq,) sink logits, one more softmax column each.
     """
     groups = q_bshd.shape[2] // k_bshd.shape[2]
     q = q_bshd.transpose(1, 2)
@@ -45,11 +51,16 @@ def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Te
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     else:
         scores = torch.matmul(q * scale, k.transpose(-2, -1))
+    if terms is not None:
+        scores = modify_scores(scores, cap=terms.softcap, slope=terms.slopes, rel=terms.rel)
     if mask.drop is not None:
         scores = scores.masked_fill(mask.drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if mask.empty_rows is not None:
-        probs = probs.masked_fill(mask.empty_rows, 0.0)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+        if mask.empty_rows is not None:
+            probs = probs.masked_fill(mask.empty_rows, 0.0)
+    else:  # a row with no key keeps its sink: its probabilities are all 0, no NaN
+        probs = torch.softmax(with_sinks(scores, sinks), dim=-1)[..., :-1]
     return torch.matmul(probs, v).transpose(1, 2)
 
 
@@ -69,10 +80,30 @@ class _Mask:
         return _Mask(~keep, None if bool(has_key.all()) else ~has_key)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """Softcap and ALiBi of one sequence (``variants``), built once like a model's buffers."""
+
+    softcap: float | None
+    slopes: torch.Tensor | None
+    """(Hq, 1, 1) float32 ALiBi slopes, or None."""
+    rel: torch.Tensor | None
+    """(Sq, Sk) float32 key position minus aligned query position, or None."""
+
+    @staticmethod
+    def build(spec: AttnSpec, sq: int, sk: int, device) -> Terms | None:
+        if spec.softcap is None and spec.alibi is None:
+            return None
+        if spec.alibi is None:
+            return Terms(spec.softcap, None, None)
+        slopes = torch.tensor(spec.alibi, dtype=torch.float32, device=device).view(-1, 1, 1)
+        return Terms(spec.softcap, slopes, relative_positions(sq, sk, device))
+
+
 class NaiveBackend(Backend):
     name = "naive"
     description = "matmul-softmax-matmul in PyTorch, full score matrix, scale folded into Q (the write-ups' 'Pytorch')"
-    capabilities = Capabilities(varlen=True, window=True, tile_mask=True)
+    capabilities = Capabilities(varlen=True, window=True, tile_mask=True, sinks=True, softcap=True, alibi=True)
     scale_scores = False
     """Apply the softmax scale to the S×S scores instead of Q (``naive-scale-scores``)."""
 
@@ -81,20 +112,23 @@ class NaiveBackend(Backend):
         kwargs = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, scale_scores=self.scale_scores)
         dev = inputs.q.device
         if not inputs.varlen:
-            mask = _Mask.build(spec.seqlens_q[0], spec.seqlens_k[0], spec.causal, spec.window, dev)
+            sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+            mask, terms = _Mask.build(sq, sk, spec.causal, spec.window, dev), Terms.build(spec, sq, sk, dev)
             if spec.sta is not None:  # (Hq, S, S), each head its own window; every query attends some key
                 mask = _Mask(~spec.sta.dense(spec.heads_q, dev), None)
 
-            def forward(q, k, v):
-                return naive_attention(q, k, v, mask=mask, **kwargs)
+            def forward(q, k, v, sinks=None):
+                return naive_attention(q, k, v, mask=mask, terms=terms, sinks=sinks, **kwargs)
         else:
             cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
             bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
             masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev) for (qs, qe), (ks, ke) in bounds]
+            terms = [Terms.build(spec, qe - qs, ke - ks, dev) for (qs, qe), (ks, ke) in bounds]
 
-            def forward(q, k, v):
-                outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, **kwargs)[0]
-                        for ((qs, qe), (ks, ke)), m in zip(bounds, masks, strict=True)]
+            def forward(q, k, v, sinks=None):
+                outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, terms=t, sinks=sinks,
+                                        **kwargs)[0]
+                        for ((qs, qe), (ks, ke)), m, t in zip(bounds, masks, terms, strict=True)]
                 return torch.cat(outs, dim=0)
         kernel = "matmul+scale+softmax+matmul" if self.scale_scores else "matmul(scaled q)+softmax+matmul"
         info = self.base_info() | {"kernel": kernel, "gqa": "expanded" if spec.gqa else "none"}

@@ -6,6 +6,14 @@
 - ``fa2-varlen``           flash_attn_varlen_func on packed (T, H, D) + cu_seqlens.
 - ``fa2-varlen-qkvpacked`` flash_attn_varlen_qkvpacked_func(qkv (T, 3, H, D), cu_seqlens, max_seqlen).
 
+Logit softcap (``softcap=``) and ALiBi (``alibi_slopes=``, float32 per head) are flash-attn 2 arguments,
+forward and backward. Its ALiBi bias is ``−slope·|i′ − j|``, symmetric around the aligned diagonal, so it is
+attnbench's signed bias only where no key lies after the query: causal cases (a window's right side 0). It adds
+``slope·j`` there, the same softmax as ``−slope·(i′ − j)`` but a log-sum-exp shifted by ``slope·i′``, so the LSE
+of an ALiBi case is not taken. A build without them (``FLASHATTENTION_DISABLE_SOFTCAP`` / ``_ALIBI``, as the
+trimmed wheel of ``tools/build-fa2-trimmed.sh``) does not refuse them: its switch compiles the feature out and
+the kernel runs without it. The check catches that (an output that is not the case's attention).
+
 Packing (torch.stack) happens in ``prepare``; gradients still flow back to the caller's q, k, v.
 Dense cases also run through the varlen entry points (flattened, uniform cu_seqlens). Causal is
 flash-attn's own lower-right alignment; windows pass as ``window_size=(left, right)``. The kernels
@@ -16,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from attnbench.backends.base import Capabilities, Prepared, autograd_closure
 from attnbench.backends.kernel import (
     KernelBackend,
@@ -24,6 +34,7 @@ from attnbench.backends.kernel import (
     effective_window,
     lse_if_shaped,
     packed,
+    split_result,
     varlen_closure,
     varlen_lse,
 )
@@ -31,14 +42,21 @@ from attnbench.inputs import AttnInputs, pack_kv, pack_qkv
 from attnbench.spec import AttnSpec
 
 _DENSE = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, window=True,
-                      different_v_dim=False, min_compute_capability=(8, 0))
+                      different_v_dim=False, min_compute_capability=(8, 0), softcap=True, alibi=True)
 
 
-def common_kwargs(spec: AttnSpec) -> dict:
-    """The arguments every flash-attn 2 entry point shares (dropout off)."""
+def common_kwargs(spec: AttnSpec, device="cuda") -> dict:
+    """The arguments every flash-attn 2 entry point shares (dropout off; softcap and ALiBi slopes when the
+    case has them)."""
     window = effective_window(spec) if spec.has_window else (-1, -1)
-    return {"dropout_p": 0.0, "softmax_scale": spec.softmax_scale, "causal": spec.causal,
-            "window_size": window, "return_attn_probs": True}
+    kw = {"dropout_p": 0.0, "softmax_scale": spec.softmax_scale, "causal": spec.causal,
+          "window_size": window, "return_attn_probs": True}
+    if spec.softcap is not None:
+        kw["softcap"] = spec.softcap
+    if spec.alibi is not None:
+        kw["alibi_slopes"] = torch.tensor(spec.alibi, dtype=torch.float32, device=device)
+        kw["return_attn_probs"] = False  # its LSE is of its own bias, slope·j: see the module doc
+    return kw
 
 
 class _Fa2(KernelBackend):
@@ -47,6 +65,11 @@ class _Fa2(KernelBackend):
     install = "pip install flash-attn --no-build-isolation"
     capabilities = _DENSE
     build_limits = ("this flash-attn build has head dims up to",)  # builds trimmed to fewer head dims
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if spec.alibi is not None and effective_window(spec)[1] != 0:
+            return "flash-attn's ALiBi is symmetric (−slope·|i′−j|): it matches the signed bias in causal cases only"
+        return None
 
     def _info(self, spec: AttnSpec, **extra) -> dict:
         return self.base_info() | {"gqa": "native" if spec.gqa else "none"} | extra
@@ -61,7 +84,7 @@ class Fa2(_Fa2):
         return dense_functional(self.kernel(), common_kwargs(spec) | {"return_attn_probs": False})
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        closure = dense_closure(spec, inputs, self.kernel(), common_kwargs(spec))
+        closure = dense_closure(spec, inputs, self.kernel(), common_kwargs(spec, inputs.q.device))
         return Prepared(fn=closure, info=self._info(spec))
 
 
@@ -72,11 +95,11 @@ class Fa2QKVPacked(_Fa2):
     capabilities = replace(_DENSE, gqa=False, cross_lengths=False)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, kwargs = self.kernel(), common_kwargs(spec)
+        fn, kwargs = self.kernel(), common_kwargs(spec, inputs.q.device)
         lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
 
         def forward(qkv):
-            out, lse, *_ = fn(qkv, **kwargs)
+            out, lse = split_result(fn(qkv, **kwargs))
             return out, lse_if_shaped(lse, lse_shape)
         closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: (pack_qkv(q, k, v),))
         return Prepared(fn=closure, info=self._info(spec, packing="qkv (B, S, 3, H, D)"))
@@ -88,11 +111,11 @@ class Fa2KVPacked(_Fa2):
     function = "flash_attn_kvpacked_func"
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, kwargs = self.kernel(), common_kwargs(spec)
+        fn, kwargs = self.kernel(), common_kwargs(spec, inputs.q.device)
         lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
 
         def forward(q, kv):
-            out, lse, *_ = fn(q, kv, **kwargs)
+            out, lse = split_result(fn(q, kv, **kwargs))
             return out, lse_if_shaped(lse, lse_shape)
         closure = autograd_closure(spec, inputs, forward, pre=lambda q, k, v: (q, pack_kv(k, v)))
         return Prepared(fn=closure, info=self._info(spec, packing="kv (B, Sk, 2, Hkv, D)"))
@@ -105,7 +128,7 @@ class Fa2Varlen(_Fa2):
     capabilities = replace(_DENSE, varlen=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        closure, p = varlen_closure(spec, inputs, self.kernel(), common_kwargs(spec))
+        closure, p = varlen_closure(spec, inputs, self.kernel(), common_kwargs(spec, inputs.q.device))
         return Prepared(fn=closure, info=self._info(spec, packing="thd + cu_seqlens",
                                                     flattened_dense=p.batch is not None))
 
@@ -117,10 +140,10 @@ class Fa2VarlenQKVPacked(_Fa2):
     capabilities = replace(_DENSE, varlen=True, gqa=False, cross_lengths=False)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        fn, kwargs, p = self.kernel(), common_kwargs(spec), packed(spec, inputs)
+        fn, kwargs, p = self.kernel(), common_kwargs(spec, inputs.q.device), packed(spec, inputs)
 
         def forward(qkv):
-            out, lse, *_ = fn(qkv, cu_seqlens=p.cu_seqlens_q, max_seqlen=p.max_seqlen_q, **kwargs)
+            out, lse = split_result(fn(qkv, cu_seqlens=p.cu_seqlens_q, max_seqlen=p.max_seqlen_q, **kwargs))
             return p.unflatten(out), varlen_lse(lse, p, spec.heads_q)
 
         def pre(q, k, v):

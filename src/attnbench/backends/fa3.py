@@ -13,6 +13,9 @@ module ``flash_attn_config`` (``CONFIG["build_flags"]``), so the capabilities ar
 installed build has (``build_capabilities``) and a case it lacks is an ``unsupported`` record whose
 reason names the switch, never a crash of the sweep.
 
+Logit softcap: ``softcap=c`` (applied to the scaled scores, forward and backward) in builds that have it
+(not the trimmed one: ``FLASHATTENTION_DISABLE_SOFTCAP``). FA3 has no sinks and no ALiBi.
+
 FP8 (``fp8`` / ``fp8-head`` cases, forward only): the e4m3 q, k, v go in as they are with
 ``q_descale``, ``k_descale``, ``v_descale`` of shape (sequences, KV heads) in float32 — the case's
 per-tensor or per-KV-head descales repeated for every sequence — and the output comes back in bf16.
@@ -37,7 +40,7 @@ from attnbench.inputs import AttnInputs
 from attnbench.spec import FP8_DTYPES, AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", *FP8_DTYPES), max_head_dim=256, head_dim_multiple=8,
-                     window=True, min_compute_capability=(9, 0))
+                     window=True, softcap=True, min_compute_capability=(9, 0))
 NO_FP8_BACKWARD = "FlashAttention-3 has no FP8 backward (fp8 cases are forward only)"
 HEAD_DIM_KERNELS = (64, 96, 128, 192, 256)
 """FA3's head-size templates: a head size runs the smallest template at least as large."""
@@ -63,6 +66,7 @@ def build_capabilities(caps: Capabilities, flags: dict[str, bool]) -> Capabiliti
         max_head_dim=min(caps.max_head_dim, max(kept, default=0)),
         dtypes=tuple(d for d in caps.dtypes if not (d == "fp16" and off("FP16")) and not (d in FP8_DTYPES and off("FP8"))),
         window=caps.window and not off("LOCAL"),
+        softcap=caps.softcap and not off("SOFTCAP"),
         backward=caps.backward and not off("BACKWARD"),
         varlen=caps.varlen and not off("VARLEN"),
         different_v_dim=caps.different_v_dim and not (flags.get("FLASH_ATTENTION_DISABLE_HDIMDIFF64", False)
@@ -115,6 +119,8 @@ class _Fa3(Fa3Build, KernelBackend):
     def kwargs(self, spec: AttnSpec, fn) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal,
               "window_size": effective_window(spec) if spec.has_window else (-1, -1)}
+        if spec.softcap is not None:
+            kw["softcap"] = spec.softcap
         if has_param(fn, "return_attn_probs"):
             kw["return_attn_probs"] = True
         return kw

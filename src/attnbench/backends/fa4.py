@@ -4,6 +4,12 @@
 - ``fa4-varlen`` flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
 
 Both return (out, lse). Unbounded window sides are ``None`` here (not -1 as in flash-attn 2/3).
+
+The variants of today's models, forward and backward: sinks as ``learnable_sink`` (float32, one per query
+head; the kernel returns their gradient and an LSE that includes them), the softcap as ``softcap``, ALiBi as a
+``score_mod`` / ``score_mod_bwd`` pair written in the CuTe DSL (``fa4_mods``) that reads the slopes from an
+``aux_tensors`` entry. FA4 takes one score_mod, and its softcap is one, so softcap and ALiBi together are
+refused; the ALiBi score_mod sees positions within each sequence, so it takes equal query and key lengths.
 Kernels are JIT-compiled per configuration on first use: the runner's untimed first call in
 ``prepare`` absorbs that, so it never lands in the timed region. Hopper and Blackwell only.
 """
@@ -11,6 +17,8 @@ Kernels are JIT-compiled per configuration on first use: the runner's untimed fi
 from __future__ import annotations
 
 from dataclasses import replace
+
+import torch
 
 from attnbench.backends.base import Capabilities, Prepared, _dist_version
 from attnbench.backends.kernel import (
@@ -24,7 +32,7 @@ from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
-                     window=True, min_compute_capability=(9, 0))
+                     window=True, min_compute_capability=(9, 0), sinks=True, softcap=True, alibi=True)
 
 
 def fa4_window(spec: AttnSpec) -> tuple[int | None, int | None]:
@@ -48,10 +56,23 @@ class _Fa4(KernelBackend):
                     "(the two wheels share the package flash_attn: install flash-attn-4 in its own environment)")
         return super().unavailable_reason()
 
-    def kwargs(self, spec: AttnSpec, fn) -> dict:
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if spec.alibi is not None and spec.softcap is not None:
+            return "FA4 takes one score_mod and its softcap is one: softcap and ALiBi together are not offered"
+        if spec.alibi is not None and spec.seqlens_q != spec.seqlens_k:
+            return "the ALiBi score_mod sees positions within each sequence: query and key lengths must match"
+        return None
+
+    def kwargs(self, spec: AttnSpec, fn, device) -> dict:
         kw = {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "window_size": fa4_window(spec)}
         if has_param(fn, "return_lse"):
             kw["return_lse"] = True
+        if spec.softcap is not None:
+            kw["softcap"] = spec.softcap
+        if spec.alibi is not None:
+            from attnbench.backends import fa4_mods  # imports the CUTLASS DSL
+            kw.update(score_mod=fa4_mods.alibi_score_mod, score_mod_bwd=fa4_mods.alibi_score_mod_bwd,
+                      aux_tensors=[torch.tensor(spec.alibi, dtype=torch.float32, device=device)])
         return kw
 
     def _info(self, spec: AttnSpec, **extra) -> dict:
@@ -65,7 +86,8 @@ class Fa4(_Fa4):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        return Prepared(fn=dense_closure(spec, inputs, fn, self.kwargs(spec, fn)), info=self._info(spec))
+        kwargs = self.kwargs(spec, fn, inputs.q.device)
+        return Prepared(fn=dense_closure(spec, inputs, fn, kwargs, sink_arg="learnable_sink"), info=self._info(spec))
 
 
 class Fa4Varlen(_Fa4):
@@ -76,5 +98,5 @@ class Fa4Varlen(_Fa4):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn))
+        closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn, inputs.q.device), sink_arg="learnable_sink")
         return Prepared(fn=closure, info=self._info(spec, flattened_dense=p.batch is not None))

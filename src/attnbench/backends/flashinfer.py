@@ -7,7 +7,19 @@
   q_data_type=, ...) runs in ``prepare``; only ``run(q, k, v)`` is timed.
 
 ``--backend-opt flashinfer.backend=fa2|fa3`` pins FlashInfer's kernel template (default ``auto``: its own
-choice, the FA3 template on Hopper where it applies); the record's ``info["template"]`` says which was asked.
+choice, the FA3 template on Hopper where it applies); the record's ``info["template"]`` says which was asked
+and ``info["template_ran"]`` which FlashInfer chose (its ``auto`` falls back to FA2 for ALiBi).
+
+The variants of today's models, forward only:
+- softcap: ``logits_soft_cap=c`` (``c·tanh(s/c)`` of the scaled scores, as attnbench defines it);
+- ALiBi: ``pos_encoding_mode="ALIBI"`` with FlashInfer's own slopes (the standard ones; other slopes are
+  refused). Its bias is ``slope·(j − i)`` with ``i`` not aligned to the lower right: the same softmax as
+  attnbench's, whose bias differs by a constant per row. It applies the softcap after the bias (and scales
+  the scores twice), so softcap and ALiBi together are refused;
+- sinks: ``BatchAttentionWithAttentionSinkWrapper`` (a paged-KV prefill wrapper) over pages of one token,
+  which is the contiguous K and V viewed as (tokens, 1, heads, dim): no copy. ``run(q, (k, v), sinks,
+  sm_scale)``. FlashInfer's ordinary wrappers accept a ``sinks=`` argument too, but not every template applies
+  it, so they are not used for sinks.
 
 FlashInfer aligns causal masks to the lower right like the spec. Its window has a left side only
 (``window_left``; the right side is 0 when causal, unbounded otherwise), so windows with a bounded
@@ -36,6 +48,7 @@ from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_cl
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
+from attnbench.variants import alibi_label
 
 WORKSPACE_BYTES = 128 << 20
 
@@ -58,7 +71,8 @@ class FlashInfer(KernelBackend):
     function = "single_prefill_with_kv_cache"
     compiles_ahead = True
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
-                                window=True, backward=False, different_v_dim=False, min_compute_capability=(8, 0))
+                                window=True, backward=False, different_v_dim=False, min_compute_capability=(8, 0),
+                                sinks=True, softcap=True, alibi=True)
 
     TEMPLATES = ("auto", "fa2", "fa3")
 
@@ -71,19 +85,54 @@ class FlashInfer(KernelBackend):
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if spec.has_window and effective_window(spec)[1] not in (-1, 0):
             return "FlashInfer windows bound the left side only (right side must be causal or unbounded)"
+        if spec.alibi is not None and alibi_label(spec.alibi) != "alibi":
+            return "FlashInfer's ALiBi takes its own slopes (the standard ones of the head count), not given ones"
+        if spec.alibi is not None and spec.softcap is not None:
+            return "FlashInfer applies its softcap after the ALiBi bias (scaling twice): not this attention"
+        if spec.sinks and (spec.softcap is not None or spec.alibi is not None):
+            return "FlashInfer's sink wrapper has no softcap or ALiBi"
+        if spec.alibi is not None and self.backend == "fa3":
+            return "FlashInfer's FA3 template has no ALiBi (its FA2 template has)"
         return None
+
+    def variant_kwargs(self, spec: AttnSpec) -> dict:
+        """The softcap and ALiBi arguments of FlashInfer's prefill calls and plans."""
+        kw = {}
+        if spec.softcap is not None:
+            kw["logits_soft_cap"] = spec.softcap
+        if spec.alibi is not None:
+            kw["pos_encoding_mode"] = "ALIBI"
+        return kw
+
+    def template_ran(self, spec: AttnSpec, device) -> str:
+        """The template FlashInfer's ``auto`` picks for the case (its own rule), or the pinned one."""
+        if self.backend != "auto":
+            return self.backend
+        try:
+            utils = importlib.import_module(f"{self.package}.utils")
+            mode = 2 if spec.alibi is not None else 0  # PosEncodingMode: NONE 0, ROPE_LLAMA 1, ALIBI 2
+            return utils.determine_attention_backend(torch.device(device), mode, False, False, spec.torch_dtype,
+                                                     spec.torch_dtype, head_dim_qk=spec.head_dim,
+                                                     head_dim_vo=spec.head_dim_v)
+        except (ImportError, AttributeError, TypeError):  # another FlashInfer version: say so rather than guess
+            return "unknown"
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         # A right side of 0 is FlashInfer's causal flag, also for a non-causal window (left, 0).
         left, right = effective_window(spec)
-        if not inputs.varlen and spec.batch == 1:
-            return first_call(self._single(spec, inputs, left, right == 0), inputs.q.device)
-        return first_call(self._ragged(spec, inputs, left, right == 0), inputs.q.device)
+        if spec.sinks:
+            prepared = self._sinks(spec, inputs, left, right == 0)
+        elif not inputs.varlen and spec.batch == 1:
+            prepared = self._single(spec, inputs, left, right == 0)
+        else:
+            prepared = self._ragged(spec, inputs, left, right == 0)
+        prepared.info["template_ran"] = self.template_ran(spec, inputs.q.device)
+        return first_call(prepared, inputs.q.device)
 
     def _single(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         fn = self.kernel()
         kwargs = {"causal": causal, "kv_layout": "NHD", "sm_scale": spec.softmax_scale, "window_left": left,
-                  **self._backend_kwarg(fn)}
+                  **self._backend_kwarg(fn), **self.variant_kwargs(spec)}
 
         def pre(q, k, v):  # (1, S, H, D) -> (S, H, D), contiguous (a copy only for bhsd storage)
             return tuple(t[0].contiguous() for t in (q, k, v))
@@ -111,7 +160,7 @@ class FlashInfer(KernelBackend):
         wrapper.plan(qo_indptr=p.cu_seqlens_q, kv_indptr=p.cu_seqlens_k, num_qo_heads=spec.heads_q,
                      num_kv_heads=spec.heads_kv, **{head_dim_key: spec.head_dim}, causal=causal,
                      window_left=left, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
-                     kv_data_type=spec.torch_dtype)
+                     kv_data_type=spec.torch_dtype, **self.variant_kwargs(spec))
 
         def forward(q, k, v):
             return p.unflatten(wrapper.run(q, k, v))
@@ -122,6 +171,31 @@ class FlashInfer(KernelBackend):
                                    "window_left": left, "flattened_dense": p.batch is not None,
                                    "template": self.backend}
         return Prepared(fn=closure, info=info)
+
+
+    def _sinks(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
+        """The sink wrapper over pages of one token (the module docstring); only ``run`` is timed."""
+        mod = importlib.import_module(self.package)
+        p, device, dtype = packed(spec, inputs), inputs.q.device, spec.torch_dtype
+        q, k, v = (p.flatten(t).contiguous() for t in (inputs.q, inputs.k, inputs.v))
+        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        wrapper = mod.BatchAttentionWithAttentionSinkWrapper(
+            workspace, "NHD", backend=self.backend, q_data_type=dtype, kv_data_type=dtype,
+            head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v, window_left=left)
+        sequences = len(p.seqlens_k)
+        wrapper.plan(p.cu_seqlens_q, p.cu_seqlens_k, torch.arange(k.shape[0], dtype=torch.int32, device=device),
+                     torch.ones(sequences, dtype=torch.int32, device=device), spec.heads_q, spec.heads_kv,
+                     spec.head_dim, 1, causal=causal, window_left=left, sm_scale=spec.softmax_scale,
+                     q_data_type=dtype, kv_data_type=dtype)
+        cache, sinks = (k.unsqueeze(1), v.unsqueeze(1)), inputs.sinks.float().contiguous()
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                return Outputs(out=p.unflatten(wrapper.run(q, cache, sinks, spec.softmax_scale)))
+        info = self.base_info() | {"kernel": "flashinfer.BatchAttentionWithAttentionSinkWrapper.run",
+                                   "window_left": left, "cache": "pages of one token (the contiguous K/V)",
+                                   "template": self.backend}
+        return Prepared(fn=call, info=info)
 
 
 class _FlashInferPaged(KernelBackend):
@@ -136,7 +210,7 @@ class _FlashInferPaged(KernelBackend):
     default_sweep = False
     compiles_ahead = True
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
-                                backward=False, different_v_dim=False, min_compute_capability=(8, 0))
+                                backward=False, different_v_dim=False, min_compute_capability=(8, 0), softcap=True)
     wrapper = ""
 
     def __init__(self, page_size: int = 16):
@@ -201,7 +275,8 @@ class FlashInferDecode(_FlashInferPaged):
     def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
         # one query that sees every cached key: causal or not is the same attention
         wrapper.plan(indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim, self.page_size,
-                     sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype)
+                     sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype,
+                     logits_soft_cap=spec.softcap)
 
 
 class FlashInferPaged(_FlashInferPaged):
@@ -213,7 +288,7 @@ class FlashInferPaged(_FlashInferPaged):
     def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
         wrapper.plan(p.cu_seqlens_q, indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim,
                      self.page_size, causal=spec.causal, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
-                     kv_data_type=spec.torch_dtype)
+                     kv_data_type=spec.torch_dtype, logits_soft_cap=spec.softcap)
 
 
 def page_metadata(block_table: torch.Tensor, seqlens_k, page_size: int):

@@ -9,6 +9,12 @@ Masks are block masks built in ``prepare`` and cached (keyed by the mask paramet
   the heads' windows differ — the mask FastVideo's own test checks its STA kernel against.
 GQA goes through ``enable_gqa``. Forward and backward.
 
+The variants of today's models (``attnbench.variants``): softcap and ALiBi are a ``score_mod`` (the variants'
+own definitions, composed), built in ``prepare`` with the ALiBi slopes as a captured tensor; sinks are not a
+FlexAttention argument, so the adapter does what users do: it asks for the LSE and rescales,
+``out · sigmoid(lse − sink)``, returning ``logaddexp(lse, sink)`` as the LSE — both differentiable, so the sinks
+get their gradient through FlexAttention's LSE backward.
+
 The first call happens in ``prepare`` and its wall time (compilation included) is recorded as
 ``info["compile_ms"]`` (``first_call_ms`` when not compiled); the timed closure only calls the
 compiled function. ``compile=False`` runs flex eagerly (an unfused reference that materialises the
@@ -32,6 +38,7 @@ from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_cl
 from attnbench.backends.kernel import effective_window
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
+from attnbench.variants import modify_scores
 
 # Above this many (query, key) pairs the block mask is built with a compiled kernel instead of a dense
 # (Q, KV) boolean grid (which would take Q*KV bytes plus int64 temporaries).
@@ -73,6 +80,40 @@ def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, 
         rel = (kv_idx - start_k[dq]) - (q_idx - start_q[dq]) - offset[dq]
         return (dq == doc_k[kv_idx]) & band(rel, left, right)
     return mask_mod
+
+
+def variant_score_mod(spec: AttnSpec, device):
+    """FlexAttention ``score_mod`` of the case's softcap and ALiBi (None without either): the definitions of
+    ``attnbench.variants`` applied to the scaled score, ALiBi on positions within each sequence (a packed
+    group's documents each at their own lower-right alignment)."""
+    if spec.softcap is None and spec.alibi is None:
+        return None
+    cap = spec.softcap
+    slopes = None if spec.alibi is None else torch.tensor(spec.alibi, dtype=torch.float32, device=device)
+    position = _relative_position(spec, device)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return modify_scores(score, cap=cap, slope=None if slopes is None else slopes[h],
+                             rel=None if slopes is None else position(q_idx, kv_idx))
+    return score_mod
+
+
+def _relative_position(spec: AttnSpec, device):
+    """(q_idx, kv_idx) -> key position minus aligned query position, as float32, for dense or packed inputs."""
+    if not spec.is_varlen:
+        offset = spec.seqlens_k[0] - spec.seqlens_q[0]
+        return lambda q_idx, kv_idx: (kv_idx - q_idx - offset).to(torch.float32)
+    seqs = spec.sequences
+    lq = torch.tensor([s for s, _ in seqs], device=device)
+    lk = torch.tensor([s for _, s in seqs], device=device)
+    doc_q = torch.repeat_interleave(torch.arange(len(seqs), device=device), lq)
+    start_q, start_k = torch.cumsum(lq, 0) - lq, torch.cumsum(lk, 0) - lk
+    offset = lk - lq
+
+    def position(q_idx, kv_idx):  # pairs across documents are masked: any finite value does
+        d = doc_q[q_idx]
+        return ((kv_idx - start_k[d]) - (q_idx - start_q[d]) - offset[d]).to(torch.float32)
+    return position
 
 
 def sta_mask_mod(tm, heads: int, device):
@@ -152,7 +193,8 @@ class FlexBackend(Backend):
 
     name = "flex"
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
-    capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True)
+    capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True, sinks=True, softcap=True,
+                                alibi=True)
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):
@@ -185,16 +227,21 @@ class FlexBackend(Backend):
         bm = block_mask(tuple(spec.sequences) if inputs.varlen else (spec.sequences[0],), inputs.varlen,
                         effective_window(spec), str(device), spec.sta, spec.heads_q)
         fn = compiled_flex(self.compile_backend, self.mode) if self.compile else flex_attention
-        kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa}
+        kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa,
+                  "score_mod": variant_score_mod(spec, device)}
 
         def pre(q, k, v):
             if inputs.varlen:  # (T, H, D) -> (1, H, T, D)
                 return tuple(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
             return tuple(t.transpose(1, 2) for t in (q, k, v))
 
-        def forward(q, k, v):
-            out = fn(q, k, v, **kwargs).transpose(1, 2)
-            return out[0] if inputs.varlen else out
+        def forward(q, k, v, sinks=None):
+            if sinks is None:
+                out = fn(q, k, v, **kwargs).transpose(1, 2)
+                return out[0] if inputs.varlen else out
+            out, lse = with_sinks(*flex_with_lse(fn, q, k, v, kwargs), sinks)
+            out = out.transpose(1, 2)
+            return (out[0], lse[0]) if inputs.varlen else (out, lse)
 
         with _unlimited_recompiles():
             start = time.perf_counter()
@@ -207,7 +254,27 @@ class FlexBackend(Backend):
             "kernel": f"flex_attention ({'torch.compile ' + self.compile_backend if self.compile else 'eager'})",
             "compile_ms" if self.compile else "first_call_ms": round(first_ms, 3),
             "mask": _mask_label(spec, bm), "gqa": "native" if spec.gqa else "none"}
+        how = [how for on, how in ((spec.softcap is not None or spec.alibi is not None, "score_mod"),
+                                   (spec.sinks, "sinks from the LSE")) if on]
+        if how:
+            info["variants"] = " + ".join(how)
         return Prepared(fn=closure, info=info)
+
+
+def flex_with_lse(fn, q, k, v, kwargs: dict):
+    """(out, lse) of a FlexAttention call: ``return_aux`` where torch has it (2.9 on), ``return_lse`` before."""
+    from torch.nn.attention import flex_attention as flex_module
+    if hasattr(flex_module, "AuxRequest"):
+        out, aux = fn(q, k, v, return_aux=flex_module.AuxRequest(lse=True), **kwargs)
+        return out, aux.lse
+    return fn(q, k, v, return_lse=True, **kwargs)
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sinks from a kernel's (B, H, S, D) output and natural-log (B, H, S) LSE: each row rescaled by
+    ``sigmoid(lse − sink) = exp(lse − logaddexp(lse, sink))``; returns (out, LSE with the sink)."""
+    total = torch.logaddexp(lse.float(), sinks.float().view(1, -1, 1))
+    return (out * torch.exp(lse.float() - total).unsqueeze(-1)).to(out.dtype), total
 
 
 def _mask_label(spec: AttnSpec, bm) -> str:

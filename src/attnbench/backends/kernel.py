@@ -118,13 +118,15 @@ def packed(spec: AttnSpec, inputs: AttnInputs) -> Packed:
                   max_seqlen_q=max(lq), max_seqlen_k=max(lk), seqlens_q=lq, seqlens_k=lk, batch=spec.batch)
 
 
-def dense_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict) -> Callable:
+def dense_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict, sink_arg: str = "") -> Callable:
     """Timed closure of a flash-attn style ``flash_attn_func(q, k, v, **kwargs)`` on bshd inputs
-    (FA2, FA3, FA4), keeping the (B, H, Sq) LSE when the kernel returns one."""
+    (FA2, FA3, FA4), keeping the (B, H, Sq) LSE when the kernel returns one; a case's sinks go in as the
+    kernel's ``sink_arg`` (FA4: ``learnable_sink``)."""
     lse_shape = (spec.batch, spec.heads_q, spec.seqlens_q[0])
 
-    def forward(q, k, v):
-        out, lse = split_result(fn(q, k, v, **kwargs))
+    def forward(q, k, v, sinks=None):
+        extra = {} if sinks is None else {sink_arg: sinks}
+        out, lse = split_result(fn(q, k, v, **kwargs, **extra))
         return out, lse_if_shaped(lse, lse_shape)
     return autograd_closure(spec, inputs, forward)
 
@@ -140,14 +142,17 @@ def varlen_lse(lse: torch.Tensor | None, p: Packed, heads: int) -> torch.Tensor 
     return p.unflatten_lse(lse_if_shaped(lse, (heads, sum(p.seqlens_q))))
 
 
-def varlen_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict) -> tuple[Callable, Packed]:
+def varlen_closure(spec: AttnSpec, inputs: AttnInputs, fn, kwargs: dict,
+                   sink_arg: str = "") -> tuple[Callable, Packed]:
     """Timed closure of a flash-attn style ``*_varlen_func(q, k, v, cu_seqlens_q=, cu_seqlens_k=,
-    max_seqlen_q=, max_seqlen_k=, **kwargs)`` (FA2, FA3, FA4): dense cases are flattened in prepare."""
+    max_seqlen_q=, max_seqlen_k=, **kwargs)`` (FA2, FA3, FA4): dense cases are flattened in prepare; sinks
+    as in ``dense_closure``."""
     p = packed(spec, inputs)
 
-    def forward(q, k, v):
+    def forward(q, k, v, sinks=None):
+        extra = {} if sinks is None else {sink_arg: sinks}
         out, lse = split_result(fn(q, k, v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k,
-                                   max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs))
+                                   max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, **kwargs, **extra))
         return p.unflatten(out), varlen_lse(lse, p, spec.heads_q)
     return autograd_closure(spec, inputs, forward, pre=lambda q, k, v: tuple(map(p.flatten, (q, k, v)))), p
 

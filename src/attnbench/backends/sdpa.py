@@ -5,6 +5,11 @@ as (B, H, S, D) views (no copy). Causal with Sq != Sk uses ``causal_lower_right`
 ``enable_gqa`` where torch and the kernel accept it, otherwise K/V heads are expanded in ``prepare``
 (recorded as ``gqa: expanded``). A forced kernel that refuses the case is recorded as unsupported
 with torch's own explanation.
+
+``sdpa-math`` takes ALiBi and sinks the way a model hands them to SDPA: a float mask (Hq, Sq, Sk) in the
+case's dtype with the ALiBi bias and -inf where the causal mask or window drops a pair, and, for sinks, one
+more key and value of zeros whose column of the mask holds each head's sink (rebuilt each call from the
+sinks, so their gradient flows). A softcap cannot be expressed as a mask.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from attnbench.backends.base import (
 from attnbench.inputs import AttnInputs
 from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
+from attnbench.variants import alibi_bias, relative_positions
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -47,7 +53,9 @@ class SdpaBackend(Backend):
         backend = self._sdpa_backend()
         sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
         mask, is_causal = None, False
-        if spec.has_window:
+        if spec.sinks or spec.alibi is not None:
+            mask = variant_bias(spec, inputs.q.device)
+        elif spec.has_window:
             mask = keep_mask(sq, sk, spec.causal, spec.window, device=inputs.q.device)
         elif spec.causal and sq == sk:
             is_causal = True
@@ -55,6 +63,7 @@ class SdpaBackend(Backend):
             from torch.nn.attention.bias import causal_lower_right
             mask = causal_lower_right(sq, sk)
         groups = spec.heads_q // spec.heads_kv
+        sink_key = spec.sinks  # one more key: zero, so its score is the bias column's sink
 
         def attempt(native_gqa: bool) -> Prepared:
             gqa_kw = {"enable_gqa": True} if (native_gqa and groups > 1) else {}
@@ -63,15 +72,21 @@ class SdpaBackend(Backend):
                 q, k, v = (t.transpose(1, 2) for t in (q, k, v))
                 if groups > 1 and not native_gqa:
                     k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
+                if sink_key:
+                    k, v = (F.pad(t, (0, 0, 0, 1)) for t in (k, v))
                 return q, k, v
 
-            def forward(q, k, v):
+            def forward(q, k, v, sinks=None):
+                attn_mask = mask
+                if sinks is not None:  # rebuilt each call from the sinks, so their gradient flows
+                    column = sinks.to(mask.dtype).view(-1, 1, 1).expand(-1, mask.shape[1], 1)
+                    attn_mask = torch.cat([mask.expand(column.shape[0], -1, -1), column], dim=-1)
                 with sdpa_kernel([backend]):
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                          scale=spec.softmax_scale, **gqa_kw)
                 return out.transpose(1, 2)
 
-            _probe(forward, pre, inputs, self.name)
+            _probe(forward, pre, inputs, self.name, sinks=inputs.sinks if spec.sinks else None)
             gqa = "none" if groups == 1 else ("native" if native_gqa else "expanded")
             info = self.base_info() | {"kernel": f"sdpa:{self.sdpa_backend_name}", "gqa": gqa}
             return Prepared(fn=autograd_closure(spec, inputs, forward, pre), info=info)
@@ -84,12 +99,26 @@ class SdpaBackend(Backend):
         return attempt(native_gqa=False)
 
 
-def _probe(forward, pre, inputs: AttnInputs, name: str) -> None:
+def variant_bias(spec: AttnSpec, device) -> torch.Tensor:
+    """The float mask of a case with ALiBi or sinks, in the case's dtype: (Hq or 1, Sq, Sk), -inf where the mask
+    drops a pair, the ALiBi bias (formed in fp32) elsewhere. Sinks add a column per call (``forward``)."""
+    sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+    bias = torch.zeros(1, sq, sk, dtype=torch.float32, device=device)
+    if spec.alibi is not None:
+        slopes = torch.tensor(spec.alibi, dtype=torch.float32, device=device).view(-1, 1, 1)
+        bias = alibi_bias(slopes, relative_positions(sq, sk, device))
+    keep = keep_mask(sq, sk, spec.causal, spec.window, device=device)
+    if keep is not None:
+        bias = bias.masked_fill(~keep, float("-inf"))
+    return bias.to(spec.torch_dtype)
+
+
+def _probe(forward, pre, inputs: AttnInputs, name: str, sinks=None) -> None:
     """Call the forced kernel once (untimed); turn "no available kernel" into BackendUnavailable."""
     with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            forward(*pre(inputs.q[:1], inputs.k[:1], inputs.v[:1]))
+            forward(*pre(inputs.q[:1], inputs.k[:1], inputs.v[:1]), **({} if sinks is None else {"sinks": sinks}))
         except torch.OutOfMemoryError:  # the kernel exists but the case does not fit: an oom, not unsupported
             raise
         except RuntimeError as exc:
@@ -101,9 +130,9 @@ def _probe(forward, pre, inputs: AttnInputs, name: str) -> None:
 
 class SdpaMath(SdpaBackend):
     name = "sdpa-math"
-    description = "SDPA math kernel (reference composite implementation)"
+    description = "SDPA math kernel (reference composite implementation); ALiBi and sinks as a float mask"
     sdpa_backend_name = "MATH"
-    capabilities = Capabilities(window=True)
+    capabilities = Capabilities(window=True, sinks=True, alibi=True)
 
 
 class SdpaFlash(SdpaBackend):

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, fields
 
 from attnbench.spec import PASSES, AttnSpec, normalize_dtype
+from attnbench.variants import alibi_slopes
 
 _NUM = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$", re.ASCII)
 _RANGE = re.compile(r"^(?P<lo>[^.]+)\.\.(?P<hi>[^:]+)(?::(?P<op>[x*+])(?P<step>\d+))?$", re.ASCII)
@@ -134,17 +135,28 @@ class Sweep:
     """Causal settings to run."""
     passes: tuple[str, ...] = ("fwd", "fwd_bwd")
     """Passes to time."""
-    window: tuple[int, int] | None = None
-    """Sliding window (left, right) applied to every case."""
+    windows: tuple[tuple[int, int] | None, ...] = (None,)
+    """Sliding windows (left, right) to run, None = no window (several: e.g. a model's full and local layers)."""
     layout: str = "bshd"
     """Input layout."""
+    scale: float | None = None
+    """Softmax scale of every case; None = 1/sqrt(head size)."""
+    sinks: tuple[bool, ...] = (False,)
+    """Attention sinks off and/or on."""
+    softcaps: tuple[float | None, ...] = (None,)
+    """Logit softcaps to run, None = none."""
+    alibi: tuple[bool, ...] = (False,)
+    """ALiBi off and/or on."""
+    alibi_slopes: tuple[float, ...] | None = None
+    """ALiBi slopes, one per query head; None = the standard slopes of each case's head count."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))
-        for name in ("batch_sizes", "seq_lens", "q_heads", "head_sizes", "dtypes", "causal", "passes"):
+        for name in ("batch_sizes", "seq_lens", "q_heads", "head_sizes", "dtypes", "causal", "passes", "windows",
+                     "sinks", "softcaps", "alibi"):
             if not getattr(self, name):
                 raise ValueError(f"{name.replace('_', '-')} is empty; give at least one value")
         object.__setattr__(self, "dtypes", tuple(normalize_dtype(d) for d in self.dtypes))
@@ -174,7 +186,23 @@ class Sweep:
         """Number of cases, computed without expanding them."""
         head_sizes = len(self.emb_dims) if self.emb_dims is not None else len(self.head_sizes)
         return (len(self.dtypes) * len(self.batch_sizes) * len(self.q_heads) * len(self.seq_lens)
-                * len(self.kv_heads or (1,)) * head_sizes * len(self.causal) * len(self.passes))
+                * len(self.kv_heads or (1,)) * head_sizes * len(self.causal) * len(self.passes)
+                * len(self.variant_settings()))
+
+    def variant_settings(self) -> list[dict]:
+        """Every combination of the window, sinks, softcap and ALiBi axes, as AttnSpec fields (ALiBi as
+        True until ``slopes_for`` fills in a head count's slopes)."""
+        return [{"window": w, "sinks": s, "softcap": c, "alibi": a}
+                for w, s, c, a in itertools.product(self.windows, self.sinks, self.softcaps, self.alibi)]
+
+    def slopes_for(self, heads_q: int) -> tuple[float, ...]:
+        """The ALiBi slopes of a case with ``heads_q`` query heads: the given ones, or the standard ones."""
+        return self.alibi_slopes if self.alibi_slopes is not None else alibi_slopes(heads_q)
+
+    def with_variants(self, spec: AttnSpec, setting: dict) -> AttnSpec:
+        """``spec`` with one of ``variant_settings()`` (and the sweep's scale) applied."""
+        alibi = self.slopes_for(spec.heads_q) if setting["alibi"] else None
+        return spec.replace(**{**setting, "alibi": alibi}, scale=self.scale if self.scale is not None else spec.scale)
 
     def specs(self) -> list[AttnSpec]:
         """Every case, shape-major (cases sharing inputs are adjacent), validated."""
@@ -185,10 +213,11 @@ class Sweep:
         pairs = list(zip(self.seq_lens, self.kv_seq_lens or self.seq_lens, strict=True))
         for dtype, batch, hq, (seqs, keys) in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, pairs):
             for hkv, d in itertools.product(self.kv_heads or (hq,), self._head_sizes(hq)):
-                for causal, pass_ in itertools.product(self.causal, self.passes):
-                    out.append(AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv, head_dim=d,
-                                        dtype=dtype, causal=causal, window=self.window, layout=self.layout,
-                                        pass_=pass_))
+                for setting in self.variant_settings():
+                    for causal, pass_ in itertools.product(self.causal, self.passes):
+                        base = AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv,
+                                        head_dim=d, dtype=dtype, causal=causal, layout=self.layout, pass_=pass_)
+                        out.append(self.with_variants(base, setting))
         return list(dict.fromkeys(out))  # a value given twice on an axis is one case, in first-seen order
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated
@@ -56,8 +57,10 @@ class UserError(ValueError):
 
 # Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
 MULTI_VALUE = {"--seq-lens", "--kv-seq-lens", "--batch-size", "--q-heads", "--kv-heads", "--head-size", "--emb-dim",
-               "--dtype", "--pass", "--backends", "--run", "--status"}
+               "--dtype", "--pass", "--backends", "--run", "--status", "--softcap"}
 CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
+TRISTATE = {"--causal": "--no-causal", "--sinks": "--no-sinks", "--alibi": "--no-alibi"}
+"""Flags that also take 'both' (and true/false): ``--causal``, ``--causal both``, ``--no-causal``."""
 ALIASES = {"--batch_size": "--batch-size", "--num_heads": "--q-heads", "--num-heads": "--q-heads",
            "--head_size": "--head-size", "--emb_dim": "--emb-dim", "--seq-len": "--seq-lens", "--seq_len": "--seq-lens",
            "--seq_lens": "--seq-lens", "--kv-seq-len": "--kv-seq-lens", "--repeats": "--repeat", "--backend": "--backends"}
@@ -66,7 +69,7 @@ ALIASED_COMMANDS = ("run", "verify", "dist")
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
-    """Rewrite multi-value options into repeated options and ``--causal [both|true|false]``."""
+    """Rewrite multi-value options into repeated options, and the TRISTATE flags into ``--causal both|true|false``."""
     out: list[str] = []
     aliases = ALIASES if argv and argv[0] in ALIASED_COMMANDS else {}
     i = 0
@@ -79,15 +82,17 @@ def normalize_argv(argv: list[str]) -> list[str]:
         if tok == "--":
             out.extend(argv[i:])
             break
-        if flag in ("--causal", "--no-causal") and not eq:
+        negated = {no: yes for yes, no in TRISTATE.items()}
+        if (flag in TRISTATE or flag in negated) and not eq:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
-            if flag == "--causal" and nxt is not None and nxt.lower() in CAUSAL_VALUES:
-                out += ["--causal", nxt.lower()]
+            if flag in TRISTATE and nxt is not None and nxt.lower() in CAUSAL_VALUES:
+                out += [flag, nxt.lower()]
                 i += 2
                 continue
-            out += ["--causal", "true" if flag == "--causal" else "false"]
-        elif flag == "--causal" and eq:
-            out += ["--causal", value.lower()]
+            positive = flag if flag in TRISTATE else negated[flag]
+            out += [positive, "true" if flag in TRISTATE else "false"]
+        elif flag in TRISTATE and eq:
+            out += [flag, value.lower()]
         elif flag in MULTI_VALUE:
             if eq:
                 out += [flag, value]
@@ -228,7 +233,8 @@ def _as_list(value) -> list | None:
     return [value]
 
 
-def parse_causal(value) -> tuple[bool, ...]:
+def parse_causal(value, flag: str = "--causal") -> tuple[bool, ...] | None:
+    """A tri-state flag's value (``--causal``, ``--sinks``, ``--alibi``): both, true or false; None if unset."""
     if value is None:
         return None
     if isinstance(value, bool):
@@ -237,12 +243,95 @@ def parse_causal(value) -> tuple[bool, ...]:
     table = {"both": (False, True), "true": (True,), "yes": (True,), "1": (True,), "on": (True,),
              "false": (False,), "no": (False,), "0": (False,), "off": (False,)}
     if text not in table:
-        raise UserError(f"bad --causal value {value!r}; allowed: both, true, false")
+        raise UserError(f"bad {flag} value {shown(value)}; allowed: both, true, false")
     return table[text]
 
 
+def parse_windows(value) -> tuple[tuple[int, int] | None, ...] | None:
+    """``--window`` values (repeatable; YAML: one value or a list): each LEFT,RIGHT or none; None if unset."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        value = [value]  # YAML's window: [256, 0] is one window
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        return None
+    return tuple(dict.fromkeys(parse_window(v) for v in values))
+
+
+def parse_softcaps(value) -> tuple[float | None, ...] | None:
+    """``--softcap`` values: each a finite number > 0, or none; None if unset."""
+    if value is None:
+        return None
+    out = []
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, str) and item.strip().lower() == "none":
+            out.append(None)
+            continue
+        try:
+            cap = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            cap = math.nan
+        if not (math.isfinite(cap) and cap > 0):
+            raise UserError(f"bad --softcap {shown(item)}: give a finite number > 0 (Gemma 2 uses 50), or none")
+        out.append(cap)
+    if not out:
+        raise UserError("--softcap is empty; give a number like 50, or none")
+    return tuple(dict.fromkeys(out))
+
+
+MAX_SLOPES_FILE = 1 << 20
+"""Largest --alibi-slopes file (bytes): a slope per head is a few kilobytes at most."""
+
+
+def parse_slopes(value) -> tuple[float, ...] | None:
+    """``--alibi-slopes``: a file of numbers (whitespace, commas or a YAML/JSON list), or in YAML a list; None
+    if unset. The head count is checked per case (a mismatch names both counts)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        items, where = list(value), "--alibi-slopes"
+    else:
+        path = Path(str(value))
+        where = f"--alibi-slopes {path}"
+        if not path.is_file():
+            raise UserError(f"{where}: no such file; give a file with one ALiBi slope per query head")
+        if path.stat().st_size > MAX_SLOPES_FILE:
+            raise UserError(f"{where}: larger than {MAX_SLOPES_FILE} bytes; expected one number per query head")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as exc:
+            raise UserError(f"{where}: cannot read it as text ({type(exc).__name__})") from None
+        items = text.replace(",", " ").replace("[", " ").replace("]", " ").split()
+    slopes = []
+    for item in items:
+        try:
+            slope = float(item) if not isinstance(item, bool) else math.nan
+        except (TypeError, ValueError):
+            slope = math.nan
+        if not math.isfinite(slope):
+            raise UserError(f"{where}: {shown(item)} is not a finite number; give one slope per query head")
+        slopes.append(slope)
+    if not slopes:
+        raise UserError(f"{where}: no slopes in it; give one number per query head")
+    return tuple(slopes)
+
+
+def parse_scale(value) -> float | None:
+    """``--softmax-scale``: a finite number > 0; None if unset."""
+    if value is None:
+        return None
+    try:
+        scale = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise UserError(f"bad --softmax-scale {shown(value)}: give a finite number > 0, e.g. 0.0833 for 1/sqrt(144)")
+    return scale
+
+
 def parse_window(value) -> tuple[int, int] | None:
-    if value in (None, "", "none"):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
     parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
     try:
@@ -295,6 +384,11 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         dtypes = axis_values(opts, "dtype")
         passes = axis_values(opts, "pass_")
         layout = option_text(opts, "layout")
+        slopes = parse_slopes(opts.get("alibi_slopes"))
+        q_heads = tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads
+        if slopes is not None and any(h != len(slopes) for h in q_heads):
+            raise UserError(f"--alibi-slopes {shown(str(opts.get('alibi_slopes')))} has {len(slopes)} slopes, but the "
+                            f"sweep has {', '.join(map(str, q_heads))} q-heads: give one slope per query head")
         seq_lens = parse_seq_lens([str(s) for s in seq]) if seq else list(base.seq_lens)
         kv_seq_lens = None
         if kv_seq:
@@ -303,15 +397,20 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         return Sweep(
             batch_sizes=tuple(parse_int_list(batch, "batch size")) if batch else base.batch_sizes,
             seq_lens=tuple(seq_lens), kv_seq_lens=tuple(kv_seq_lens) if kv_seq_lens else None,
-            q_heads=tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads,
+            q_heads=q_heads,
             kv_heads=tuple(parse_int_list(kv, "kv-heads")) if kv else None,
             head_sizes=tuple(parse_int_list(head_size, "head size")) if head_size else base.head_sizes,
             emb_dims=tuple(parse_int_list(emb, "emb_dim")) if emb else None,
             dtypes=tuple(str(d) for d in dtypes) if dtypes else base.dtypes,
             causal=parse_causal(opts.get("causal_mode")) or base.causal,
             passes=tuple(str(p) for p in passes) if passes else base.passes,
-            window=parse_window(opts.get("window")),
+            windows=parse_windows(opts.get("window")) or base.windows,
             layout=layout or base.layout,
+            scale=parse_scale(opts.get("softmax_scale")),
+            sinks=parse_causal(opts.get("sinks"), "--sinks") or base.sinks,
+            softcaps=parse_softcaps(opts.get("softcap")) or base.softcaps,
+            alibi=parse_causal(opts.get("alibi"), "--alibi") or ((True,) if slopes else base.alibi),
+            alibi_slopes=slopes,
         )
     except UserError:
         raise
@@ -421,8 +520,26 @@ Dtype = Annotated[list[str] | None, typer.Option(
 CausalMode = Annotated[str | None, typer.Option(
     "--causal", "--no-causal", metavar="[both]", show_default=False, rich_help_panel="Shape",
     help="--causal, --no-causal or --causal both (default: both).")]
-Window = Annotated[str | None, typer.Option("--window", metavar="LEFT,RIGHT", help="Sliding window LEFT,RIGHT (-1 = unbounded).",
-                                                rich_help_panel="Shape")]
+Window = Annotated[list[str] | None, typer.Option(
+    "--window", metavar="LEFT,RIGHT", rich_help_panel="Shape",
+    help="Sliding window LEFT,RIGHT (-1 = unbounded), or none; repeat it for several (a model's local and full layers).")]
+SoftmaxScale = Annotated[str | None, typer.Option(
+    "--softmax-scale", metavar="X", rich_help_panel="Shape", help="Softmax scale (default: 1/sqrt(head size)).")]
+Sinks = Annotated[str | None, typer.Option(
+    "--sinks", "--no-sinks", metavar="[both]", show_default=False, rich_help_panel="Model variants",
+    help="Attention sinks (gpt-oss): one seeded logit per query head in every softmax; --sinks both runs both.")]
+Softcap = Annotated[list[str] | None, typer.Option(
+    "--softcap", metavar="C", rich_help_panel="Model variants",
+    help="Logit softcap C·tanh(s/C) (Gemma 2: 50); several values and none are an axis.")]
+Alibi = Annotated[str | None, typer.Option(
+    "--alibi", "--no-alibi", metavar="[both]", show_default=False, rich_help_panel="Model variants",
+    help="ALiBi with the standard slopes of the head count; --alibi both runs both.")]
+AlibiSlopes = Annotated[Path | None, typer.Option(
+    "--alibi-slopes", metavar="FILE", rich_help_panel="Model variants",
+    help="ALiBi with these slopes: one number per query head (implies --alibi).")]
+Preset = Annotated[str | None, typer.Option(
+    "--preset", metavar="MODEL", rich_help_panel="Model variants",
+    help="A model's attention layers (heads, head size, variants, windows); see attnbench presets.")]
 Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).", rich_help_panel="Shape")]
 SeqLens = Annotated[list[str] | None, typer.Option(
     "--seq-lens", metavar="LENS", rich_help_panel="Shape",

@@ -17,7 +17,8 @@ from attnbench.results import env as envmod
 
 def _caps_summary(caps) -> str:
     flags = [name for name, on in (("gqa", caps.gqa), ("varlen", caps.varlen), ("causal", caps.causal),
-                                   ("window", caps.window), ("sta-mask", caps.tile_mask), ("bwd", caps.backward)) if on]
+                                   ("window", caps.window), ("sta-mask", caps.tile_mask), ("sinks", caps.sinks),
+                                   ("softcap", caps.softcap), ("alibi", caps.alibi), ("bwd", caps.backward)) if on]
     dims = f"d<={caps.max_head_dim}" if caps.head_dims is None else "d in " + ",".join(map(str, caps.head_dims))
     exact = [] if caps.exact else ["approximate"]
     return " ".join(["/".join(caps.dtypes), dims, *flags, *exact])
@@ -55,6 +56,13 @@ def backends(
         text = r["description"] if r["available"] else f"[dim]{escape(r['reason'] or '')}[/]"
         table.add_row(r["name"], mark, r["version"] or "-", r["capabilities"], text)
     common.console.print(table)
+
+
+def presets() -> None:
+    """List the model presets of run --preset: each model's attention heads, head size and variants."""
+    from attnbench import presets as presets_mod
+    for name in presets_mod.PRESETS:
+        common.console.print(f"{name:<14} {presets_mod.describe(name)}", highlight=False, markup=False)
 
 
 def env(

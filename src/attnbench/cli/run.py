@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attnbench
-from attnbench import metrics, plausibility
+from attnbench import metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -112,6 +112,29 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
     return tuple(out)
 
 
+VARIANT_NAMES = {"sinks": "attention sinks", "softcap": "a logit softcap", "alibi": "ALiBi"}
+
+
+def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
+    """A backend named on the command line that cannot take a variant the sweep asks for is an error (its
+    every such case would only be 'unsupported'), saying which backends can."""
+    wanted = dict.fromkeys(v for spec in specs for v in spec.variants)
+    for name in backends:
+        caps = registry.get(name).capabilities
+        for variant in wanted:
+            if not getattr(caps, variant):
+                able = [n for n in registry.names() if _takes(n, variant)]
+                raise UserError(f"backend {name} cannot run {VARIANT_NAMES[variant]}; backends that can: "
+                                f"{', '.join(able) or 'none'} (--skip-missing records its cases as unsupported)")
+
+
+def _takes(name: str, variant: str) -> bool:
+    try:
+        return bool(getattr(registry.get(name).capabilities, variant))
+    except Exception:  # a broken plug-in takes nothing
+        return False
+
+
 def cannot_run(name: str, device: str) -> str | None:
     """Why backend ``name`` cannot run at all on ``device`` here, with how to fix it; None if it can."""
     from attnbench.backends.base import device_type
@@ -138,6 +161,10 @@ def plan_from_options(opts: dict) -> RunPlan:
     """Merged option values -> RunPlan; raises UserError naming the bad value."""
     device = common.resolve_device(common.option_text(opts, "device"))
     opts["device"] = device  # stored resolved, so --resume runs on the same device
+    try:
+        opts.update(presets.apply(opts, common.option_text(opts, "preset")))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     sweep = common.build_sweep(opts, device)
     text = common.option_text
     # Given values are bounded here (huge ones must fail before anything runs); absent ones stay
@@ -161,6 +188,8 @@ def plan_from_options(opts: dict) -> RunPlan:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device,
                                 common.option_bool(opts, "skip_missing"))
+    if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing"):
+        check_variants(backends, specs)
     check_summary_options(opts, backends)
     output = text(opts, "output")
     if output is not None:
@@ -321,6 +350,12 @@ def run(
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
+    softmax_scale: common.SoftmaxScale = None,
+    sinks: common.Sinks = None,
+    softcap: common.Softcap = None,
+    alibi: common.Alibi = None,
+    alibi_slopes: common.AlibiSlopes = None,
+    preset: common.Preset = None,
     layout: Annotated[str | None, typer.Option(
         "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,

@@ -30,6 +30,7 @@ from attnbench.results.store import ResultStore, new_run_id
 from attnbench.runner import Runner
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
+from attnbench.variants import alibi_label, alibi_slopes
 
 # Tensor names as the FA2 accuracy write-up prints them.
 LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
@@ -64,6 +65,24 @@ def bug_prone_specs(device: str, dtypes, causal) -> list[AttnSpec]:
     return specs
 
 
+def with_variants(defaults: list[AttnSpec], asked: list[AttnSpec]) -> list[AttnSpec]:
+    """The default shapes with each variant setting (sinks, softcap, ALiBi, scale) of the asked-for cases: the
+    standard ALiBi slopes follow each shape's head count; given slopes must match it."""
+    settings = dict.fromkeys((s.sinks, s.softcap, s.alibi, s.scale) for s in asked)
+    out = []
+    for sinks, softcap, alibi, scale in settings:
+        for spec in defaults:
+            slopes = alibi
+            if alibi is not None and alibi_label(alibi) == "alibi":
+                slopes = alibi_slopes(spec.heads_q)
+            try:
+                out.append(spec.replace(sinks=sinks, softcap=softcap, alibi=slopes, scale=scale))
+            except ValueError as exc:
+                raise common.UserError(f"{exc}: verify's default shapes have {spec.heads_q} q-heads; give --q-heads "
+                                       "and --seq-lens to check other shapes") from None
+    return list(dict.fromkeys(out))
+
+
 def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     """``run``'s plan with verify's defaults: the bug-prone shapes unless shapes are given, pass fwd_bwd,
     warm-up 0, one timed call."""
@@ -71,8 +90,9 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     cfg = plan.config
     specs = plan.specs
     if not any(cfg.get(name) for name in SHAPE_OPTIONS):
-        specs = bug_prone_specs(plan.options.device, tuple(dict.fromkeys(s.dtype for s in specs)),
-                                tuple(dict.fromkeys(s.causal for s in specs)) if cfg.get("causal_mode") else (False, True))
+        defaults = bug_prone_specs(plan.options.device, tuple(dict.fromkeys(s.dtype for s in specs)),
+                                   tuple(dict.fromkeys(s.causal for s in specs)) if cfg.get("causal_mode") else (False, True))
+        specs = with_variants(defaults, specs)
     if not cfg.get("pass_"):
         specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
@@ -184,6 +204,12 @@ def verify(
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
+    softmax_scale: common.SoftmaxScale = None,
+    sinks: common.Sinks = None,
+    softcap: common.Softcap = None,
+    alibi: common.Alibi = None,
+    alibi_slopes: common.AlibiSlopes = None,
+    preset: common.Preset = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     kv_seq_lens: common.KvSeqLens = None,

@@ -23,10 +23,11 @@ def worst(record: Record) -> float | None:
 def case_names(records: list[Record]) -> dict[str, str]:
     """A short name per case (the values of the axes that differ between cases), keyed by the case label."""
     specs = {r.spec.replace(pass_="fwd_bwd").label(): axes(r) for r in records}
-    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", "layout", "mask")
-               if len({a.get(k, "") for a in specs.values()}) > 1]
-    def name(a: dict) -> str:
-        parts = [("s" if k == "seq" else "") + a.get(k, "") for k in varying if a.get(k, "") and a.get(k) != "no mask"]
+    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", "sinks", "softcap", "alibi",
+                           "layout", "mask") if len({a.get(k, "") for a in specs.values()}) > 1]
+    def name(a: dict) -> str:  # an axis at its default ("no mask", "no sinks", ...) goes unnamed
+        parts = [("s" if k == "seq" else "") + a.get(k, "") for k in varying
+                 if a.get(k, "") and not a.get(k, "").startswith("no ")]
         return " ".join(parts)
     return {label: name(a) or label for label, a in specs.items()}
 
@@ -59,7 +60,13 @@ def render(records: list[Record], console) -> None:
     from rich import box
     from rich.table import Table
     backends, cases, cells, legend = build(records)
-    console.print("worst error / limit per backend and case (a pass is below 1)", highlight=False, markup=False)
+    title = "worst error / limit per backend and case (a pass is below 1)"
+    positions = [axes(r) for r in records]
+    every = [v for k in ("sinks", "softcap", "alibi") if len(v := {p[k] for p in positions}) == 1
+             and not next(iter(v)).startswith("no ")]
+    if every:  # variants every case has (one that only some cases have is named in their legend)
+        title += "; every case with " + ", ".join(next(iter(v)) for v in every)
+    console.print(title, highlight=False, markup=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)
     table.add_column("backend", no_wrap=True)
     for i in range(len(cases)):

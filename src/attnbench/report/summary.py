@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, exact_of, verdict_of
+from attnbench.variants import alibi_label
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
 API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
@@ -40,8 +41,10 @@ def axes(r: Record) -> dict[str, str]:
            "head_dim": f"d{s.head_dim}" + (f"/{s.head_dim_v}" if s.head_dim_v != s.head_dim else "")}
     if s.seqlens_k != s.seqlens_q:
         out["keys"] = "keys " + (str(s.seqlens_k[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_k)))
-    if s.has_window:
-        out["window"] = f"window {s.window[0]},{s.window[1]}"
+    out["window"] = f"window {s.window[0]},{s.window[1]}" if s.has_window else "no window"
+    out["sinks"] = "sinks" if s.sinks else "no sinks"
+    out["softcap"] = f"softcap {s.softcap:g}" if s.softcap is not None else "no softcap"
+    out["alibi"] = alibi_label(s.alibi) if s.alibi is not None else "no alibi"
     if s.sta is not None:
         out["mask"] = s.sta.label()
     if s.layout != "bshd":
@@ -49,10 +52,14 @@ def axes(r: Record) -> dict[str, str]:
     return out
 
 
-SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "layout", "mask", "pass")
+SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "sinks", "softcap", "alibi", "layout",
+               "mask", "pass")
 """Which varying axis becomes the rows: the one with most values, ties broken in this order."""
-LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "layout", "pass")
+LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "sinks", "softcap", "alibi",
+               "layout", "pass")
 """The order of the fixed axes in the header (that of a case label)."""
+UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi"}
+"""Values of an axis every case shares that the header leaves out (they are the default)."""
 ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
 
 
@@ -155,7 +162,7 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     row_axis = max(varying, key=lambda k: (len(values[k]), -SWEEP_ORDER.index(k))) if varying else "seq"
     group_axes = [k for k in SWEEP_ORDER if k in varying and k != row_axis]
     fixed = [next(iter(values[k])) for k in LABEL_ORDER if k in values and k not in varying and k != row_axis
-             and next(iter(values[k]))]
+             and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED]
     by_case = {(_group_key(pos[id(r)], group_axes), pos[id(r)].get(row_axis, ""), r.backend): r for r in records}
     base_of = {}
     if metric == "speedup":

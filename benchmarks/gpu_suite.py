@@ -1,6 +1,7 @@
 """Every GPU test, with every optional package, in one command; ends with what ran and why the rest skipped.
 
     python3 benchmarks/gpu_suite.py [--wheels DIR] [--debs DIR] [--out DIR] [-n 8] [--stages jit,main,fa4]
+                                    [--tests tests/gpu/test_x.py,...] [-k EXPRESSION]
 
 Without ``--wheels`` the tests run in the current environment. With it, the wheels in DIR are installed
 (no index, no dependency resolution) into two environments under ``--site``, because two of the
@@ -92,13 +93,17 @@ def env_for(name: str | None, site: Path, extra: dict) -> dict:
     return env
 
 
-def run_stage(stage: str, env: dict, junit_dir: Path, out: Path, workers: int) -> float | None:
-    """Run one stage; its wall seconds, or None when pytest wrote no JUnit file (it did not run tests)."""
+def run_stage(stage: str, env: dict, junit_dir: Path, out: Path, workers: int, tests: list[str] | None = None,
+              select: str | None = None) -> float | None:
+    """Run one stage (on ``tests``, default every GPU test; ``select`` narrows the stage's -k further); its wall
+    seconds, or None when pytest wrote no JUnit file (it did not run tests)."""
     _, expr = STAGES[stage]
+    if select:
+        expr = f"({expr}) and ({select})"
     junit = junit_dir / f"{stage}.xml"
     junit.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu", "-k", expr, "-rs", "-p", "no:cacheprovider",
-           f"--junitxml={junit}"] + (["-n", str(workers)] if workers > 1 else [])
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", *(tests or ["tests/gpu"]), "-k", expr, "-rs",
+           "-p", "no:cacheprovider", f"--junitxml={junit}"] + (["-n", str(workers)] if workers > 1 else [])
     start = time.perf_counter()
     with open(out / f"pytest-{stage}.log", "w") as log:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -170,6 +175,8 @@ def main() -> int:
     parser.add_argument("-n", "--workers", type=int, default=8, help="pytest-xdist workers per stage")
     parser.add_argument("--stages", default="jit,main,fa4", help="comma-separated: jit, main, fa4 (default: all)")
     parser.add_argument("--fresh", action="store_true", help="forget the JUnit files of earlier stages")
+    parser.add_argument("--tests", default=None, help="comma-separated test files or folders (default: tests/gpu)")
+    parser.add_argument("-k", dest="select", default=None, help="a pytest -k expression that narrows every stage")
     args = parser.parse_args()
     stages = [s for s in args.stages.split(",") if s]
     unknown = [s for s in stages if s not in STAGES]
@@ -186,7 +193,8 @@ def main() -> int:
     broken = []
     for stage in stages:
         env_name = STAGES[stage][0] if args.wheels else None
-        seconds = run_stage(stage, env_for(env_name, args.site, extra), junit_dir, args.out, args.workers)
+        seconds = run_stage(stage, env_for(env_name, args.site, extra), junit_dir, args.out, args.workers,
+                            args.tests.split(",") if args.tests else None, args.select)
         if seconds is None:
             broken.append(stage)
         elif stage == "jit":

@@ -6,6 +6,7 @@ above what the inputs take (a materialised S x S fp32 score matrix per head woul
     PYTHONPATH=src python3 benchmarks/reference_scaling.py                      # the target case, CUDA
     PYTHONPATH=src python3 benchmarks/reference_scaling.py --causal --json      # one JSON line
     PYTHONPATH=src python3 benchmarks/reference_scaling.py --device cpu --seq-len 2048 --heads 4   # smoke test
+    PYTHONPATH=src python3 benchmarks/reference_scaling.py --causal --sinks --softcap 50 --alibi   # with the variants
 
 The reference runs in fp32 (TF32 off) on CUDA for 16-bit inputs and in fp64 on the CPU
 (``--compute-dtype`` overrides).
@@ -25,6 +26,7 @@ import torch
 from attnbench.accuracy.reference import BlockSizes, attention_backward, attention_forward, compute_dtype_for
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
+from attnbench.variants import alibi_slopes
 
 TARGET_SECONDS = 10.0
 TARGET_BYTES = 4 * 10 ** 9
@@ -42,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compute-dtype", choices=("fp32", "fp64"), default=None,
                    help="reference precision (default: fp32 on CUDA, fp64 on CPU)")
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--sinks", action="store_true", help="attention sinks (and their gradient)")
+    p.add_argument("--softcap", type=float, default=None, help="logit softcap C")
+    p.add_argument("--alibi", action="store_true", help="ALiBi with the standard slopes")
     p.add_argument("--block-q", type=int, default=BlockSizes().q, help="query rows per block")
     p.add_argument("--block-k", type=int, default=BlockSizes().k, help="keys per block")
     p.add_argument("--max-block-elems", type=int, default=BlockSizes().max_elems,
@@ -58,7 +63,8 @@ def _sync(device: torch.device) -> None:
 def run_reference(spec: AttnSpec, device: torch.device, dtype: torch.dtype, blocks: BlockSizes) -> dict:
     """One timed fwd+bwd of the reference; seconds per phase and extra device memory (CUDA)."""
     inputs = make_inputs(spec, device, seed=0)
-    kw = dict(causal=spec.causal, scale=spec.softmax_scale, dtype=dtype, blocks=blocks)
+    kw = dict(causal=spec.causal, scale=spec.softmax_scale, dtype=dtype, blocks=blocks, softcap=spec.softcap,
+              alibi=spec.alibi, sinks=inputs.sinks)
     cuda = device.type == "cuda"
     if cuda:
         small = make_inputs(spec.replace(seqlens_q=(256,)), device, seed=1)
@@ -73,7 +79,7 @@ def run_reference(spec: AttnSpec, device: torch.device, dtype: torch.dtype, bloc
     out, lse = attention_forward(inputs.q, inputs.k, inputs.v, **kw)
     _sync(device)
     t1 = time.perf_counter()
-    dq, dk, dv = attention_backward(inputs.q, inputs.k, inputs.v, out, lse, inputs.dout, **kw)
+    dq, dk, dv, *_ = attention_backward(inputs.q, inputs.k, inputs.v, out, lse, inputs.dout, **kw)
     _sync(device)
     t2 = time.perf_counter()
     finite = all(bool(torch.isfinite(t).all()) for t in (out, dq, dk, dv))
@@ -88,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: use --device cpu with a smaller --seq-len", file=sys.stderr)
         return 2
     spec = AttnSpec(batch=args.batch, seqlens_q=(args.seq_len,), heads_q=args.heads, heads_kv=args.kv_heads,
-                    head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, pass_="fwd_bwd")
+                    head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, pass_="fwd_bwd", sinks=args.sinks,
+                    softcap=args.softcap, alibi=alibi_slopes(args.heads) if args.alibi else None)
     dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(args.compute_dtype) or compute_dtype_for(device, spec.torch_dtype)
     blocks = BlockSizes(q=args.block_q, k=args.block_k, max_elems=args.max_block_elems)
     res = run_reference(spec, device, dtype, blocks)

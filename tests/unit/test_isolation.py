@@ -13,10 +13,11 @@ from attnbench.timing import TimingConfig
 
 
 def test_crashes_and_hangs_become_error_records_and_the_sweep_continues(tmp_path):
+    # 8 s, not less: a fresh worker's first case (imports, first kernels) took over 1.5 s on a busy 2-core host
     db = tmp_path / "r.db"
     t0 = time.perf_counter()
     res = attnbench("run", *TINY, "--seq-lens", "17", "--backends", "naive,test-nullread,test-hang,test-sleep",
-                    "--case-timeout", "1.5", "--db", str(db), "--output", str(tmp_path / "out.json"))
+                    "--case-timeout", "8", "--db", str(db), "--output", str(tmp_path / "out.json"))
     elapsed = time.perf_counter() - t0
     assert res.returncode == 0, res.stderr
     rows = dict((r[0], r[1:]) for r in query(db, "SELECT backend, status, reason FROM records"))
@@ -24,7 +25,7 @@ def test_crashes_and_hangs_become_error_records_and_the_sweep_continues(tmp_path
     assert rows["test-nullread"] == ("error", "worker died with signal 11 (SIGSEGV): Fatal Python error: "
                                               "Segmentation fault")
     assert "Current thread" not in res.stderr and "File " not in res.stderr, res.stderr  # no stack as is
-    assert rows["test-hang"] == ("error", "timed out after 1.5 s")
+    assert rows["test-hang"] == ("error", "timed out after 8 s")
     assert query(db, "SELECT status FROM runs") == [("done",)]
     assert len(json.loads((tmp_path / "out.json").read_text())) == 4
     assert elapsed < 120  # the hang (3600 s) was cut short

@@ -33,6 +33,8 @@ def cases():
     for backend in BACKENDS:
         for variant in VARIANTS:
             for shape in SHAPES:
+                if shape == "cross" and variant.startswith("softcap"):
+                    continue  # a softcap does not depend on positions: the aligned ones are sinks' and ALiBi's
                 for pass_ in ("fwd", "fwd_bwd"):
                     yield pytest.param(backend, variant, shape, pass_, id=f"{backend}-{variant}-{shape}-{pass_}")
 

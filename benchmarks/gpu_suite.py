@@ -45,8 +45,10 @@ STAGES = {"jit": ("main", "flashinfer"), "main": ("main", "not fa4"), "fa4": ("f
 """stage -> (environment, pytest -k expression)."""
 
 
-def install(wheels: Path, site: Path) -> None:
-    for env, left_out in NOT_IN.items():
+def install(wheels: Path, site: Path, envs: tuple[str, ...] = tuple(NOT_IN)) -> None:
+    """Install the wheels into the environments ``envs`` (once per site)."""
+    for env in envs:
+        left_out = NOT_IN[env]
         target = site / env
         mark = target / ".installed"
         if mark.exists():
@@ -188,7 +190,7 @@ def main() -> int:
         shutil.rmtree(junit_dir, ignore_errors=True)
     junit_dir.mkdir(parents=True, exist_ok=True)
     if args.wheels:
-        install(args.wheels, args.site)
+        install(args.wheels, args.site, tuple(dict.fromkeys(STAGES[s][0] for s in stages)))
     extra = nsys_on_path(args.debs, args.site) if args.debs else {}
     broken = []
     for stage in stages:

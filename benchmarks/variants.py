@@ -64,12 +64,14 @@ def cmd_run(args) -> None:
         print(f"{model}: {ok}/{len(records)} cases ok in {phases['total']:.0f} s, stored as run {run_id}", flush=True)
 
 
-def _records(store, run_id: str) -> dict:
-    """(backend, spec) -> record over the runs RUN_ID+MODEL and their suffixed siblings."""
+def _records(store, run_ids: str) -> dict:
+    """(backend, spec) -> record over the runs RUN_ID+MODEL and their suffixed siblings, for each of the
+    comma-separated RUN_IDs (a later run's record of a case replaces an earlier one's)."""
     out = {}
+    prefixes = tuple(f"{r}+" for r in run_ids.split(","))
     for run in store.runs():
         rid = run["run_id"]
-        if rid.startswith(run_id + "+"):
+        if rid.startswith(prefixes):
             for r in store.records(rid):
                 out[(r.backend, r.spec)] = r
     return out
@@ -177,7 +179,7 @@ def main() -> None:
     run.add_argument("--suffix", default="", help="appended to each run id (a second environment's runs)")
     page = sub.add_parser("page", help="write the page from stored records")
     page.add_argument("--db", required=True)
-    page.add_argument("--run-id", default="variants")
+    page.add_argument("--run-id", default="variants", help="the runs' id, or several, comma-separated")
     page.add_argument("-o", "--output", default=None)
     page.add_argument("--how", default=None, help="how the runs were made, for the page")
     args = ap.parse_args()

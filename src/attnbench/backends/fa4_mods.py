@@ -16,9 +16,9 @@ import cutlass.cute as cute
 @cute.jit
 def alibi_score_mod(tSrS_ssa, b_idx, h_idx, q_idx, kv_idx, seqlen_info, aux_tensors):
     slopes = aux_tensors[0]
-    head = cute.make_fragment(1, cutlass.Int32)
+    head = cute.make_rmem_tensor(1, cutlass.Int32)
     head.store(h_idx)
-    slope = cute.make_fragment(1, cutlass.Float32)
+    slope = cute.make_rmem_tensor(1, cutlass.Float32)
     slope[0] = slopes[head[0]]
     rel = (kv_idx - q_idx).to(cutlass.Float32)
     return tSrS_ssa + rel * slope.load()

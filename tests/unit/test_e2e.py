@@ -113,3 +113,40 @@ def test_cogvideox_train_step_routes_backward():
     cfg = E2EConfig(model="cogvideox-tiny", backends=("naive",), mode="train", layers=2, steps=1)
     (rec,) = run_e2e(cfg, run_id="t")
     assert rec.status == "ok" and rec.info["e2e"]["attn_bwd_ms"] > 0
+
+
+VARIANTS = llama.ModelVariants(sinks=True, softcap=30.0, sliding_window=5)
+
+
+@pytest.mark.parametrize("variants, backends", [
+    (llama.ModelVariants(sinks=True, alibi=True, sliding_window=5), ("naive", "sdpa-math")),
+    (VARIANTS, ("naive",)),
+])
+def test_llama_takes_the_variants_and_its_sinks_learn(variants, backends):
+    cfg = E2EConfig(model="llama-tiny", backends=backends, mode="train", layers=2, steps=1, dtype="fp32", seq_len=23,
+                    variants=variants)
+    recs = _records(cfg)
+    assert all(r.status == "ok" for r in recs.values()), {b: r.reason for b, r in recs.items()}
+    if "sdpa-math" in recs:  # the float-mask form agrees with naive's
+        assert recs["sdpa-math"].info["e2e"]["rel_l1"] < 1e-5
+    model = llama.build_llama("llama-tiny", layers=2, dtype=torch.float32, variants=variants)
+    tokens = llama.random_tokens(1, 24, model.cfg.vocab_size, "cpu")
+    with AttnSwap("naive") as swap:
+        llama.train_loss(model, tokens).backward()
+    windows = sorted((spec.window or (-1, -1)) for spec in swap.shapes)
+    assert windows == [(-1, -1), (4, 0)]  # layer 0 local (5 tokens: itself and 4 before), layer 1 full
+    assert all(spec.sinks and spec.softcap == variants.softcap for spec in swap.shapes)
+    assert all(layer.attention.sinks.grad.abs().sum() > 0 for layer in model.layers)
+    assert all(layer.attention.rope == (not variants.alibi) for layer in model.layers)
+
+
+def test_llama_variants_are_the_exact_attention():
+    """One layer's attention through the swap against the exact reference with the same variants."""
+    from attnbench.accuracy.reference import attention_forward
+    q, k, v = (torch.randn(1, 19, h, 8, dtype=torch.float64) for h in (4, 2, 2))
+    sinks = torch.randn(4, dtype=torch.float64) + 2
+    got = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=(4, 0),
+                    softcap=30.0, alibi=(0.5, 0.25, 0.125, 0.0625), sinks=sinks).transpose(1, 2)
+    want, _ = attention_forward(q, k, v, causal=True, window=(4, 0), softcap=30.0, alibi=(0.5, 0.25, 0.125, 0.0625),
+                                sinks=sinks)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

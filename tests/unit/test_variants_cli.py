@@ -123,3 +123,24 @@ def test_verify_checks_the_bug_prone_shapes_with_the_variant(tmp_path):
     assert "every case with sinks, alibi" in res.stdout
     specs = [s for _, s, *_ in specs_of(tmp_path / "v.db")]
     assert len(specs) == 20 and all(s["sinks"] and s["alibi"] == list(alibi_slopes(s["heads_q"])) for s in specs)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sinks", "both"], "a model has sinks or not"),
+    (["--softcap", "0"], "bad --softcap '0'"),
+    (["--sliding-window", "0"], "--sliding-window"),
+    (["--model", "cogvideox-2b", "--alibi"], "switches of the Llama models"),
+])
+def test_e2e_variant_switches_refuse_bad_input(tmp_path, args, needle):
+    res = attnbench("e2e", "--device", "cpu", "--db", str(tmp_path / "r.db"), *args)
+    assert res.returncode == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_e2e_runs_a_llama_with_sinks_softcap_and_local_layers(tmp_path):
+    db = tmp_path / "r.db"
+    res = attnbench("e2e", "--device", "cpu", "--backends", "naive,sdpa-math", "--sinks", "--softcap", "30",
+                    "--sliding-window", "8", "--layers", "2", "--steps", "1", "--dtype", "fp32", "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    rows = specs_of(db)
+    assert [(b, st) for b, _, _, st, _ in rows] == [("naive", "ok"), ("sdpa-math", "unsupported")]
+    assert rows[0][1]["sinks"] and rows[0][1]["softcap"] == 30.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.cli.run import resolve_backends
 from attnbench.models.bench import MODES, E2EConfig, model_names, run_e2e
+from attnbench.models.llama import ModelVariants
 from attnbench.results import env as envmod
 from attnbench.results import export
 from attnbench.results.record import Record
@@ -34,9 +36,26 @@ def _one(values, name: str):
     return values[0]
 
 
+def model_variants(sinks, softcap, alibi, sliding_window) -> ModelVariants:
+    """--sinks, --softcap, --alibi, --sliding-window -> ModelVariants (a model has a variant or not: no 'both')."""
+    on = {}
+    for name, value in (("sinks", sinks), ("alibi", alibi)):
+        values = common.parse_causal(value, f"--{name}")
+        if values is not None and len(values) > 1:
+            raise UserError(f"--{name} both: a model has {name} or not; run it twice to compare")
+        on[name] = bool(values and values[0])
+    caps = common.parse_softcaps(_one(softcap, "--softcap"))
+    window = None if sliding_window is None else common.positive_int(sliding_window, "--sliding-window")
+    try:
+        return ModelVariants(sinks=on["sinks"], alibi=on["alibi"], softcap=caps[0] if caps else None,
+                             sliding_window=window)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def build_config(model: str, backends, device: str | None, mode: str, layers, steps, warmup, dtype,
                  batch_size, seq_len, seed: int, backend_opt, kernel_counts: bool = False,
-                 skip_missing: bool = False) -> E2EConfig:
+                 skip_missing: bool = False, variants: ModelVariants | None = None) -> E2EConfig:
     """Validate the options into an E2EConfig; raises UserError."""
     dev = common.resolve_device(device)
     if model not in model_names():
@@ -55,7 +74,7 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
                          warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
                          batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
                          seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed,
-                         kernel_counts=kernel_counts)
+                         kernel_counts=kernel_counts, variants=variants or ModelVariants())
     except UserError:
         raise
     except ValueError as exc:
@@ -117,10 +136,16 @@ def e2e(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     kernel_counts: Annotated[bool, typer.Option(
         "--kernel-counts", help="Profile one more step per backend and count its kernels (copies, adds; CUDA).")] = False,
+    sinks: common.Sinks = None,
+    softcap: common.Softcap = None,
+    alibi: common.Alibi = None,
+    sliding_window: Annotated[str | None, typer.Option(
+        "--sliding-window", metavar="N", rich_help_panel="Model variants",
+        help="Llama models: every other layer, the first included, sees only the last N tokens (gpt-oss: 128).")] = None,
 ) -> None:
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
-                       backend_opt, kernel_counts, skip_missing)
+                       backend_opt, kernel_counts, skip_missing, model_variants(sinks, softcap, alibi, sliding_window))
     if output is not None:
         try:
             export.format_for(output)
@@ -136,7 +161,7 @@ def e2e(
     with ResultStore(path) as store:
         store.add_env(env_id, env)
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]),
-                        config={k: v for k, v in vars(cfg).items()}, env_id=env_id, version=attnbench.__version__)
+                        config=dataclasses.asdict(cfg), env_id=env_id, version=attnbench.__version__)
         status = "interrupted"
         try:
             records = run_e2e(cfg, run_id=run_id, env_id=env_id, sink=store.write)

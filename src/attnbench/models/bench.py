@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -74,8 +74,13 @@ class E2EConfig:
     """Seed of weights and inputs."""
     kernel_counts: bool = False
     """Profile one extra step per backend and count its device kernels (the CogVideoX-2b write-up's copy/add rows)."""
+    variants: llama.ModelVariants = field(default_factory=llama.ModelVariants)
+    """Sinks, softcap, ALiBi and local layers of a Llama model's attention (none by default)."""
 
     def __post_init__(self) -> None:
+        if self.variants != llama.ModelVariants() and self.model not in llama.CONFIGS:
+            raise ValueError(f"--sinks, --softcap, --alibi and --sliding-window are switches of the Llama models "
+                             f"({', '.join(llama.CONFIGS)}), not of {self.model}")
         if self.kernel_counts and torch.device(self.device).type != "cuda":
             raise ValueError("kernel counts need a CUDA device (they count device kernels)")
         if self.model not in model_names():
@@ -112,7 +117,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
         batch, seq = LLAMA_DEFAULTS.get(cfg.model, (1, 2048))
         batch, seq = cfg.batch or batch, cfg.seq_len or seq
         model = llama.build_llama(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype or torch.bfloat16,
-                                  seed=cfg.seed, max_seq_len=max(seq, 2))
+                                  seed=cfg.seed, max_seq_len=max(seq, 2), variants=cfg.variants)
         tokens = llama.random_tokens(batch, seq + int(train), model.cfg.vocab_size, cfg.device, cfg.seed + 1)
 
         def forward():

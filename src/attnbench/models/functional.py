@@ -39,12 +39,14 @@ SDPA_KERNELS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION", "sdpa-effi
 
 
 def call_spec(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, *, causal: bool,
-              scale: float | None, needs_grad: bool) -> AttnSpec:
-    """The AttnSpec of one model attention call on (B, H, S, D) tensors."""
+              scale: float | None, needs_grad: bool, **variants) -> AttnSpec:
+    """The AttnSpec of one model attention call on (B, H, S, D) tensors; ``variants``: window, softcap, alibi
+    and sinks (true when the call passes sink logits) as AttnSpec takes them."""
     return AttnSpec(batch=q_bhsd.shape[0], seqlens_q=(q_bhsd.shape[2],), seqlens_k=(k_bhsd.shape[2],),
                     heads_q=q_bhsd.shape[1], heads_kv=k_bhsd.shape[1], head_dim=q_bhsd.shape[3],
                     head_dim_v=v_bhsd.shape[3], dtype=normalize_dtype(str(q_bhsd.dtype).removeprefix("torch.")),
-                    causal=causal, scale=scale, layout="bhsd", pass_="fwd_bwd" if needs_grad else "fwd")
+                    causal=causal, scale=scale, layout="bhsd", pass_="fwd_bwd" if needs_grad else "fwd",
+                    **{k: v for k, v in variants.items() if v is not None})
 
 
 def functional(backend: str | Backend, spec: AttnSpec, device: str | torch.device) -> tuple[BshdFn, str]:
@@ -70,42 +72,63 @@ def functional(backend: str | Backend, spec: AttnSpec, device: str | torch.devic
 
 
 def _naive(spec: AttnSpec) -> BshdFn:
-    from attnbench.backends.naive import naive_attention
+    from attnbench.backends.naive import Terms, _Mask, naive_attention
+    built: dict = {}  # the mask and the variants' terms, built at the first call (on its device), like buffers
 
-    def fn(q, k, v):
-        return naive_attention(q, k, v, causal=spec.causal, window=None, scale=spec.softmax_scale)
+    def fn(q, k, v, sinks=None):
+        if not built:
+            sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+            built.update(mask=_Mask.build(sq, sk, spec.causal, spec.window, q.device),
+                         terms=Terms.build(spec, sq, sk, q.device))
+        return naive_attention(q, k, v, causal=spec.causal, window=spec.window, scale=spec.softmax_scale,
+                               sinks=sinks, **built)
     return fn
 
 
 def _sdpa(kernel: str, spec: AttnSpec) -> BshdFn:
-    """One forced SDPA kernel; GQA native where the kernel takes it, else K/V heads expanded."""
+    """One forced SDPA kernel; GQA native where the kernel takes it, else K/V heads expanded. A window, ALiBi and
+    sinks go in as the float mask of ``backends.sdpa.variant_bias`` (the math kernel's capabilities)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attnbench.backends.sdpa import variant_bias
     backend = getattr(SDPBackend, kernel)
     groups = spec.heads_q // spec.heads_kv
     sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
-    mask, is_causal = None, spec.causal and sq == sk
-    state = {"native_gqa": groups > 1}
+    biased = spec.has_window or spec.sinks or spec.alibi is not None
+    is_causal = spec.causal and sq == sk and not biased
+    state: dict = {"native_gqa": groups > 1}
 
-    def call(q, k, v, native_gqa: bool):
+    def mask_for(q, sinks):
+        if biased:  # built at the first call, on its device; a sink column per call (its gradient flows)
+            bias = state.setdefault("bias", variant_bias(spec, q.device))
+            if sinks is None:
+                return bias
+            column = sinks.to(bias.dtype).view(-1, 1, 1).expand(-1, sq, 1)
+            return torch.cat([bias.expand(column.shape[0], -1, -1), column], dim=-1)
+        if spec.causal and sq != sk:
+            from torch.nn.attention.bias import causal_lower_right
+            return causal_lower_right(sq, sk)
+        return None
+
+    def call(q, k, v, native_gqa: bool, sinks):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if groups > 1 and not native_gqa:
             k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
-        attn_mask = mask
-        if spec.causal and sq != sk:
-            from torch.nn.attention.bias import causal_lower_right
-            attn_mask = causal_lower_right(sq, sk)
+        if sinks is not None:  # one more key and value of zeros, whose mask column holds the sink
+            k, v = (F.pad(t, (0, 0, 0, 1)) for t in (k, v))
         kw = {"enable_gqa": True} if native_gqa and groups > 1 else {}
         with sdpa_kernel([backend]):
-            out = ORIGINAL_SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=spec.softmax_scale, **kw)
+            out = ORIGINAL_SDPA(q, k, v, attn_mask=mask_for(q, sinks), is_causal=is_causal, scale=spec.softmax_scale,
+                                **kw)
         return out.transpose(1, 2)
 
-    def fn(q, k, v):
+    def fn(q, k, v, sinks=None):
         if state["native_gqa"]:
             try:
-                return call(q, k, v, True)
+                return call(q, k, v, True, sinks)
             except RuntimeError:  # this kernel has no native GQA in this torch: expand from now on
                 state["native_gqa"] = False
-        return call(q, k, v, False)
+        return call(q, k, v, False, sinks)
     return fn
 
 
@@ -113,7 +136,8 @@ def _via_prepare(backend: Backend, spec: AttnSpec) -> BshdFn:
     """Forward through ``prepare`` on every call (backends without a functional form)."""
     prep_spec = spec.replace(layout="bshd")
 
-    def fn(q, k, v):
-        inputs = AttnInputs(q=q, k=k, v=v, dout=q.new_empty(0), max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
+    def fn(q, k, v, sinks=None):
+        inputs = AttnInputs(q=q, k=k, v=v, dout=q.new_empty(0), max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1],
+                            sinks=sinks)
         return backend.prepare(prep_spec, inputs).fn().out
     return fn

@@ -3,11 +3,16 @@
 Random (seeded) weights, no downloads. Used for prefill (a forward over a whole prompt) and a
 training step (next-token cross-entropy + backward). Attention goes through the one swap point,
 ``attnbench.models.swap.attention``, so ``AttnSwap`` decides which kernel runs.
+
+The attention of today's models is a switch of the config (``ModelVariants``): learnable attention sinks per
+layer (gpt-oss), a logit softcap (Gemma 2), ALiBi instead of RoPE (BLOOM, MPT) and a sliding window on every
+other layer, the first included (gpt-oss: 128 tokens, Gemma 2: 4096), the others attending causally to all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +20,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnbench.models import swap
+from attnbench.variants import alibi_slopes
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelVariants:
+    """The attention variants a model's layers use (``attnbench.variants``)."""
+
+    sinks: bool = False
+    """A learnable sink logit per query head in every layer (gpt-oss)."""
+    softcap: float | None = None
+    """Logit softcap of every layer (Gemma 2: 50)."""
+    alibi: bool = False
+    """ALiBi with the standard slopes instead of RoPE (BLOOM, MPT)."""
+    sliding_window: int | None = None
+    """Tokens a query of a local layer sees (itself and the ones before it); every other layer is local, the
+    first included (gpt-oss: 128, Gemma 2: 4096); None = every layer attends to all."""
+
+    def __post_init__(self) -> None:
+        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
+            raise ValueError(f"softcap must be a finite number > 0, got {self.softcap!r}")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or self.sliding_window < 1):
+            raise ValueError(f"sliding window must be at least 1 token, got {self.sliding_window!r}")
+
+    def window(self, layer: int) -> tuple[int, int] | None:
+        """The (left, right) window of layer ``layer`` (causal: right 0), or None."""
+        return (self.sliding_window - 1, 0) if self.sliding_window and layer % 2 == 0 else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +70,8 @@ class LlamaConfig:
     """RMSNorm epsilon."""
     max_seq_len: int = 8192
     """Longest sequence the RoPE table covers."""
+    variants: ModelVariants = dataclasses.field(default_factory=lambda: ModelVariants())
+    """Sinks, softcap, ALiBi and local layers (none by default)."""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -86,20 +119,29 @@ def apply_rope(x_bshd: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer: int = 0):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        v = cfg.variants
+        self.rope = not v.alibi  # ALiBi models place tokens by the bias alone
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if v.sinks else None
+        self.kwargs = {"window": v.window(layer), "softcap": v.softcap,
+                       "alibi": alibi_slopes(cfg.n_heads) if v.alibi else None}
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = apply_rope(self.wq(x).view(b, s, self.n_heads, self.head_dim), rope)
-        k = apply_rope(self.wk(x).view(b, s, self.n_kv_heads, self.head_dim), rope)
+        q = self.wq(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if self.rope:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim)
-        out_bhsd = swap.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        sinks = None if self.sinks is None else self.sinks.float()  # kernels take fp32 sinks
+        out_bhsd = swap.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                  sinks=sinks, **self.kwargs)
         return self.wo(out_bhsd.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -117,10 +159,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer: int = 0):
         super().__init__()
         self.attention_norm, self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps), RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attention, self.feed_forward = Attention(cfg), FeedForward(cfg)
+        self.attention, self.feed_forward = Attention(cfg, layer), FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), rope)
@@ -134,7 +176,7 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer("rope", rope_table(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta), persistent=False)
@@ -156,12 +198,15 @@ def train_loss(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def build_llama(name: str, *, layers: int | None = None, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.bfloat16, seed: int = 0, max_seq_len: int | None = None) -> Llama:
-    """Model ``name`` from CONFIGS with seeded N(0, 0.02) weights (RMSNorm weights 1), on ``device``."""
+                dtype: torch.dtype = torch.bfloat16, seed: int = 0, max_seq_len: int | None = None,
+                variants: ModelVariants | None = None) -> Llama:
+    """Model ``name`` from CONFIGS with seeded N(0, 0.02) weights (RMSNorm weights 1), on ``device``; sinks
+    are drawn like the other weights (a model's trained sinks are not known here)."""
     if name not in CONFIGS:
         raise ValueError(f"unknown Llama config {name!r}; known: {', '.join(CONFIGS)}")
     cfg = CONFIGS[name]
-    changes = {k: v for k, v in (("n_layers", layers), ("max_seq_len", max_seq_len)) if v is not None}
+    changes = {k: v for k, v in (("n_layers", layers), ("max_seq_len", max_seq_len), ("variants", variants))
+               if v is not None}
     cfg = dataclasses.replace(cfg, **changes)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build in the compute dtype: no fp32 copy of an 8B model

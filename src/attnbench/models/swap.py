@@ -42,13 +42,18 @@ _ACTIVE: list[AttnSwap] = []
 
 
 def attention(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, *, causal: bool = False,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, **variants) -> torch.Tensor:
     """softmax(q k^T * scale) v on (B, H, S, D) tensors (GQA when k/v have fewer heads); (B, Hq, Sq, Dv).
 
-    Routed to the innermost active AttnSwap; plain SDPA when none is active.
+    ``variants``: ``window`` (left, right), ``softcap``, ``alibi`` (slopes), ``sinks`` ((Hq,) fp32 tensor), as in
+    ``attnbench.variants``. Routed to the innermost active AttnSwap; without one, plain SDPA, or naive
+    attention when a variant is given.
     """
     if _ACTIVE:
-        return _ACTIVE[-1](q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale)
+        return _ACTIVE[-1](q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale, **variants)
+    if any(v is not None for v in variants.values()):
+        with AttnSwap("naive") as swap:
+            return swap(q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale, **variants)
     gqa = {"enable_gqa": True} if k_bhsd.shape[1] != q_bhsd.shape[1] else {}
     return ORIGINAL_SDPA(q_bhsd, k_bhsd, v_bhsd, is_causal=causal, scale=scale, **gqa)
 
@@ -155,12 +160,17 @@ class AttnSwap:
         self._bwd_clock = _Clock(False)
 
     # ---- the routed call ------------------------------------------------------------------------
-    def __call__(self, q_bhsd, k_bhsd, v_bhsd, *, causal: bool = False, scale: float | None = None):
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_bhsd, k_bhsd, v_bhsd))
+    def __call__(self, q_bhsd, k_bhsd, v_bhsd, *, causal: bool = False, scale: float | None = None,
+                 window: tuple[int, int] | None = None, softcap: float | None = None,
+                 alibi: tuple[float, ...] | None = None, sinks: torch.Tensor | None = None):
+        tensors = (q_bhsd, k_bhsd, v_bhsd) + (() if sinks is None else (sinks,))
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        variants = {"window": window, "softcap": softcap, "alibi": alibi}
         key = (tuple(q_bhsd.shape), tuple(k_bhsd.shape), tuple(v_bhsd.shape), q_bhsd.dtype, causal, scale,
-               needs_grad, q_bhsd.device)
+               needs_grad, q_bhsd.device, *variants.values(), sinks is not None)
         if key not in self.fns:
-            spec = call_spec(q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale, needs_grad=needs_grad)
+            spec = call_spec(q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale, needs_grad=needs_grad,
+                             sinks=sinks is not None, **variants)
             self.last_spec = spec
             self.fns[key] = (*functional(self.backend, spec, q_bhsd.device), spec)
         fn, _, spec = self.fns[key]
@@ -177,7 +187,8 @@ class AttnSwap:
         try:
             with nvtx_range(f"attn:{self.backend_name}", self.nvtx):
                 pair = self._fwd_clock.start() if self.timed else None
-                out = fn(q_bhsd.transpose(1, 2), k_bhsd.transpose(1, 2), v_bhsd.transpose(1, 2)).transpose(1, 2)
+                extra = {} if sinks is None else {"sinks": sinks}
+                out = fn(q_bhsd.transpose(1, 2), k_bhsd.transpose(1, 2), v_bhsd.transpose(1, 2), **extra).transpose(1, 2)
                 if pair is not None:
                     self._fwd_clock.stop(pair)
         finally:

@@ -173,7 +173,7 @@ def plan_from_options(opts: dict) -> RunPlan:
     ceilings = plausibility.ceilings(device, measured_peaks(db, device, copy=True))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
-                         inputs=common.input_dist(opts), **extra)
+                         inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device), **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
@@ -352,6 +352,9 @@ def run(
         "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", rich_help_panel="Timing", metavar="N", help="CPU runs: torch threads (default: one per core that "
+        "other processes leave free).")] = None,
     impl: Annotated[str | None, typer.Option("--impl", rich_help_panel="Backends", help="benchmark_attn.py's --impl: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", rich_help_panel="Output", help="Also write the records to FILE.json or FILE.csv.")] = None,

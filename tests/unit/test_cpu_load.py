@@ -41,6 +41,7 @@ def test_a_given_thread_count_is_kept_and_the_cores_are_counted():
     ({"samples": 100, "preempted": 10, "waited_ms": 5.0, "measured_ms": 100.0}, False),
     ({"samples": 100, "preempted": 30, "waited_ms": None, "measured_ms": 100.0}, True),   # no schedstat
     ({"samples": 1, "preempted": 1, "waited_ms": 5.0, "measured_ms": 5.0}, False),        # verify's one call
+    ({"samples": 3, "preempted": 3, "waited_ms": 50.0, "measured_ms": 100.0}, True),      # an e2e run's 3 steps
     ({"samples": 100, "preempted": None}, False),                                         # not counted here
     (None, False),
 ])

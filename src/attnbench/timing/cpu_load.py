@@ -31,8 +31,9 @@ BUSY_WAIT = 0.02
 HEAVY_WAIT = 0.10
 """Waiting this share of the measured time marks a case busy however few samples it hit (two threads, one
 core taken elsewhere: 21% of the samples preempted, waits 45% of the time, p90 3.6x the median)."""
-MIN_JUDGED = 5
-"""Fewest samples to judge a case by (``verify``'s single timed call is not judged)."""
+MIN_JUDGED = 3
+"""Fewest samples to judge a case by (``verify``'s single timed call is not judged; an ``e2e`` run's three
+steps are)."""
 BUSY_CORE = 0.6
 """Cores' worth of CPU time other processes use from which a core counts as taken (0.4 of a core busy
 elsewhere already costs a thread scheduled there whole ticks)."""
@@ -139,6 +140,32 @@ def run_delay_ms() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return total / 1e6
+
+
+class Preemptions:
+    """Counts, over the samples of one measurement, those the process was switched out in (``before`` and
+    ``after`` bracket a sample, outside its timed region), and how long its threads waited for a core."""
+
+    def __init__(self) -> None:
+        self.known = involuntary_switches() is not None
+        self.delay = run_delay_ms()
+        self.samples = self.hit = 0
+
+    def before(self) -> int:
+        return involuntary_switches() if self.known else 0
+
+    def after(self, before: int) -> None:
+        self.samples += 1
+        self.hit += self.known and involuntary_switches() > before
+
+    def info(self, measured_ms: float) -> dict:
+        """The record's ``info["cpu"]``: threads, cores, samples, preempted, waited_ms, measured_ms and busy."""
+        import torch
+        end = run_delay_ms()
+        waited = None if self.delay is None or end is None else round(end - self.delay, 3)
+        cpu = {"threads": torch.get_num_threads(), "cores": usable_cores(), "samples": self.samples,
+               "preempted": self.hit if self.known else None, "waited_ms": waited, "measured_ms": round(measured_ms, 3)}
+        return cpu | {"busy": is_busy(cpu)}
 
 
 def is_busy(cpu: dict | None) -> bool:

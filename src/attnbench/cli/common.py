@@ -22,10 +22,20 @@ from attnbench.sweep import (
 )
 
 
+def pipe_width() -> int:
+    """Columns of output that goes to a pipe or a file, which people read in a terminal later: $COLUMNS,
+    else 100."""
+    try:
+        return max(60, int(os.environ.get("COLUMNS", "100")))
+    except ValueError:
+        return 100
+
+
 def _console(stderr: bool = False) -> Console:
-    # Tables are wide: when output is not a terminal (a file, a pipe, CI logs) do not squeeze to 80 columns.
+    # A pipe or a file (CI logs, `| tee`) gets tables laid out for $COLUMNS (100 by default), not rich's 80;
+    # lines of text are not broken (soft wrap), so a command or a path in them stays whole.
     probe = Console(stderr=stderr)
-    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=pipe_width(), soft_wrap=True)
 
 
 console = _console()
@@ -40,14 +50,8 @@ def view_console() -> Console:
 
 
 def summary_width() -> int:
-    """Columns the run summary is laid out for: the terminal's, or $COLUMNS (default 100) when the output is
-    a pipe or a file, which people read in a terminal later."""
-    if console.is_terminal:
-        return console.width
-    try:
-        return max(60, int(os.environ.get("COLUMNS", "100")))
-    except ValueError:
-        return 100
+    """Columns the run summary is laid out for: the terminal's, or ``pipe_width`` for a pipe or a file."""
+    return console.width if console.is_terminal else pipe_width()
 
 
 class UserError(ValueError):

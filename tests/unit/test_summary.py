@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from attnbench.report import grid, plots, summary
+from attnbench.report import grid, plots, styles, summary
 from attnbench.results.record import Record
 from attnbench.spec import AttnSpec
 
@@ -179,20 +179,30 @@ def test_verify_grid_names_cases_and_marks_failures():
     assert "not checked, 1 unsupported: varlen not supported (c)" in cap.get()
 
 
-def test_figures_keep_panels_readable_and_colours_per_family():
+def test_figures_keep_panels_readable_and_a_colour_per_backend():
     rows = [dict(r.to_row(), info=json.dumps(r.info)) for r in default_gpu_sweep()]
     sets = plots.backend_sets(rows)
     names = [n for n, _ in sets]
     assert names == ["exact kernels", "approximate kernels (dense-equivalent rates)", "API forms of one kernel"]
     for _, subset in sets:
         assert len({r["backend"] for r in subset}) <= plots.MAX_LINES
+        labels = sorted({r["backend"] for r in subset})
+        style = styles.styles(labels)
+        # within a figure every backend has a colour of its own (sdpa-flash and sdpa-math were both blue)
+        assert len({style[b]["color"] for b in labels}) == len(labels), labels
     approx = {r["backend"] for r in sets[1][1]}
     assert all(b.endswith(" ≈") for b in approx)
-    style = plots._styles(["fa2", "fa2-varlen", "sdpa-flash", "sdpa-cudnn", "sage2-fp8 ≈"])
-    assert style["fa2"]["color"] == style["fa2-varlen"]["color"] != style["sdpa-flash"]["color"]
-    assert style["sdpa-flash"]["color"] == style["sdpa-cudnn"]["color"]
-    assert style["sdpa-flash"]["linestyle"] != style["sdpa-cudnn"]["linestyle"]
-    assert style["sage2-fp8 ≈"]["linestyle"] == ":"
+    style = styles.styles(["fa2", "fa2-varlen", "sdpa-flash", "sdpa-cudnn", "sage2-fp8 ≈", "fa2 run b"])
+    assert style["fa2"]["marker"] == style["fa2-varlen"]["marker"] != style["sdpa-flash"]["marker"]  # a family
+    assert style["fa2"]["color"] != style["fa2-varlen"]["color"]
+    assert style["fa2"]["color"] == styles.colour("fa2")  # the same in every figure
+    # the line style says one thing: the variant of a line (here another run), never the family member
+    assert {style[b]["linestyle"] for b in ("fa2", "fa2-varlen", "sdpa-flash", "sdpa-cudnn", "sage2-fp8 ≈")} == {"-"}
+    assert style["fa2 run b"]["linestyle"] == "--" and style["fa2 run b"]["color"] == style["fa2"]["color"]
+    assert style["sage2-fp8 ≈"]["markerfacecolor"] == "white"  # approximate: hollow markers
+    # every built-in backend has a colour set for it, and a (colour, marker) of its own
+    assert set(EXACT + APPROX) | {"fa4", "xformers", "flashinfer", "flex-sparse", "sta"} <= set(styles.COLOURS)
+    assert len({(styles.colour(b), styles.marker(b)) for b in styles.COLOURS}) == len(styles.COLOURS)
     # key lengths equal to query lengths: one figure, not two
     assert plots.plot_axes(rows) == ["seq_len"]
     same = [r for r in rows if r["seq_len"] == 4096]

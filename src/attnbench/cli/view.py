@@ -110,6 +110,8 @@ def plot(
         folder = store.path.parent / "plots"
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
+    if (why := plots.one_value(rows, x)) is not None:
+        raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     written = []
     for item in ys:
         if output is None:

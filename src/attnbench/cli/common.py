@@ -54,6 +54,18 @@ def summary_width() -> int:
     return console.width if console.is_terminal else pipe_width()
 
 
+_INVOCATION: list[str] = []
+
+
+def invocation() -> list[str]:
+    """The arguments of this command as main() parsed them (normalised), for a command that starts itself again."""
+    return list(_INVOCATION)
+
+
+def remember_invocation(argv: list[str]) -> None:
+    _INVOCATION[:] = argv
+
+
 class UserError(ValueError):
     """Bad input from the user: reported as one line on stderr, exit status 2."""
 

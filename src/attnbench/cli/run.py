@@ -60,6 +60,9 @@ def check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
     baseline = common.option_text(opts, "baseline")
     if baseline is not None and baseline not in backends:
         raise UserError(f"--baseline {baseline} is not among the backends of this run ({', '.join(backends)})")
+    if baseline is not None and metric is not None and metric.lower() != "speedup":
+        raise UserError(f"--baseline {baseline} gives speedups, which --metric {metric} would not show: drop one "
+                        "(--baseline alone means --metric speedup)")
 
 
 def show_summary(records: list, config: dict, device_name: str = "") -> None:

@@ -23,6 +23,21 @@ def unshown_failures(records: list[Record], shown: list) -> list[str]:
             f"({per}): attnbench show --table lists every record"]
 
 
+def grouped_note(records: list[Record]) -> list[str]:
+    """A line when most backends skipped the grouped (varlen) cases: ``--seq-lens 128,256`` is one batch of two
+    sequences, easily typed for two cases (``--seq-lens 128 256``), so say which was run."""
+    grouped = [r for r in records if r.spec.is_varlen]
+    skipped = {r.backend for r in grouped if r.status == "unsupported"}
+    backends = {r.backend for r in grouped}
+    if not grouped or 2 * len(skipped) <= len(backends):
+        return []
+    lists = list(dict.fromkeys(",".join(map(str, r.spec.seqlens_q)) for r in grouped))
+    first, more = lists[0], f" (and {len(lists) - 1} more grouped cases)" if len(lists) > 1 else ""
+    return [f"--seq-lens {first} ran as one grouped (varlen) case, a batch of {first.count(',') + 1} sequences{more}, "
+            f"which {len(skipped)} of {len(backends)} backends skip; one case per length: --seq-lens "
+            f"{first.replace(',', ' ')}"]
+
+
 def cpu_notes(records: list[Record]) -> list[str]:
     """CPU runs: the threads they were timed with, of how many cores, and what else was running."""
     cpus = [(i, r.info["cpu"]) for i, r in enumerate(records) if isinstance(r.info.get("cpu"), dict)]

@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench.report.footnotes import cpu_notes, listed, reason_groups, unshown_failures
+from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
@@ -321,9 +321,9 @@ def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
             legend.append(f"{mark} {meaning} ({n})")
     notes = ["   ".join(legend)]
     if any(c.busy for c in shown):
-        notes.append(f"{BUSY}: other processes took the CPU while these were timed, even when timed again: "
-                     "slower than the kernel is; rerun on an idle machine")
-    notes += unshown_failures(records, shown) + cpu_notes(records)
+        notes.append(f"{BUSY} other processes took the CPU while these were timed (and timed again): not the "
+                     "kernel's speed")
+    notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)
     if approx:
         rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""
         where = f"'{approx_column}'" if approx_column else "approximate kernels"

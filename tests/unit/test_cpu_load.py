@@ -6,6 +6,7 @@ The machine's real load never decides a test: the counters the timer reads are r
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -49,12 +50,15 @@ def test_what_counts_as_a_busy_cpu(cpu, busy):
     assert cpu_load.is_busy(cpu) is busy
 
 
-def _scripted(monkeypatch, *, switch_every_call: bool, wait_per_read: float):
-    """Counters that say every sample was (or none was) switched out, and how long the threads waited."""
+def _scripted(monkeypatch, *, switch_every_call: bool, wait_per_read: float, others_jiffies: int = 0):
+    """Counters that say every sample was (or none was) switched out, how long the threads waited, and how many
+    jiffies other processes ran between two looks at /proc/stat."""
     ticks = itertools.count()
     monkeypatch.setattr(cpu_load, "involuntary_switches", (lambda: next(ticks)) if switch_every_call else (lambda: 7))
     delays = itertools.count(step=wait_per_read)
     monkeypatch.setattr(cpu_load, "run_delay_ms", lambda: next(delays))
+    looks = itertools.count(step=others_jiffies)
+    monkeypatch.setattr(cpu_load, "_busy_jiffies", lambda: (next(looks), 0))
 
 
 def test_the_cpu_timer_counts_preempted_samples_and_the_wait(monkeypatch):
@@ -66,6 +70,19 @@ def test_the_cpu_timer_counts_preempted_samples_and_the_wait(monkeypatch):
     _scripted(monkeypatch, switch_every_call=False, wait_per_read=0.0)
     _, info = time_cpu(lambda: sum(range(100)), TimingConfig(warmup=0, repeat=20, min_time_ms=0.0))
     assert info["cpu"]["preempted"] == 0 and info["cpu"]["busy"] is False
+
+
+def test_other_processes_using_a_core_mark_the_case_without_preempting_it(monkeypatch):
+    # a busy loop on the other core of two never preempts a one-thread kernel, yet runs against each other then
+    # moved up to 20%: CPU time used elsewhere while the samples are taken marks the case too
+    _scripted(monkeypatch, switch_every_call=False, wait_per_read=0.0, others_jiffies=100_000)
+    nap = TimingConfig(warmup=0, repeat=10, min_time_ms=0.0)  # ten samples of 6 ms: long enough to judge
+    samples, info = time_cpu(lambda: time.sleep(0.006), nap)
+    assert info["cpu"]["preempted"] == 0 and info["cpu"]["others"] > cpu_load.BUSY_CORE and info["cpu"]["busy"]
+    assert not cpu_load.was_preempted(info["cpu"])  # so it is not timed again: that would not help
+    _scripted(monkeypatch, switch_every_call=False, wait_per_read=0.0, others_jiffies=0)
+    _, info = time_cpu(lambda: time.sleep(0.006), nap)
+    assert info["cpu"]["others"] == 0.0 and not info["cpu"]["busy"]
 
 
 def _cpu_info(hit: int, n: int = 20, waited: float = 50.0) -> dict:

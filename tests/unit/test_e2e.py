@@ -143,5 +143,5 @@ def test_an_impossible_share_or_a_busy_step_is_marked_in_the_table():
     text = cap.get()
     assert "133.0%!" in text and "40.0%?" in text and "0.00200" in text  # seconds with their digits
     notes = table_notes([base, busy])
-    assert notes[0].startswith("? other processes took the CPU") and notes[1].startswith("! not a share")
+    assert notes[0].startswith("? other processes used the CPU") and notes[1].startswith("! not a share")
     assert notes[2] == "CPU: 1 thread of 2 cores"

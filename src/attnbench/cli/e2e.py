@@ -121,8 +121,7 @@ def table_notes(records: list[Record]) -> list[str]:
     from attnbench.report.footnotes import cpu_notes
     notes = []
     if any(busy_of(r.info) for r in records):
-        notes.append(f"{BUSY} other processes took the CPU during these steps: slower than the model runs; "
-                     "rerun on an idle machine")
+        notes.append(f"{BUSY} other processes used the CPU during these steps: not the speed of an idle machine")
     if any(not 0 <= (r.info.get("e2e", {}).get("attn_share") if r.status == "ok" else 0.5) <= 1 for r in records
            if r.info.get("e2e", {}).get("attn_share") is not None):
         notes.append(f"{IMPOSSIBLE} not a share: the attention timed longer than its step (clocks disagree)")

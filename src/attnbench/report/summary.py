@@ -314,15 +314,14 @@ def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
 def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
     shown = [g.cells[(row, c)] for pivot in pivots for g in pivot.groups for row in g.rows
              for c in [*pivot.columns, *([pivot.approx_column] if pivot.approx_column else [])] if (row, c) in g.cells]
-    legend = [f"{BEST} fastest exact kernel"]
+    legend = [f"{BEST} fastest exact kernel"] if any(c.best for c in shown) else []
     for mark, meaning in ((DROP, "SM clock fell >10% in the case"), (FAILED, "failed its accuracy check"),
                           (BUSY, "CPU busy with other processes")):
         if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
             legend.append(f"{mark} {meaning} ({n})")
-    notes = ["   ".join(legend)]
+    notes = ["   ".join(legend)] if legend else []
     if any(c.busy for c in shown):
-        notes.append(f"{BUSY} other processes took the CPU while these were timed (and timed again): not the "
-                     "kernel's speed")
+        notes.append(f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine")
     notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)
     if approx:
         rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""

@@ -80,10 +80,10 @@ def _measure_settled(fns, ctx: CaseContext) -> tuple[list[float], dict]:
 
 
 def _settled_on_cpu(measured, fns, ctx: CaseContext) -> tuple[list[float], dict]:
-    """A case whose samples were preempted by other processes (``cpu_load.is_busy``) is timed once more,
+    """A case whose samples were preempted by other processes (``cpu_load.was_preempted``) is timed once more,
     with fewer threads when other processes took cores since the run chose its count; the measurement
     with fewer preempted samples is kept, still marked busy if it is."""
-    if not cpu_load.is_busy(measured.info.get("cpu")):
+    if not cpu_load.was_preempted(measured.info.get("cpu")):  # other processes' mere presence: marked, not retimed
         return measured.samples_ms, measured.info
     before, after = cpu_load.relieve()
     again = measure_detailed(fns, ctx.config, ctx.device)

@@ -144,11 +144,13 @@ def run_delay_ms() -> float | None:
 
 class Preemptions:
     """Counts, over the samples of one measurement, those the process was switched out in (``before`` and
-    ``after`` bracket a sample, outside its timed region), and how long its threads waited for a core."""
+    ``after`` bracket a sample, outside its timed region), how long its threads waited for a core, and how
+    much CPU time other processes used meanwhile."""
 
     def __init__(self) -> None:
         self.known = involuntary_switches() is not None
         self.delay = run_delay_ms()
+        self.jiffies, self.start = _busy_jiffies(), time.perf_counter()
         self.samples = self.hit = 0
 
     def before(self) -> int:
@@ -159,17 +161,28 @@ class Preemptions:
         self.hit += self.known and involuntary_switches() > before
 
     def info(self, measured_ms: float) -> dict:
-        """The record's ``info["cpu"]``: threads, cores, samples, preempted, waited_ms, measured_ms and busy."""
+        """The record's ``info["cpu"]``: threads, cores, samples, preempted, waited_ms, measured_ms, others
+        (cores' worth of CPU time other processes used while the samples were taken) and busy."""
         import torch
-        end = run_delay_ms()
+        end, jiffies, elapsed = run_delay_ms(), _busy_jiffies(), time.perf_counter() - self.start
         waited = None if self.delay is None or end is None else round(end - self.delay, 3)
+        others = None
+        if self.jiffies is not None and jiffies is not None and elapsed >= MIN_LOOK_S:
+            ticks = (jiffies[0] - self.jiffies[0]) - (jiffies[1] - self.jiffies[1])
+            others = round(max(0.0, ticks / os.sysconf("SC_CLK_TCK") / elapsed), 2)
         cpu = {"threads": torch.get_num_threads(), "cores": usable_cores(), "samples": self.samples,
-               "preempted": self.hit if self.known else None, "waited_ms": waited, "measured_ms": round(measured_ms, 3)}
+               "preempted": self.hit if self.known else None, "waited_ms": waited, "measured_ms": round(measured_ms, 3),
+               "others": others}
         return cpu | {"busy": is_busy(cpu)}
 
 
-def is_busy(cpu: dict | None) -> bool:
-    """Whether a case's CPU info (``info["cpu"]``) says its samples were taken on a busy CPU."""
+MIN_LOOK_S = 0.05
+"""Shortest measurement whose others' CPU time is judged (/proc/stat counts in 10 ms jiffies)."""
+
+
+def was_preempted(cpu: dict | None) -> bool:
+    """Whether the samples of a case (``info["cpu"]``) were switched out enough to be wrong: see BUSY_SHARE,
+    BUSY_WAIT and HEAVY_WAIT. Timing again may help."""
     cpu = cpu or {}
     n, hit, waited = cpu.get("samples") or 0, cpu.get("preempted"), cpu.get("waited_ms")
     if hit is None or n < MIN_JUDGED:
@@ -178,6 +191,15 @@ def is_busy(cpu: dict | None) -> bool:
         return hit >= BUSY_SHARE * n
     wait = waited / max(cpu.get("measured_ms") or 0.0, 1e-9)
     return wait >= BUSY_WAIT and (hit >= BUSY_SHARE * n or wait >= HEAVY_WAIT)
+
+
+def is_busy(cpu: dict | None) -> bool:
+    """Whether a case (``info["cpu"]``) was timed on a busy CPU: its samples were preempted, or other processes
+    kept a core's worth busy meanwhile (BUSY_CORE), which slows a kernel without preempting it (shared caches,
+    memory bandwidth, a sibling hyperthread: one run against another then moves 5-20% with one thread and
+    no preempted sample, 2026-11-25)."""
+    others = (cpu or {}).get("others")
+    return was_preempted(cpu) or (others is not None and others >= BUSY_CORE)
 
 
 def disturbance(cpu: dict) -> tuple[bool, float, float]:

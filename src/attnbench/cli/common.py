@@ -32,10 +32,11 @@ def pipe_width() -> int:
 
 
 def _console(stderr: bool = False) -> Console:
-    # A pipe or a file (CI logs, `| tee`) gets tables laid out for $COLUMNS (100 by default), not rich's 80;
-    # lines of text are not broken (soft wrap), so a command or a path in them stays whole.
+    # A pipe or a file (CI logs, `| tee`) is laid out for $COLUMNS (100 by default), not rich's 80, as a
+    # terminal is: tables fit, text wraps at spaces. Lines that must stay whole (a command, a markdown table
+    # in a write-up's format, a log line) are printed with soft_wrap=True.
     probe = Console(stderr=stderr)
-    return probe if probe.is_terminal else Console(stderr=stderr, width=pipe_width(), soft_wrap=True)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=pipe_width())
 
 
 console = _console()

@@ -92,7 +92,7 @@ def compare(
         common.err_console.print(
             f"attnbench: {len(result.regressions)} regression(s) beyond {threshold:.0%}; worst: {worst.backend} "
             f"{worst.label} {worst.pass_} x{worst.ratio:.3f} (CI {worst.low:.3f}–{worst.high:.3f})",
-            highlight=False, markup=False)
+            highlight=False, markup=False, soft_wrap=True)
         raise SystemExit(1)
 
 

@@ -313,7 +313,7 @@ def _print_timeline(res: bench.CaseResult) -> None:
     lines += [f"| {i} | " + " | ".join(f"{t[c]:.2f}" for c in cols) + " |" for i, t in enumerate(totals)]
     lines.append("imbalance: the slowest rank's kernel time less this rank's; wait: communication not hidden "
                  "under compute, waits for slower peers included; gap: the GPU idle while the host launches")
-    common.console.print("\n".join(lines), highlight=False, markup=False)
+    common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # markdown: whole lines
 
 
 def _print_tables(results: list[bench.CaseResult], world: int) -> None:
@@ -335,4 +335,4 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
-        common.console.print("\n".join(lines), highlight=False, markup=False)
+        common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # seed 001's format

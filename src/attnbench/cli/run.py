@@ -217,7 +217,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
             runner.run(plan.specs)
         status = "done" if len(records) == len(cases) else "interrupted"
     except KeyboardInterrupt:
-        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False)
+        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False,
+                                 soft_wrap=True)  # one line: the command in it stays whole
         raise
     finally:
         store.finish_run(run_id, status)
@@ -229,7 +230,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
                                  f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
-                                 markup=False, highlight=False)
+                                 markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     return run_id, records, phases
 
@@ -438,5 +439,5 @@ def run(
                              + "\nevery record: attnbench show --table; the HTML report: attnbench report",
                              highlight=False, markup=False)
         if hint:
-            common.console.print(hint, highlight=False, markup=False)
+            common.console.print(hint, highlight=False, markup=False, soft_wrap=True)
     report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))

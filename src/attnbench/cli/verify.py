@@ -243,7 +243,7 @@ def verify(
         raise typer.Exit(1)
     if not checked:
         common.err_console.print("attnbench: nothing was checked (every case was unsupported or did not run); "
-                                 "exit status 1", highlight=False, markup=False)
+                                 "exit status 1", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -99,22 +99,24 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
     answer = summary.build(records, device=device, width=PIVOT_WIDTH)
-    parts += [f'<p class="lead">{ht.verdict_line(records)}</p>',
-              "<h3>Fastest kernel per shape (TFLOP/s)</h3>", ht.pivot_html(answer),
-              "<h3>Is it correct?</h3>", ht.correctness(records)]
-    present = {r.backend for r in records if r.status == "ok"}
-    base = next((b for b in BASELINES if b in present), None)
-    if base:
-        parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
-                  ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,
-                                              width=PIVOT_WIDTH))]
+    parts.append(f'<p class="lead">{ht.verdict_line(records)}</p>')
     context = " · ".join(x for x in (answer.shape, (env or {}).get("device_name")) if x)
-    once = timed_once(rows)
-    figs = [] if once else figures(rows, context)
-    why = ("Every case was timed once (as verify does, to check it): no figures; attnbench run times them."
-           if once else plots.why_no_plot(rows))
-    parts += ["<h3>Figures</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs else
-              f'<p class="muted">{escape(why)}</p>']
+    if timed_once(rows):  # verify's single cold call per case: no speed to compare, no line to draw
+        parts += ["<h3>Is it correct?</h3>", ht.correctness(records), "<h3>Speed</h3>",
+                  '<p class="muted">Every case was timed once (as verify does, to check it): no speeds or figures; '
+                  "attnbench run times them.</p>"]
+    else:
+        parts += [f"<h3>Fastest kernel per shape ({escape(answer.unit)})</h3>", ht.pivot_html(answer),
+                  "<h3>Is it correct?</h3>", ht.correctness(records)]
+        present = {r.backend for r in records if r.status == "ok"}
+        base = next((b for b in BASELINES if b in present), None)
+        if base:
+            parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
+                      ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,
+                                                  width=PIVOT_WIDTH))]
+        figs = figures(rows, context)
+        parts += ["<h3>Figures</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs else
+                  f'<p class="muted">{escape(plots.why_no_plot(rows))}</p>']
     parts += ["<h3>What did not run</h3>", ht.not_run(records),
               "<details><summary>Accuracy of every checked case</summary>", ht.accuracy_numbers(records), "</details>",
               "<details><summary>Every record</summary>", ht.records_html(records), "</details>",

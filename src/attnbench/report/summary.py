@@ -110,6 +110,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     approx: list[str] = field(default_factory=list)
     """The approximate backends (their columns, when they have their own)."""
+    unit: str = "TF/s"
+    """The cells' unit (GF/s for a CPU run's rates, x vs NAME for speedups)."""
 
 
 def _value(r: Record, metric: str, base: Record | None, scale: float = 1.0) -> float | None:
@@ -207,7 +209,7 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
     notes = _notes(records, pivots, merged, approx, approx_column, metric)
-    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx)
+    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ def e2e_table(records: list[Record], title: str) -> Table:
     """Seed 002's layout: one column per backend, one row per metric (times per step). A step timed while
     other processes kept the CPU busy is marked ``?``; an attention share outside 0-100% (its clocks
     disagree with the step's) is marked ``!``, never printed as if it were a share."""
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  min_width=min(len(title), 100))  # the title on one line, not folded to a narrow table's width
     table.add_column("Metrics")
     for r in records:
         table.add_column(r.backend + (" (baseline)" if r is records[0] else ""), justify="right", overflow="fold")

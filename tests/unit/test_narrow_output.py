@@ -73,7 +73,7 @@ def test_verify_details_and_env_fit(tmp_path):
 
 
 def test_the_last_line_of_a_failed_run_fits_and_keeps_the_verdict():
-    from attnbench.cli.run import wrong_line
+    from attnbench.cli.outcome import wrong_line
     names = [f"mismatch fa2 fwd_bwd b2 s{s} h16 d128 bf16 causal" for s in (128, 256, 512)]
     line = wrong_line(names, 736, 100)
     assert len(line) <= 100 and line.startswith("attnbench: 3 of 736 cases wrong (mismatch fa2 fwd_bwd")

@@ -1,4 +1,4 @@
-"""How much of the host's CPU a CPU timing gets: the thread count to use, and whether a case was preempted.
+"""How much of the host's CPU a CPU timing gets: the thread count to use, and whether a case was disturbed.
 
 On a CPU that other processes share, a multi-threaded torch call waits for its slowest thread, and a thread
 that loses its core waits for the next scheduler tick (4 ms at 250 Hz): with one of two cores busy elsewhere, a
@@ -7,10 +7,12 @@ sample lost whole ticks, so the spread looked tight. Two defences:
 
 - ``plan`` chooses the thread count before the run: the cores this process may use (affinity, cgroup quota)
   less those other processes keep busy (``/proc/stat`` over a short look), never more than torch would use.
-- ``time_cpu`` counts, per sample, whether the process was switched out involuntarily (``getrusage``'s
-  ``ru_nivcsw``: under a microsecond to read). A case where at least ``BUSY_SHARE`` of the samples were is
-  timed again (with fewer threads when other processes took cores meanwhile) and, if that does not help,
-  marked busy in its record; the views mark it and ``compare`` calls no regression on it.
+- ``Preemptions`` counts, per sample, whether the process was switched out involuntarily (``getrusage``'s
+  ``ru_nivcsw``: under a microsecond to read), and per case how long its threads waited for a core and how
+  much CPU time other processes used. A preempted case (``was_preempted``) is timed again, with fewer
+  threads when other processes took cores meanwhile; one still preempted, or timed while others used a
+  core's worth (``BUSY_CORE``), is marked busy in its record (``is_busy``): the views mark it and
+  ``compare`` calls no regression on it.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ MIN_JUDGED = 3
 """Fewest samples to judge a case by (``verify``'s single timed call is not judged; an ``e2e`` run's three
 steps are)."""
 BUSY_CORE = 0.6
-"""Cores' worth of CPU time other processes use from which a core counts as taken (0.4 of a core busy
-elsewhere already costs a thread scheduled there whole ticks)."""
+"""Cores' worth of CPU time other processes use from which a core counts as taken, when the run chooses its
+threads and when a case is judged (0.4 of a core busy elsewhere already costs a thread scheduled there whole
+ticks)."""
 LOOK_S = 0.25
 """How long ``others_busy`` watches /proc/stat (its jiffies are 10 ms)."""
 
@@ -53,9 +56,6 @@ class CpuPlan:
     """Cores' worth of CPU time other processes used when the run started (None: not measured)."""
     given: bool = False
     """The thread count was given (--threads), not chosen."""
-
-    def describe(self) -> dict:
-        return {"threads": self.threads, "cores": self.cores, "others": self.others, "given": self.given}
 
 
 def usable_cores() -> int:

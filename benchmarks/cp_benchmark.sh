@@ -30,8 +30,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 DB="$OUT/cp.db"
 SHAPE=(--batch-size 1 --q-heads 32 --kv-heads 32 --head-size 128 --dtype bf16)
 RUN=(python3 -m torch.distributed.run --nproc_per_node "$N" -m attnbench dist)
-case "$KERNEL" in flash|efficient|cudnn) PEER_KERNEL=$KERNEL; RUN_BACKEND=sdpa-$KERNEL ;;
-                  *) PEER_KERNEL=cudnn; RUN_BACKEND=$KERNEL ;; esac
+case "$KERNEL" in sdpa-flash|sdpa-efficient|sdpa-cudnn) PEER_KERNEL=$KERNEL ;;
+                  *) PEER_KERNEL=sdpa-cudnn ;; esac
+RUN_BACKEND=$KERNEL
 
 python3 -c "import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name())" \
   | tee "$OUT/device.txt"

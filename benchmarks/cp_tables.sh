@@ -3,13 +3,13 @@
 # for batch 2-128 at S=4k and S=8k-64k at batch 2, 16 heads, head size 128, bf16, non-causal,
 # forward only and forward+backward, for ring, zigzag, Ulysses and USP on N GPUs of one host.
 #
-#   bash benchmarks/cp_tables.sh 2 cudnn      # on 2 H200s (kind nvidia-h200-x2)
-#   bash benchmarks/cp_tables.sh 8 cudnn      # on 8 H200s (kind nvidia-h200-x8)
+#   bash benchmarks/cp_tables.sh 2 sdpa-cudnn      # on 2 H200s (kind nvidia-h200-x2)
+#   bash benchmarks/cp_tables.sh 8 sdpa-cudnn      # on 8 H200s (kind nvidia-h200-x8)
 #
 # Writes logs and a results DB under ${OUT:-cp-tables}; the tables are the "### ..." blocks of the logs.
 set -uo pipefail
 N=${1:-8}
-KERNEL=${2:-cudnn}
+KERNEL=${2:-sdpa-cudnn}
 OUT=${OUT:-cp-tables}
 mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-}

@@ -23,7 +23,7 @@ quick=${SEED_QUICK:-0}
 if [ "$quick" = 1 ]; then
   check_shape=(--batch-size 2 --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 128 100,28 --skip-missing --backends "$backends")
   table=(--q-heads 2 --head-size 16 --dtype fp32 --warmup 1 --repeat 3); batches=(2 4); seqs=(256 512); base=128
-  dist=(--device cpu --kernel math --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 256)
+  dist=(--device cpu --kernel sdpa-math --q-heads 2 --head-size 16 --dtype fp32 --seq-lens 256)
 else
   check_shape=(--batch-size 2 --q-heads 16 --head-size 128 --dtype fp16 --seq-lens 4096 1000,2000,1096
                --skip-missing --backends fa2,fa2-qkvpacked,fa2-varlen-qkvpacked)

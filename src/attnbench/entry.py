@@ -63,8 +63,17 @@ def main() -> None:
     try:
         cli_main()
     except SystemExit as exc:
+        for signum in STOP_SIGNALS:  # the command has finished: a stop signal now must not become a traceback
+            signal.signal(signum, _late)
         if received:
             _leave(exc.code if isinstance(exc.code, int) else 1)
         raise
     finally:
         gc.freeze()  # the collection at interpreter exit then skips what is freed at exit anyway (0.5 s)
+
+
+def _late(signum, frame) -> None:
+    """A stop signal while the finished command exits (torchrun stops the other ranks of a failed job): exit at
+    once with 128 + the signal, without a word (a KeyboardInterrupt here printed a traceback from this file)."""
+    received.append(signum)
+    _leave(128 + signum)

@@ -32,6 +32,7 @@ from attnbench.timing import TimingConfig, summarize
 from attnbench.timing.case import CaseContext, time_prepared
 from attnbench.timing.clocks import ClockMonitor
 from attnbench.timing.config import MIN_SAMPLES
+from attnbench.timing.cpu_load import CpuPlan
 from attnbench.timing.nvtx import nvtx_range
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class RunOptions:
     compile_workers: int | None = None
     """Worker processes that torch.compile cases ahead on a GPU (``attnbench.precompile``); None = one per
     two host cores (at most 6), 0 = compile each case in this process when it comes."""
+    cpu: CpuPlan | None = None
+    """CPU runs: the torch threads to time with and why (``cpu_load.plan``); None = torch's own setting."""
 
 
 def long_case_ms(timing: TimingConfig, device_type: str) -> float:
@@ -115,6 +118,8 @@ class Runner:
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
         self._ideal_ms: dict[AttnSpec, float] = {}
+        if self.device.type == "cpu" and options.cpu is not None:  # the run's own setting, as timeit's number
+            torch.set_num_threads(options.cpu.threads)
 
     def cases(self, specs: Iterable[AttnSpec]) -> list[tuple[AttnSpec, Backend]]:
         """The (spec, backend) pairs still to run, shape-major; within a shape, backends whose cases are
@@ -346,6 +351,8 @@ class Runner:
         with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
             samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
         info.update(timing_info)
+        if "cpu" in info and self.options.cpu is not None:
+            info["cpu"] = info["cpu"] | {"cores": self.options.cpu.cores, "others_at_start": self.options.cpu.others}
         if accuracy is not None:
             with self.clock.phase("check", wall), nvtx_range("check", self.device):
                 accuracy, bad = self._check_after_timing(spec, backend, inputs, prepared, accuracy, checked)

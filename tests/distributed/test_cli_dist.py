@@ -31,7 +31,7 @@ def _env(**extra) -> dict:
 def test_torchrun_two_ranks(tmp_path):
     db = tmp_path / "r.db"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "attnbench", "dist", "--method", "zigzag,torch-cp", "--kernel", "math", *SMALL, "--causal",
+           "-m", "attnbench", "dist", "--method", "zigzag,torch-cp", "--kernel", "sdpa-math", *SMALL, "--causal",
            "--pass", "fwd_bwd", "--db", str(db)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -48,8 +48,8 @@ def test_torchrun_two_ranks(tmp_path):
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT backend, status, reason, info, accuracy, tflops, median_ms FROM records").fetchall()
     by_backend = {r[0]: r for r in rows}
-    assert set(by_backend) == {"cp-zigzag:math", "cp-torch-cp:math"}
-    zig = by_backend["cp-zigzag:math"]
+    assert set(by_backend) == {"cp-zigzag:sdpa-math", "cp-torch-cp:sdpa-math"}
+    zig = by_backend["cp-zigzag:sdpa-math"]
     assert zig[1] == "ok" and zig[5] > 0 and zig[6] > 0
     info, accuracy = json.loads(zig[3]), json.loads(zig[4])
     assert info["method"] == "zigzag" and info["world_size"] == 2 and info["layout"] == "zigzag"
@@ -58,7 +58,7 @@ def test_torchrun_two_ranks(tmp_path):
     assert len(per_rank) == 2 and all(len(s) == 2 for s in per_rank)
     assert zig[6] == pytest.approx(statistics.median(max(a, b) for a, b in zip(*per_rank)), rel=1e-3)
     assert accuracy["verdict"] == "pass" and len(accuracy["per_rank"]) == 2
-    assert by_backend["cp-torch-cp:math"][1] == "unsupported" and "CUDA" in by_backend["cp-torch-cp:math"][2]
+    assert by_backend["cp-torch-cp:sdpa-math"][1] == "unsupported" and "CUDA" in by_backend["cp-torch-cp:sdpa-math"][2]
 
 
 def test_failing_rank_ends_the_job_without_hanging(tmp_path):
@@ -97,7 +97,7 @@ def test_timeline_records_every_step_phase_by_phase(tmp_path):
     # dK/dV waits, and phases that add up to about the call's time (not double counted, nothing left out).
     db = tmp_path / "t.db"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "attnbench", "dist", "--method", "zigzag,ulysses", "--kernel", "cpu-flash", "--device", "cpu",
+           "-m", "attnbench", "dist", "--method", "zigzag,ulysses", "--kernel", "sdpa-flash", "--device", "cpu",
            "--seq-lens", "1032", "--q-heads", "4", "--kv-heads", "2", "--head-size", "32", "--dtype", "fp32",
            "--warmup", "1", "--repeat", "5", "--causal", "--pass", "fwd_bwd", "--no-check", "--timeline", "3",
            "--db", str(db)]
@@ -106,7 +106,7 @@ def test_timeline_records_every_step_phase_by_phase(tmp_path):
     assert res.stdout.count("timeline, ms per call (median of 3 recorded calls") == 2
     with sqlite3.connect(db) as conn:
         rows = dict(conn.execute("SELECT backend, info || '|' || median_ms FROM records").fetchall())
-    info, median = rows["cp-zigzag:cpu-flash"].split("|")
+    info, median = rows["cp-zigzag:sdpa-flash"].split("|")
     per_rank = json.loads(info)["timeline"]
     assert len(per_rank) == 2
     for phases in per_rank:
@@ -116,7 +116,7 @@ def test_timeline_records_every_step_phase_by_phase(tmp_path):
                 assert {(pass_, step, "kernel"), (pass_, step, "merge")} <= seen
         assert ("bwd", 1, "wait") in seen and all(ms >= 0 for *_, ms in phases)
         assert 0.5 < sum(ms for *_, ms in phases) / float(median) < 1.5
-    uly = json.loads(rows["cp-ulysses:cpu-flash"].split("|")[0])["timeline"][0]
+    uly = json.loads(rows["cp-ulysses:sdpa-flash"].split("|")[0])["timeline"][0]
     assert {(p, ph) for p, _, ph, _ in uly} >= {("fwd", "a2a"), ("fwd", "kernel"), ("bwd", "a2a"), ("bwd", "kernel")}
 
 
@@ -145,3 +145,40 @@ def test_links_refuses_a_world_of_one():
     res = subprocess.run([sys.executable, "-m", "attnbench", "links"], capture_output=True, text=True, env=_env(),
                          timeout=120)
     assert res.returncode == 2 and "torchrun" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_nproc_starts_the_ranks_and_records_by_the_backends_names(tmp_path):
+    db = tmp_path / "n.db"
+    cmd = [sys.executable, "-m", "attnbench", "dist", "--nproc", "2", "--method", "ring", "--kernel", "math", *SMALL,
+           "--pass", "fwd", "--db", str(db)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "verdict: pass" in res.stdout and res.stderr == ""
+    with sqlite3.connect(db) as conn:  # the old name is read, the backend's name recorded
+        assert set(conn.execute("SELECT backend, status FROM records").fetchall()) == {("cp-ring:sdpa-math", "ok")}
+
+
+@pytest.mark.parametrize("kernel, needle", [("flashy", "unknown --kernel 'flashy'; the local kernels: sdpa-flash"),
+                                            ("naive", "kernel naive cannot be used for context parallelism")])
+def test_a_wrong_kernel_is_one_line_before_any_rank_starts(tmp_path, kernel, needle):
+    cmd = [sys.executable, "-m", "attnbench", "dist", "--nproc", "2", "--method", "ring", "--kernel", kernel, *SMALL,
+           "--db", str(tmp_path / "w.db")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [res.stderr.strip()] and needle in res.stderr, res.stderr
+    assert not (tmp_path / "w.db").exists()
+
+
+def test_under_torchrun_a_wrong_kernel_is_one_line_from_rank_0_and_no_traceback_of_ours(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "attnbench", "dist", "--method", "ring", "--kernel", "flashy", *SMALL, "--db", str(tmp_path / "w.db")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode != 0
+    ours = [line for line in res.stderr.splitlines() if line.startswith("attnbench:")]
+    assert ours[0] == ("attnbench: error: unknown --kernel 'flashy'; the local kernels: sdpa-flash, sdpa-efficient, "
+                       "sdpa-cudnn, sdpa-math, fa2, fa3, fa4")
+    assert len(ours) <= 2  # one line per rank at most (rank 1 is silent unless stopped while torch imports)
+    assert "attnbench/entry.py" not in res.stderr and "attnbench/cli" not in res.stderr
+    # torchrun's own report names rank 0, which said why, as the root cause
+    root = res.stderr[res.stderr.index("Root Cause"):]
+    assert "rank      : 0" in root and "exitcode  : 2" in root

@@ -62,11 +62,11 @@ def _rand(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype)
 
 
-@pytest.mark.parametrize("kernel_name", ["math", "cpu-flash"])
+@pytest.mark.parametrize("kernel_name", ["sdpa-math", "sdpa-flash"])
 def test_merge_of_key_blocks_equals_full_attention(kernel_name):
     # Three key blocks merged in the log-sigmoid form give full attention, in any order; the backward
     # of each block given the merged out/lse sums to the full gradients (what the ring relies on).
-    kernel = get_kernel(kernel_name)
+    kernel = get_kernel(kernel_name, "cpu")
     q, k, v, do = _rand(2, 24, 4, 8), _rand(2, 30, 2, 8), _rand(2, 30, 2, 8), _rand(2, 24, 4, 8)
     full = exact_attention(q, k, v, do, causal=False, scale=0.3)
     blocks = [slice(0, 10), slice(10, 17), slice(17, 30)]
@@ -102,11 +102,22 @@ def test_merge_survives_huge_lse():
 def test_kernels_without_lse_are_refused():
     with pytest.raises(KernelUnavailable, match="log-sum-exp"):
         get_kernel("sdpa")
-    with pytest.raises(KernelUnavailable, match="unknown kernel"):
+    with pytest.raises(KernelUnavailable, match="log-sum-exp.*use one of sdpa-flash"):
+        get_kernel("flex")  # an attnbench backend, but not one whose log-sum-exp dist can merge
+    with pytest.raises(KernelUnavailable, match="unknown --kernel 'nope'; the local kernels: sdpa-flash"):
         get_kernel("nope")
-    assert "runs on cuda" in get_kernel("flash").reason("cpu", "bf16")
-    assert "takes fp16, bf16" in get_kernel("cudnn").reason("cuda", "fp32")
-    assert get_kernel("math").reason("cpu", "bf16") is None
+    assert "runs on cuda" in get_kernel("sdpa-flash", "cuda").reason("cpu", "bf16")
+    assert "takes fp16, bf16" in get_kernel("sdpa-cudnn").reason("cuda", "fp32")
+    assert get_kernel("sdpa-math").reason("cpu", "bf16") is None
+
+
+def test_local_kernels_go_by_the_backends_names_and_the_old_ones_still_work():
+    # sdpa-flash is aten's CPU flash op on a CPU, its CUDA op on a GPU, as the sdpa-flash backend is
+    assert get_kernel("sdpa-flash", "cpu").description.endswith("_for_cpu")
+    assert "flash_attention" in get_kernel("sdpa-flash", "cuda").description
+    for old, new in (("math", "sdpa-math"), ("flash", "sdpa-flash"), ("cpu-flash", "sdpa-flash"),
+                     ("cudnn", "sdpa-cudnn"), ("efficient", "sdpa-efficient")):
+        assert get_kernel(old, "cpu").name == new
 
 
 def test_fa2_adapter_needs_the_package_or_says_so():

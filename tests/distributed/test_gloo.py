@@ -14,27 +14,27 @@ TENSORS = ("out", "dq", "dk", "dv")
 
 # name: (method, kernel, dtype, causal, heads_q, heads_kv, seq_len, extra)
 CASES_2 = {
-    "ring-fp32": ("ring", "math", "fp32", False, 4, 4, 64, {"batch": 2}),
-    "ring-fp32-causal-gqa": ("ring", "math", "fp32", True, 4, 2, 64, {}),
-    "zigzag-fp32-causal": ("zigzag", "math", "fp32", True, 4, 4, 64, {}),
-    "zigzag-fp32-gqa": ("zigzag", "math", "fp32", False, 4, 1, 64, {}),
-    "zigzag-fp32-causal-odd": ("zigzag", "math", "fp32", True, 4, 4, 68, {"head_dim": 8}),
-    "zigzag-fp32-causal-allgather": ("zigzag", "math", "fp32", True, 4, 2, 64, {"comm": "allgather"}),
-    "ulysses-fp32-causal-gqa": ("ulysses", "math", "fp32", True, 4, 2, 64, {}),
-    "ring-bf16-causal": ("ring", "math", "bf16", True, 4, 4, 128, {}),
-    "zigzag-bf16-causal-gqa": ("zigzag", "math", "bf16", True, 4, 2, 128, {}),
-    "ring-cpuflash-fp32-causal": ("ring", "cpu-flash", "fp32", True, 4, 4, 64, {}),
-    "zigzag-cpuflash-bf16-causal": ("zigzag", "cpu-flash", "bf16", True, 4, 4, 128, {}),
-    "reject-zigzag-length": ("zigzag", "math", "fp32", True, 4, 4, 66, {}),
-    "reject-ulysses-heads": ("ulysses", "math", "fp32", False, 3, 3, 64, {}),
+    "ring-fp32": ("ring", "sdpa-math", "fp32", False, 4, 4, 64, {"batch": 2}),
+    "ring-fp32-causal-gqa": ("ring", "sdpa-math", "fp32", True, 4, 2, 64, {}),
+    "zigzag-fp32-causal": ("zigzag", "sdpa-math", "fp32", True, 4, 4, 64, {}),
+    "zigzag-fp32-gqa": ("zigzag", "sdpa-math", "fp32", False, 4, 1, 64, {}),
+    "zigzag-fp32-causal-odd": ("zigzag", "sdpa-math", "fp32", True, 4, 4, 68, {"head_dim": 8}),
+    "zigzag-fp32-causal-allgather": ("zigzag", "sdpa-math", "fp32", True, 4, 2, 64, {"comm": "allgather"}),
+    "ulysses-fp32-causal-gqa": ("ulysses", "sdpa-math", "fp32", True, 4, 2, 64, {}),
+    "ring-bf16-causal": ("ring", "sdpa-math", "bf16", True, 4, 4, 128, {}),
+    "zigzag-bf16-causal-gqa": ("zigzag", "sdpa-math", "bf16", True, 4, 2, 128, {}),
+    "ring-cpuflash-fp32-causal": ("ring", "sdpa-flash", "fp32", True, 4, 4, 64, {}),
+    "zigzag-cpuflash-bf16-causal": ("zigzag", "sdpa-flash", "bf16", True, 4, 4, 128, {}),
+    "reject-zigzag-length": ("zigzag", "sdpa-math", "fp32", True, 4, 4, 66, {}),
+    "reject-ulysses-heads": ("ulysses", "sdpa-math", "fp32", False, 3, 3, 64, {}),
 }
 CASES_4 = {
-    "ring-fp32-causal": ("ring", "math", "fp32", True, 4, 4, 64, {}),
-    "zigzag-fp32-allgather": ("zigzag", "math", "fp32", False, 4, 4, 64, {"comm": "allgather"}),
-    "zigzag-bf16-causal-gqa": ("zigzag", "math", "bf16", True, 4, 2, 128, {}),
-    "ulysses-fp32": ("ulysses", "math", "fp32", False, 4, 4, 64, {}),
-    "usp2x2-fp32-causal-gqa": ("usp", "math", "fp32", True, 4, 2, 64, {"ulysses_degree": 2}),
-    "usp2x2-bf16": ("usp", "math", "bf16", False, 4, 2, 128, {"ulysses_degree": 2}),
+    "ring-fp32-causal": ("ring", "sdpa-math", "fp32", True, 4, 4, 64, {}),
+    "zigzag-fp32-allgather": ("zigzag", "sdpa-math", "fp32", False, 4, 4, 64, {"comm": "allgather"}),
+    "zigzag-bf16-causal-gqa": ("zigzag", "sdpa-math", "bf16", True, 4, 2, 128, {}),
+    "ulysses-fp32": ("ulysses", "sdpa-math", "fp32", False, 4, 4, 64, {}),
+    "usp2x2-fp32-causal-gqa": ("usp", "sdpa-math", "fp32", True, 4, 2, 64, {"ulysses_degree": 2}),
+    "usp2x2-bf16": ("usp", "sdpa-math", "bf16", False, 4, 2, 128, {"ulysses_degree": 2}),
 }
 
 

@@ -20,7 +20,7 @@ from attnbench.distributed.reference import exact_attention
 from attnbench.distributed.ring import merge
 
 pytestmark = pytest.mark.gpu
-KERNELS = ["flash", "efficient", "cudnn", "fa2", "fa3", "fa4"]
+KERNELS = ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "fa2", "fa3", "fa4"]
 
 
 def _free_port() -> int:
@@ -93,7 +93,7 @@ def test_torchrun_every_method_passes_on_gpus(tmp_path):
     n = min(4, torch.cuda.device_count())
     env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", str(n), "-m", "attnbench", "dist",
-           "--method", "ring,zigzag,ulysses,usp,torch-cp", "--kernel", "flash", "--seq-lens", "8192",
+           "--method", "ring,zigzag,ulysses,usp,torch-cp", "--kernel", "sdpa-flash", "--seq-lens", "8192",
            "--q-heads", "8", "--kv-heads", "8", "--head-size", "128", "--dtype", "bf16", "--causal", "both",
            "--pass", "fwd_bwd", "--warmup", "2", "--repeat", "5", "--db", str(tmp_path / "g.db")]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -109,7 +109,7 @@ def test_ranks_time_the_same_calls_on_gpus(tmp_path):
     # timed calls (seen: 2x its peer's time). Every rank's own median must match the others'.
     env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", "2", "-m", "attnbench", "dist",
-           "--method", "zigzag", "--kernel", "cudnn", "--seq-lens", "64k", "--q-heads", "16", "--head-size", "128",
+           "--method", "zigzag", "--kernel", "sdpa-cudnn", "--seq-lens", "64k", "--q-heads", "16", "--head-size", "128",
            "--dtype", "bf16", "--pass", "fwd", "--warmup", "1", "--repeat", "5", "--no-check",
            "--db", str(tmp_path / "t.db")]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -120,7 +120,7 @@ def test_ranks_time_the_same_calls_on_gpus(tmp_path):
     assert max(medians) < 1.05 * min(medians), medians
 
 
-@pytest.mark.parametrize("kernel", ["fa3", "fa2", "cudnn"])
+@pytest.mark.parametrize("kernel", ["fa3", "fa2", "sdpa-cudnn"])
 def test_ranks_sharing_one_gpu_check_every_method(tmp_path, kernel):
     # Four ranks on one GPU (gloo through host memory): every method, the USP 2 x 2 mesh included, runs its
     # real multi-rank path with the real kernel and passes the per-rank check; nothing is timed.

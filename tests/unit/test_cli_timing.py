@@ -31,6 +31,8 @@ def _run(argv, capsys):
     (["--ci-target", "-1"], "--ci-target"),
     (["--idle-ratio", "inf"], "--idle-ratio"),
     (["--min-time-ms", "lots"], "min-time-ms"),
+    (["--threads", "0"], "bad --threads 0"),
+    (["--threads", "many"], "--threads"),
 ])
 def test_bad_timing_options_one_line_exit_2(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.setattr("shutil.which", lambda name: None)  # no profiler installed, whatever this machine has
@@ -39,6 +41,19 @@ def test_bad_timing_options_one_line_exit_2(tmp_path, capsys, monkeypatch, args,
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("attnbench") and needle in lines[0], err
     assert not db.exists()
+
+
+def test_a_cpu_run_records_the_threads_given(tmp_path, capsys):
+    import torch
+    before = torch.get_num_threads()
+    try:
+        code, _, err = _run([*SMALL, "--db", str(tmp_path / "r.db"), "--threads", "1"], capsys)
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0, err
+    with sqlite3.connect(tmp_path / "r.db") as conn:
+        info = json.loads(conn.execute("SELECT info FROM records").fetchone()[0])
+    assert info["cpu"]["threads"] == 1 and info["cpu"]["samples"] >= 3 and "busy" in info["cpu"]
 
 
 def test_ncu_and_rocprof_missing_are_user_errors(tmp_path, capsys, monkeypatch):

@@ -58,7 +58,9 @@ def test_thresholds_and_verdicts():
     with pytest.raises(ValueError, match="percentage"):
         cmp.parse_threshold("five")
     assert cmp.verdict(1.06, 1.2, 0.05) == "regression"
-    assert cmp.verdict(1.01, 1.2, 0.05) == "slower"
+    assert cmp.verdict(1.01, 1.04, 0.05) == "slower"  # slower, within the threshold
+    # slower, but by 1% or by 160x: the interval cannot tell, so it is no "slower" (a 162x case was)
+    assert cmp.judge(1.01, 162.0, 0.05, samples=40) == ("inconclusive", "slower, but the interval reaches past +5%")
     assert cmp.verdict(0.97, 1.03, 0.05) == "same"
     assert cmp.verdict(0.9, 1.1, 0.05) == "inconclusive"  # holds 1, but a 10% change could hide in it
     assert cmp.verdict(0.7, 0.9, 0.05) == "faster"
@@ -98,3 +100,30 @@ def test_bad_run_ids_exit_2_in_one_line(db):
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "no run 'nope'" in res.stderr and "most recent: " in res.stderr
     assert cli("compare", "base", "slow", "--db", db, "--fail-on-regression", "lots").returncode == 2
+
+
+def _pair(busy_a: bool, busy_b: bool, factor: float) -> tuple[list[dict], list[dict]]:
+    """Rows of one case in runs A and B, B ``factor`` times A's time, either side marked busy (CPU)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for run_id, f, busy in (("a", 1.0, busy_a), ("b", factor, busy_b)):
+        record = synthetic_record(run_id, SPECS[0], "fast", list(f * np.exp(rng.normal(0, 0.01, 40))))
+        record.info["cpu"] = {"busy": busy}
+        rows.append([record.to_row()])
+    return rows[0], rows[1]
+
+
+@pytest.mark.parametrize("busy_a, busy_b, factor, verdict", [
+    (False, True, 2.68, "inconclusive"),  # B ran slower than its kernel: no regression can be called
+    (False, True, 0.5, "faster"),         # ... but faster even so is faster
+    (True, False, 2.68, "regression"),    # A ran slower than its kernel: B slower still is a regression
+    (True, False, 0.5, "inconclusive"),
+    (True, True, 2.68, "inconclusive"),
+    (False, False, 2.68, "regression"),
+])
+def test_a_side_timed_on_a_busy_cpu_leaves_only_what_stays_true(busy_a, busy_b, factor, verdict):
+    rows_a, rows_b = _pair(busy_a, busy_b, factor)
+    case, = cmp.compare(rows_a, rows_b).cases
+    assert case.verdict == verdict
+    if verdict == "inconclusive":
+        assert case.why.startswith("timed on a busy CPU (")

@@ -26,7 +26,9 @@ def test_tiny_llama_two_backends_agree_and_every_call_routed(mode):
         e2e = r.info["e2e"]
         assert r.status == "ok", r.reason
         assert e2e["calls"] == layers and e2e["expected_calls"] == layers and e2e["unrouted"] == 0
-        assert r.n == steps and 0 < e2e["attn_ms"] and 0 < e2e["total_ms"]  # no bound between them: a busy CPU
+        assert r.n == steps and 0 < e2e["attn_ms"] and 0 < e2e["total_ms"]
+        assert 0 < e2e["attn_share"] <= 1  # the attention of each step within that step, whatever the CPU does
+        assert r.info["cpu"]["samples"] == steps and "busy" in r.info["cpu"]
         assert r.spec.seqlens_q == (37,) and r.spec.heads_kv == 2 and r.spec.causal
         assert r.spec.pass_ == ("fwd_bwd" if mode == "train" else "fwd")
         assert (e2e["attn_bwd_ms"] > 0) == (mode == "train")
@@ -150,3 +152,33 @@ def test_llama_variants_are_the_exact_attention():
     want, _ = attention_forward(q, k, v, causal=True, window=(4, 0), softcap=30.0, alibi=(0.5, 0.25, 0.125, 0.0625),
                                 sinks=sinks)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_the_attention_share_is_taken_step_by_step_and_cannot_pass_100_percent():
+    from attnbench.models.bench import Steps
+    # one step slowed 10x (a busy CPU): the mean attention over the median step was 333%
+    steps = Steps(total_ms=[1.0, 1.0, 10.0], attn_fwd_ms=[0.5, 0.5, 9.0], attn_bwd_ms=[0.0, 0.0, 0.0], first=None)
+    med = steps.median_step()
+    assert med["attn_share"] == 0.5 and med["attn_ms"] == 0.5 and med["total_ms"] == 1.0
+
+
+def test_an_impossible_share_or_a_busy_step_is_marked_in_the_table():
+    from rich.console import Console
+
+    from attnbench.cli.e2e import e2e_table, table_notes
+    from attnbench.results.record import Record
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(batch=1, seqlens_q=(8,), heads_q=2, head_dim=4, dtype="fp32")
+    base = Record(run_id="t", backend="naive", spec=spec, timing_mode="e2e", median_ms=2.0,
+                  info={"e2e": {"attn_share": 1.33, "attn_ms": 2.66, "total_ms": 2.0}})
+    busy = Record(run_id="t", backend="sdpa-math", spec=spec, timing_mode="e2e", median_ms=2.0,
+                  info={"e2e": {"attn_share": 0.4, "attn_ms": 0.8, "total_ms": 2.0}, "cpu": {"busy": True, "threads": 1,
+                                                                                          "cores": 2}})
+    console = Console(width=100, record=True)
+    with console.capture() as cap:
+        console.print(e2e_table([base, busy], "t"))
+    text = cap.get()
+    assert "133.0%!" in text and "40.0%?" in text and "0.00200" in text  # seconds with their digits
+    notes = table_notes([base, busy])
+    assert notes[0].startswith("? other processes used the CPU") and notes[1].startswith("! not a share")
+    assert notes[2] == "CPU: 1 thread of 2 cores"

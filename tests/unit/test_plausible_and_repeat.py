@@ -102,15 +102,16 @@ def test_no_check_means_no_repeat_calls():
 @pytest.mark.parametrize("flag", [[], ["--no-check"]])
 def test_run_exits_1_on_an_implausible_case_and_plot_says_what_it_left_out(tmp_path, flag):
     db = tmp_path / "r.db"
-    res = attnbench("run", "--device", "cpu", "--backends", "naive,test-cached", "--seq-lens", "2048",
+    # two lengths: plot refuses an axis with one value (a figure of single points)
+    res = attnbench("run", "--device", "cpu", "--backends", "naive,test-cached", "--seq-lens", "1536", "2048",
                     "--q-heads", "8", "--head-size", "64", "--dtype", "fp32", "--pass", "fwd", "--no-causal",
                     "--warmup", "1", "--repeat", "3", "--quiet", "--db", str(db), *flag)
     assert res.returncode == 1, res.stderr
-    assert "test-cached b1 s2048 h8 d64 fp32 fwd: implausible" in res.stderr.splitlines()[-1]
-    assert query(db, "SELECT status, tflops FROM records WHERE backend='test-cached'") == [("implausible", None)]
+    assert "cases wrong (implausible test-cached fwd b1 s" in res.stderr.splitlines()[-1]
+    assert query(db, "SELECT status, tflops FROM records WHERE backend='test-cached'") == [("implausible", None)] * 2
     out = attnbench("plot", "--db", str(db), "--x", "seq_len", "--y", "tflops", "-o", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr
-    assert "not drawn: 1 case(s) with an implausible time (test-cached" in out.stdout
+    assert "not drawn: 2 case(s) with an implausible time (test-cached" in out.stdout
 
 
 def test_verify_defaults_show_the_bugs_a_benchmark_sweep_hides(tmp_path):

@@ -142,7 +142,7 @@ def test_cpu_timer_honours_an_explicit_time_cap():
     def slow():
         calls.append(None)
         time.sleep(0.02)
-    samples = time_cpu(slow, TimingConfig(warmup=10, repeat=50, max_time_ms=100.0))
+    samples, _ = time_cpu(slow, TimingConfig(warmup=10, repeat=50, max_time_ms=100.0))
     assert MIN_SAMPLES <= len(samples) < 50
     assert len(calls) - len(samples) < 10                          # the warm-up was cut short too
 
@@ -158,7 +158,7 @@ def test_bad_timing_config(kwargs):
 
 def test_cpu_timer_keeps_sampling_until_min_time():
     calls = []
-    samples = time_cpu(lambda: calls.append(sum(range(2000))),
+    samples, _ = time_cpu(lambda: calls.append(sum(range(2000))),
                        TimingConfig(warmup=1, repeat=3, min_time_ms=5.0, max_repeat=100000, ci_target_pct=0))
     assert len(samples) >= 3 and sum(samples) >= 5.0
     assert len(calls) == len(samples) + 1

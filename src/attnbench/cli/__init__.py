@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         argv = common.normalize_argv(list(sys.argv[1:] if argv is None else argv))
+        common.remember_invocation(argv)
         command = _without_flag_types(typer.main.get_command(app))
         code = command.main(args=argv, prog_name="attnbench", standalone_mode=False)
     except NoArgsIsHelpError:  # bare `attnbench`: typer has printed the help already

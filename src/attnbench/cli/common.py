@@ -23,10 +23,21 @@ from attnbench.sweep import (
 )
 
 
+def pipe_width() -> int:
+    """Columns of output that goes to a pipe or a file, which people read in a terminal later: $COLUMNS,
+    else 100."""
+    try:
+        return max(60, int(os.environ.get("COLUMNS", "100")))
+    except ValueError:
+        return 100
+
+
 def _console(stderr: bool = False) -> Console:
-    # Tables are wide: when output is not a terminal (a file, a pipe, CI logs) do not squeeze to 80 columns.
+    # A pipe or a file (CI logs, `| tee`) is laid out for $COLUMNS (100 by default), not rich's 80, as a
+    # terminal is: tables fit, text wraps at spaces. Lines that must stay whole (a command, a markdown table
+    # in a write-up's format, a log line) are printed with soft_wrap=True.
     probe = Console(stderr=stderr)
-    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=pipe_width())
 
 
 console = _console()
@@ -41,14 +52,20 @@ def view_console() -> Console:
 
 
 def summary_width() -> int:
-    """Columns the run summary is laid out for: the terminal's, or $COLUMNS (default 100) when the output is
-    a pipe or a file, which people read in a terminal later."""
-    if console.is_terminal:
-        return console.width
-    try:
-        return max(60, int(os.environ.get("COLUMNS", "100")))
-    except ValueError:
-        return 100
+    """Columns the run summary is laid out for: the terminal's, or ``pipe_width`` for a pipe or a file."""
+    return console.width if console.is_terminal else pipe_width()
+
+
+_INVOCATION: list[str] = []
+
+
+def invocation() -> list[str]:
+    """The arguments of this command as main() parsed them (normalised), for a command that starts itself again."""
+    return list(_INVOCATION)
+
+
+def remember_invocation(argv: list[str]) -> None:
+    _INVOCATION[:] = argv
 
 
 class UserError(ValueError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -23,21 +25,34 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+ORDER = {"regression": 0, "slower": 1, "status": 2, "inconclusive": 3, "no-ci": 4, "same": 5, "faster": 6}
+
+
 def comparison_table(result: cmp.Comparison, run_a: str, run_b: str) -> Table:
+    """One row per case, worst first; a verdict word per row (why an ``inconclusive`` one is, in the footnotes
+    ``why_lines`` counts), so the table fits 100 columns."""
     pct = round(result.confidence * 100)
-    table = Table(title=f"B = {run_b} vs A = {run_a} (time ratio B/A, > 1 = B slower; {pct}% bootstrap CI)",
-                  header_style="bold")
+    table = Table(title=f"B = {run_b} vs A = {run_a}: B/A time ratio (> 1: B slower)",
+                  title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (("backend", "left"), ("case", "left"), ("pass", "left"), ("A ms", "right"),
                           ("B ms", "right"), ("B/A", "right"), (f"{pct}% CI", "right"), ("verdict", "left")):
-        table.add_column(name, justify=justify, no_wrap=name != "case")
-    order = {"regression": 0, "slower": 1, "status": 2, "inconclusive": 3, "no-ci": 4, "same": 5, "faster": 6}
-    for c in sorted(result.cases, key=lambda c: (order[c.verdict], -(c.ratio or 0))):
-        ci = "-" if c.low is None else f"{c.low:.3f}–{c.high:.3f}"
-        verdict = (f"{c.status_a} → {c.status_b}" if c.verdict == "status" else
-                   f"inconclusive: {c.why}" if c.verdict == "inconclusive" else c.verdict)
-        table.add_row(escape(c.backend), escape(c.label), c.pass_, _fmt(c.a_ms, ".4f"), _fmt(c.b_ms, ".4f"),
-                      _fmt(c.ratio, ".3f"), ci, f"[{VERDICT_STYLE[c.verdict]}]{escape(verdict)}[/]")
+        table.add_column(name, justify=justify, no_wrap=name not in ("case", "backend"), overflow="fold")
+    for c in sorted(result.cases, key=lambda c: (ORDER[c.verdict], -(c.ratio or 0))):
+        ci = "-" if c.low is None else f"{_ratio(c.low)}–{_ratio(c.high)}"
+        verdict = f"{c.status_a} → {c.status_b}" if c.verdict == "status" else c.verdict
+        table.add_row(escape(c.backend), escape(c.label), c.pass_, _fmt(c.a_ms, ".4g"), _fmt(c.b_ms, ".4g"),
+                      _ratio(c.ratio), ci, f"[{VERDICT_STYLE[c.verdict]}]{escape(verdict)}[/]")
     return table
+
+
+def why_lines(result: cmp.Comparison) -> list[str]:
+    """Why cases are inconclusive, one line per reason with its count."""
+    reasons = Counter(c.why for c in result.cases if c.verdict == "inconclusive")
+    return [f"inconclusive, {n}: {why}" for why, n in reasons.most_common()]
 
 
 def compare(
@@ -62,6 +77,8 @@ def compare(
     if not result.cases:
         raise UserError(f"runs {a} and {b} have no case in common (cases match by spec, backend and timing mode)")
     common.console.print(comparison_table(result, a, b))
+    for line in why_lines(result):
+        common.console.print(line, highlight=False, markup=False)
     counts = {v: sum(c.verdict == v for c in result.cases) for v in VERDICT_STYLE}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
     extra = f"; only in A: {len(result.only_a)}, only in B: {len(result.only_b)}" if result.only_a or result.only_b else ""
@@ -75,7 +92,7 @@ def compare(
         common.err_console.print(
             f"attnbench: {len(result.regressions)} regression(s) beyond {threshold:.0%}; worst: {worst.backend} "
             f"{worst.label} {worst.pass_} x{worst.ratio:.3f} (CI {worst.low:.3f}–{worst.high:.3f})",
-            highlight=False, markup=False)
+            highlight=False, markup=False, soft_wrap=True)
         raise SystemExit(1)
 
 

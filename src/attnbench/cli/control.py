@@ -46,7 +46,7 @@ def resumed_options(ctx: typer.Context) -> dict:
     with ResultStore(db, readonly=True) as store:
         run = store.run(run_id)
         if run is None:
-            recent = [r["run_id"] for r in store.runs()][-5:]
+            recent = [r["run_id"] for r in store.runs()][-5:][::-1]  # the newest first
             raise UserError(f"unknown run id {run_id!r} in {db}; "
                             + (f"latest runs there: {', '.join(recent)}" if recent else "it holds no runs"))
     try:

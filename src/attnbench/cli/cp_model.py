@@ -11,6 +11,7 @@ from rich.table import Table
 
 from attnbench.cli import common
 from attnbench.cli.common import UserError
+from attnbench.distributed.names import canonical
 
 RESULTS = Path("docs/results")
 DEFAULT_KERNELS = RESULTS / "h200-2026-11-24/cp-model/local_kernels_h200.csv"
@@ -41,7 +42,8 @@ def cp_model(
                                           "parameters are fitted on.")] = DEFAULT_FIT,
     check_csv: Annotated[Path, typer.Option("--check", help="Multi-GPU records the fitted model is checked "
                                             "against (not used for fitting).")] = DEFAULT_CHECK,
-    kernel: Annotated[str, typer.Option("--kernel", help="Local kernel of the predictions.")] = "fa3",
+    kernel: Annotated[str, typer.Option("--kernel", help="Local kernel of the predictions (as dist names it: fa3, "
+                                        "sdpa-cudnn, ...).")] = "fa3",
     gpus: Annotated[str, typer.Option("--gpus", help="GPU counts to predict.")] = "2,4,8,16,64",
     seq_lens: Annotated[str, typer.Option("--seq-lens", help="Total sequence lengths to predict.")] = "128k,256k,512k,1M",
     heads: Annotated[int, typer.Option("--q-heads", help="Query heads.")] = 32,
@@ -60,6 +62,7 @@ def cp_model(
         if not path.is_file():
             raise UserError(f"{path}: no such file (run from the repository root, or pass --kernels/--fit/--check)")
     curves = cpm.KernelCurves.from_csv(kernels_csv)
+    kernel = canonical(kernel)
     if kernel not in curves.kernels:
         raise UserError(f"no one-GPU measurements of kernel {kernel!r} in {kernels_csv}; it has "
                         f"{', '.join(curves.kernels)}")

@@ -1,28 +1,33 @@
-"""`attnbench dist`: context-parallel attention under torchrun, checked per rank and timed per device.
+"""`attnbench dist`: context-parallel attention over the ranks of one job, checked per rank and timed per device.
 
-    torchrun --nproc_per_node 4 -m attnbench dist --method zigzag --kernel flash --seq-lens 128k --causal
+    attnbench dist --nproc 4 --method zigzag --kernel sdpa-flash --seq-lens 128k --causal
+    torchrun --nproc_per_node 4 -m attnbench dist --method zigzag --kernel sdpa-flash --seq-lens 128k --causal
 
 gloo on CPU, NCCL on GPUs (cuda:LOCAL_RANK). Rank 0 prints and writes the store; an error on any rank
-ends that rank with one line naming it (torchrun then stops the others; a rank blocked in a
-collective gives up after --timeout seconds).
+ends that rank with one line naming it (the others are then stopped; a rank blocked in a collective gives
+up after --timeout seconds). Bad options are one line from rank 0 (``--nproc`` checks them before any rank
+starts); the other ranks say nothing.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 import attnbench
-from attnbench.cli import common
+from attnbench.cli import common, dist_launch
 from attnbench.cli.common import UserError
 from attnbench.distributed import bench, timeline
 from attnbench.distributed import layout as lay
-from attnbench.distributed.kernels import KERNELS, KernelUnavailable, get_kernel
+from attnbench.distributed.kernels import KernelUnavailable, get_kernel
+from attnbench.distributed.names import KERNELS, canonical
 from attnbench.distributed.ulysses import check_heads
 from attnbench.results import env as envmod
 from attnbench.results import export
@@ -79,7 +84,10 @@ def dist(
     ctx: typer.Context,
     method: Annotated[list[str] | None, typer.Option(
         "--method", metavar="METHOD,...", help="ring, zigzag, ulysses, usp, torch-cp, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
-    kernel: Annotated[str, typer.Option("--kernel", help=f"Local kernel: {', '.join(KERNELS)}.")] = "math",
+    kernel: Annotated[str, typer.Option(
+        "--kernel", help=f"Local kernel (a backend name): {', '.join(KERNELS)}.")] = "sdpa-math",
+    nproc: Annotated[int | None, typer.Option(
+        "--nproc", metavar="N", help="Start N ranks on this machine (instead of torchrun --nproc_per_node N).")] = None,
     ulysses_degree: Annotated[int | None, typer.Option(
         "--ulysses-degree", help="USP: ranks per Ulysses group (default: largest divisor <= 8 of world and heads).")] = None,
     ring_comm: Annotated[str, typer.Option("--ring-comm", help="p2p (ring) or allgather (gather K/V first).")] = "p2p",
@@ -104,20 +112,31 @@ def dist(
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or .csv.")] = None,
     seed: common.Seed = 0,
 ) -> None:
-    """Context-parallel attention over the ranks of a torchrun job: per-rank diffs, per-device speed."""
+    """Context-parallel attention over the ranks of a torchrun job (or --nproc N here): per-rank diffs,
+    per-device speed."""
     rank_env = int(os.environ.get("RANK", "0"))
+    if rank_env and os.environ.get("TORCHELASTIC_RUN_ID"):
+        # torchrun stops the other ranks when one fails: rank 0 or the rank that failed says why, the rest end
+        # without a word (each printed 'stopped by SIGTERM', or a traceback when stopped while exiting)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+    if nproc is not None and "RANK" not in os.environ:
+        if not 1 <= nproc <= dist_launch.MAX_NPROC:
+            raise UserError(f"bad --nproc {nproc}: give the number of ranks, 1..{dist_launch.MAX_NPROC}")
+        _plan(ctx, world=nproc)  # checked once, before any rank starts
+        raise SystemExit(dist_launch.launch(nproc, dist_launch.without_nproc(common.invocation())))
     try:
         plan = _plan(ctx)
     except UserError as exc:
         if rank_env == 0:
             raise
-        raise SystemExit(2) from exc  # every rank rejects; only rank 0 says why
+        _quiet_exit(2, exc)  # every rank rejects; only rank 0 says why
     try:
         _execute(plan)
     except UserError as exc:
         if rank_env == 0:
             raise
-        raise SystemExit(2) from exc
+        _quiet_exit(2, exc)
     except Exception as exc:
         rank = int(os.environ.get("RANK", "0"))
         if os.environ.get("ATTNBENCH_DEBUG"):
@@ -125,21 +144,37 @@ def dist(
         common.fail(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}", 1)
 
 
-def _plan(ctx: typer.Context) -> dict:
+def _quiet_exit(code: int, exc: BaseException) -> None:
+    """Exit a rank other than 0 without a word (rank 0 says why). Under torchrun, rank 0 is given time to say
+    it: a rank that ended first would have torchrun stop rank 0 mid-sentence (it printed a traceback); torchrun
+    ends this rank (silently, see ``dist``) once rank 0 has."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        time.sleep(RANK0_FIRST_S)
+    raise SystemExit(code) from exc
+
+
+RANK0_FIRST_S = 5.0
+"""How long the other ranks of a torchrun job wait for rank 0 to report bad options and end the job."""
+
+
+def _plan(ctx: typer.Context, world: int | None = None) -> dict:
+    """The checked options (a UserError names the first bad one) for a job of ``world`` ranks (default: this
+    job's WORLD_SIZE)."""
     opts = common.merge_options(ctx, {}, allowed=set(ctx.params))  # unset list options become None
     dev = "cpu" if opts.get("device") == "cpu" else common.resolve_device(opts.get("device"))
     methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
     if opts["ring_comm"] not in ("p2p", "allgather"):
         raise UserError(f"bad --ring-comm {opts['ring_comm']!r}; allowed: p2p, allgather")
+    opts["kernel"] = canonical(str(opts["kernel"]))
     if any(m not in bench.OWN_KERNEL for m in methods):
         try:
-            get_kernel(opts["kernel"])
+            get_kernel(opts["kernel"], dev)
         except KernelUnavailable as exc:
             raise UserError(str(exc)) from None
     opts.setdefault("pass_", None)
     opts["pass_"] = opts["pass_"] or ["fwd", "fwd_bwd"]
     specs = common.build_sweep(opts, dev).specs()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world or int(os.environ.get("WORLD_SIZE", "1"))
     validate(specs, methods, world, opts.get("ulysses_degree"))
     cpu = dev == "cpu"
     try:
@@ -278,7 +313,7 @@ def _print_timeline(res: bench.CaseResult) -> None:
     lines += [f"| {i} | " + " | ".join(f"{t[c]:.2f}" for c in cols) + " |" for i, t in enumerate(totals)]
     lines.append("imbalance: the slowest rank's kernel time less this rank's; wait: communication not hidden "
                  "under compute, waits for slower peers included; gap: the GPU idle while the host launches")
-    common.console.print("\n".join(lines), highlight=False, markup=False)
+    common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # markdown: whole lines
 
 
 def _print_tables(results: list[bench.CaseResult], world: int) -> None:
@@ -300,4 +335,4 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
-        common.console.print("\n".join(lines), highlight=False, markup=False)
+        common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # seed 001's format

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 import attnbench
@@ -20,7 +22,7 @@ from attnbench.models.bench import MODES, E2EConfig, model_names, run_e2e
 from attnbench.models.llama import ModelVariants
 from attnbench.results import env as envmod
 from attnbench.results import export
-from attnbench.results.record import Record
+from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.spec import FP8_DTYPES, normalize_dtype
 
@@ -88,32 +90,62 @@ KERNEL_ROWS = (("direct_copy_kernel_cuda (times)", "copy_kernels", ",d"), ("dire
 
 
 def e2e_table(records: list[Record], title: str) -> Table:
-    """Seed 002's layout: one column per backend, one row per metric (times per step)."""
-    table = Table(title=title, header_style="bold")
+    """Seed 002's layout: one column per backend, one row per metric (times per step). A step timed while
+    other processes kept the CPU busy is marked ``?``; an attention share outside 0-100% (its clocks
+    disagree with the step's) is marked ``!``, never printed as if it were a share."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  min_width=min(len(title), 100))  # the title on one line, not folded to a narrow table's width
     table.add_column("Metrics")
     for r in records:
-        table.add_column(r.backend + (" (baseline)" if r is records[0] else ""), justify="right")
+        table.add_column(r.backend + (" (baseline)" if r is records[0] else ""), justify="right", overflow="fold")
 
     def cell(r: Record, key: str, fmt: str, scale: float = 1.0) -> str:
         value = r.info.get("e2e", {}).get(key)
         if r.status != "ok" and key != "total_ms":
             return "-"
-        return "-" if value is None else format(value * scale, fmt)
+        if value is None:
+            return "-"
+        text = _sig(value * scale) if fmt == "sig" else format(value * scale, fmt)
+        if key == "attn_share" and not 0 <= value <= 1:
+            text += IMPOSSIBLE
+        return text + (BUSY if key in TIMED and busy_of(r.info) else "")
 
     def counted(r: Record, key: str, fmt: str) -> str:
         value = r.info.get("e2e", {}).get("kernel_counts", {}).get(key)
         return "-" if value is None or r.status != "ok" else format(value, fmt)
-    rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", ".3f", 1e-3),
-            ("Total (s)", "total_ms", ".3f", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
-            ("Attn TFLOP/s", "attn_tflops", ".1f", 1.0), ("Cosine", "cosine", ".6f", 1.0),
+    rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", "sig", 1e-3),
+            ("Total (s)", "total_ms", "sig", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
+            ("Attn TFLOP/s", "attn_tflops", "sig", 1.0), ("Cosine", "cosine", ".6f", 1.0),
             ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
     for label, key, fmt, scale in rows:
         table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
     if any("kernel_counts" in r.info.get("e2e", {}) for r in records):  # one profiled step, as the CogVideoX-2b write-up's rows
         for label, key, fmt in KERNEL_ROWS:
             table.add_row(label, *[counted(r, key, fmt) for r in records])
-    table.add_row("Status", *[r.status if r.status == "ok" else f"{r.status}: {r.reason}" for r in records])
+    table.add_row("Status", *[r.status if r.status == "ok" else f"{r.status}: {escape(r.reason or '')}" for r in records])
     return table
+
+
+BUSY, IMPOSSIBLE = "?", "!"
+TIMED = ("attn_share", "attn_ms", "total_ms", "speedup", "attn_tflops")
+"""The rows a busy CPU makes unreliable."""
+
+
+def _sig(value: float) -> str:
+    """Three significant digits: a CPU step's 0.00214 s and attention's 0.0005 TFLOP/s are not 0.000."""
+    return f"{value:#.3g}".rstrip(".") if abs(value) < 1000 else f"{value:.0f}"
+
+
+def table_notes(records: list[Record]) -> list[str]:
+    """What the marks of ``e2e_table`` mean, when it shows them; the CPU threads of a CPU run."""
+    from attnbench.report.footnotes import cpu_notes
+    notes = []
+    if any(busy_of(r.info) for r in records):
+        notes.append(f"{BUSY} other processes used the CPU during these steps: not the speed of an idle machine")
+    if any(not 0 <= (r.info.get("e2e", {}).get("attn_share") if r.status == "ok" else 0.5) <= 1 for r in records
+           if r.info.get("e2e", {}).get("attn_share") is not None):
+        notes.append(f"{IMPOSSIBLE} not a share: the attention timed longer than its step (clocks disagree)")
+    return notes + cpu_notes(records)
 
 
 def e2e(
@@ -154,6 +186,11 @@ def e2e(
     from attnbench.models import dit
     if cfg.model in dit.PRESETS and (reason := dit.unavailable_reason(cfg.model)):
         raise UserError(f"--model {cfg.model}: {reason}")
+    if cfg.device == "cpu":  # one thread per core other processes leave free, as `run` does
+        import torch
+
+        from attnbench.timing import cpu_load
+        torch.set_num_threads(cpu_load.plan().threads)
     env = envmod.collect(cfg.device)
     env_id = envmod.env_id(env)
     run_id = new_run_id()
@@ -174,4 +211,6 @@ def e2e(
         layers_txt = f", {cfg.layers} layers" if cfg.layers else ""
         common.console.print(e2e_table(records, f"{cfg.model} {cfg.mode}{layers_txt} on {cfg.device}: "
                                                 f"median of {cfg.steps} steps, seconds per step"))
+        for note in table_notes(records):
+            common.console.print(note, highlight=False, markup=False)
         common.console.print(f"results in {path}" + (f" and {output}" if output else ""), highlight=False)

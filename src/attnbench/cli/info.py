@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -28,34 +31,67 @@ def backends(
     device: common.Device = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List every known backend: available here or not (with the reason), version and capabilities."""
+    """List every known backend: available here or not (with the reason and how to install it), version and
+    capabilities."""
     dev = common.resolve_device(device)
-    rows = []
-    for name in registry.names():
-        try:
-            backend = registry.get(name)
-        except Exception as exc:  # a broken plug-in is shown, not fatal
-            rows.append({"name": name, "available": False, "reason": f"failed to load: {exc}", "version": None,
-                         "description": "", "capabilities": ""})
-            continue
-        reason = backend.unavailable_reason()
-        if reason is None and device_type(dev) not in backend.capabilities.devices:
-            reason = f"runs on {'/'.join(backend.capabilities.devices)}, not {device_type(dev)}"
-        rows.append({"name": name, "available": reason is None, "reason": reason,
-                     "version": backend.version() if reason is None else None,
-                     "description": backend.describe(dev) if reason is None else backend.description,
-                     "capabilities": _caps_summary(backend.capabilities)})
+    rows = [_backend_row(name, dev) for name in registry.names()]
     if as_json:
         common.console.print_json(json.dumps(rows))
         return
-    table = Table(title=f"attnbench backends on {dev}", header_style="bold")
-    for col in ("backend", "available", "version", "capabilities", "description / reason"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        mark = "[green]yes[/]" if r["available"] else "[dim]no[/]"
-        text = r["description"] if r["available"] else f"[dim]{escape(r['reason'] or '')}[/]"
-        table.add_row(r["name"], mark, r["version"] or "-", r["capabilities"], text)
+    here = [r for r in rows if r["available"]]
+    table = Table(title=f"{len(here)} of {len(rows)} backends run on {dev} here", title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("backend", "version", "capabilities", "what runs"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("backend", "version"))
+    for r in here:
+        table.add_row(r["name"], r["version"] or "-", r["capabilities"], escape(r["description"]))
     common.console.print(table)
+    missing = [r for r in rows if not r["available"]]
+    if missing:
+        common.console.print(_missing_table(missing, dev))
+
+
+def _backend_row(name: str, dev: str) -> dict:
+    """What ``backends`` shows of one backend (also its --json row)."""
+    try:
+        backend = registry.get(name)
+    except Exception as exc:  # a broken plug-in is shown, not fatal
+        return {"name": name, "available": False, "reason": f"failed to load: {exc}", "install": None,
+                "version": None, "description": "", "capabilities": ""}
+    reason, install = backend.unavailable_reason(), None
+    if reason is not None:
+        install = backend.install_hint()
+    elif device_type(dev) not in backend.capabilities.devices:
+        reason = f"runs on {'/'.join(backend.capabilities.devices)}, not {device_type(dev)}"
+    return {"name": name, "available": reason is None, "reason": reason, "install": install,
+            "version": backend.version() if reason is None else None,
+            "description": backend.describe(dev) if reason is None else backend.description,
+            "capabilities": _caps_summary(backend.capabilities)}
+
+
+MISSING_MODULE = re.compile(r"^(\S+) not importable: ModuleNotFoundError: No module named '([^']+)'")
+
+
+def _why(reason: str) -> str:
+    """A reason as ``backends`` groups it: a module that is simply absent reads 'not installed'."""
+    found = MISSING_MODULE.match(reason or "")
+    if found and found.group(2).split(".")[0] == found.group(1).split(".")[0]:
+        return f"{found.group(1)} is not installed"
+    return reason or ""
+
+
+def _missing_table(rows: list[dict], dev: str) -> Table:
+    """The backends that cannot run here, grouped by why and how to install what they need."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        groups.setdefault((_why(r["reason"]), r["install"] or ""), []).append(r["name"])
+    table = Table(title=f"{len(rows)} cannot run on {dev} here: why, and how to install what they need",
+                  title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("backends", "why not", "install"):
+        table.add_column(col, overflow="fold")
+    for (why, install), names in groups.items():
+        table.add_row(", ".join(names), escape(why), escape(install or "-"))
+    return table
 
 
 def presets() -> None:
@@ -76,11 +112,16 @@ def env(
     if as_json:
         common.console.print_json(json.dumps(data, default=str))
         return
-    table = Table(title="attnbench environment", header_style="bold", show_header=False)
-    table.add_column("key", style="bold")
+    table = Table(title="attnbench environment", title_justify="left", header_style="bold", show_header=False,
+                  box=box.SIMPLE, pad_edge=False)
+    table.add_column("key", style="bold", no_wrap=True)
     table.add_column("value", overflow="fold")
     for key, value in data.items():
-        if isinstance(value, dict):
+        if key == "platform":
+            value = envmod.describe_platform(data)
+        elif key == "collected_at" and isinstance(value, (int, float)):
+            value = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(value))
+        elif isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
         table.add_row(key, escape(str(value)))
     common.console.print(table)

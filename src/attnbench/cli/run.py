@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attnbench
 from attnbench import metrics, plausibility, presets
 from attnbench.backends import registry
-from attnbench.cli import common, control, sharding, timing_opts
+from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
@@ -60,6 +60,9 @@ def check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
     baseline = common.option_text(opts, "baseline")
     if baseline is not None and baseline not in backends:
         raise UserError(f"--baseline {baseline} is not among the backends of this run ({', '.join(backends)})")
+    if baseline is not None and metric is not None and metric.lower() != "speedup":
+        raise UserError(f"--baseline {baseline} gives speedups, which --metric {metric} would not show: drop one "
+                        "(--baseline alone means --metric speedup)")
 
 
 def show_summary(records: list, config: dict, device_name: str = "") -> None:
@@ -202,7 +205,7 @@ def plan_from_options(opts: dict) -> RunPlan:
     ceilings = plausibility.ceilings(device, measured_peaks(db, device, copy=True))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
-                         inputs=common.input_dist(opts), **extra)
+                         inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device), **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
@@ -243,7 +246,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
             runner.run(plan.specs)
         status = "done" if len(records) == len(cases) else "interrupted"
     except KeyboardInterrupt:
-        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False)
+        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False,
+                                 soft_wrap=True)  # one line: the command in it stays whole
         raise
     finally:
         store.finish_run(run_id, status)
@@ -255,7 +259,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
                                  f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
-                                 markup=False, highlight=False)
+                                 markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     return run_id, records, phases
 
@@ -298,27 +302,6 @@ def _progress(quiet: bool):
         return _LogLines(quiet)
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=common.err_console, disable=quiet, transient=True)
-
-
-def wrong_cases(records: list, approx_too: bool = False) -> list:
-    """Cases whose numbers are wrong: status mismatch (an exact backend failed the check), nan (non-finite
-    output, any backend) or implausible (a time the device cannot achieve), and with ``approx_too`` an
-    approximate backend's ``approx-fail`` verdict."""
-    return [r for r in records if r.status in ("mismatch", "nan", "implausible")
-            or (approx_too and (r.accuracy or {}).get("verdict") == "approx-fail")]
-
-
-def report_wrong_cases(records: list, approx_too: bool) -> None:
-    """Last line on stderr and exit status 1 when any case is wrong (so scripts and CI notice)."""
-    wrong = wrong_cases(records, approx_too)
-    if not wrong:
-        return
-    shown = "; ".join(f"{r.backend} {r.spec.label()} {r.spec.pass_}: "
-                      f"{(r.accuracy or {}).get('verdict') if r.status == 'ok' else r.status}" for r in wrong[:3])
-    more = f"; and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-    common.err_console.print(f"attnbench: {len(wrong)} of {len(records)} cases are wrong or impossible "
-                             f"({shown}{more}); exit status 1", markup=False, highlight=False)
-    raise typer.Exit(1)
 
 
 def wall_breakdown(phases: dict[str, float], total_s: float) -> dict[str, float]:
@@ -387,6 +370,9 @@ def run(
         "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,
     trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", rich_help_panel="Timing", metavar="N", help="CPU runs: torch threads (default: one per core that "
+        "other processes leave free).")] = None,
     impl: Annotated[str | None, typer.Option("--impl", rich_help_panel="Backends", help="benchmark_attn.py's --impl: Pytorch (naive) or Flash2 (fa2).")] = None,
     db: common.Db = None,
     output: Annotated[Path | None, typer.Option("--output", rich_help_panel="Output", help="Also write the records to FILE.json or FILE.csv.")] = None,
@@ -449,5 +435,5 @@ def run(
                              + "\nevery record: attnbench show --table; the HTML report: attnbench report",
                              highlight=False, markup=False)
         if hint:
-            common.console.print(hint, highlight=False, markup=False)
-    report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))
+            common.console.print(hint, highlight=False, markup=False, soft_wrap=True)
+    outcome.report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))

@@ -105,3 +105,16 @@ def run_options(opts: dict) -> dict:
     if trace:
         check_trace_dir(Path(str(trace)))
     return {"trace_dir": str(trace) if trace else None, "cooldown_s": _nonneg(opts.get("cooldown"), "--cooldown") or 0.0}
+
+
+MAX_THREADS = 4096
+
+
+def cpu_plan(opts: dict, device: str):
+    """CPU runs: --threads N, or the threads ``cpu_load.plan`` chooses (None on a GPU, where it is ignored)."""
+    if device != "cpu":
+        return None
+    from attnbench.cli.common import option_int
+    from attnbench.timing import cpu_load
+    given = opts.get("threads")
+    return cpu_load.plan(None if given is None else option_int(opts, "threads", 1, MAX_THREADS, default=1))

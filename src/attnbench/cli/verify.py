@@ -15,6 +15,7 @@ import sys
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -132,7 +133,7 @@ def print_record(record: Record) -> None:
     acc = record.accuracy
     if acc is None:
         style = "dim" if record.status in ("unsupported", "oom") else "red"
-        out.print(f"[bold]{escape(head)}[/]: [{style}]{record.status}: {escape(record.reason or '')}[/]")
+        out.print(f"[bold]{escape(head)}[/]: [{style}]{record.status}: {escape(record.reason or '')}[/]", soft_wrap=False)
         return
     verdict = acc["verdict"]
     kind = "" if acc.get("exact", True) else \
@@ -162,23 +163,33 @@ def print_record(record: Record) -> None:
         out.print(f"[red]{escape(record.status)}: {escape(acc.get('reason') or record.reason or '')}[/]")
 
 
+MEASURES = (("max abs", lambda m, base, limit, worst: _g(m.get("max_abs"))),
+            ("mean abs", lambda m, base, limit, worst: _g(m.get("mean_abs"))),
+            ("rel L2", lambda m, base, limit, worst: _g(m.get("rel_l2"))),
+            ("cosine", lambda m, base, limit, worst: f"{m['cosine']:.6f}" if "cosine" in m else "-"),
+            ("rel L1", lambda m, base, limit, worst: _g(m.get("rel_l1"))),
+            ("RMSE", lambda m, base, limit, worst: _g(m.get("rmse"))),
+            ("scale", lambda m, base, limit, worst: _sci(m.get("scale"))),
+            ("block scale", lambda m, base, limit, worst: _sci(m.get("block_scale"))),
+            ("math max abs", lambda m, base, limit, worst: _g(base.get("max_abs"))),
+            ("limit max abs", lambda m, base, limit, worst: _g(limit.get("max_abs"))),
+            ("worst / limit", lambda m, base, limit, worst: f"{worst['ratio']:.2f} ({worst['metric']})" if worst else "-"))
+"""The rows of a record's error table: one measure each, a column per tensor (fits 100 columns)."""
+
+
 def _metrics_table(acc: dict) -> Table:
-    table = Table(header_style="bold", show_edge=False, pad_edge=False)
-    columns = ("tensor", "max abs", "mean abs", "rel L2", "cosine", "rel L1", "RMSE", "scale", "block scale",
-               "math max abs", "limit max abs", "worst / limit")
-    for col in columns:
-        table.add_column(col, justify="left" if col == "tensor" else "right")
-    for name, m in acc.get("tensors", {}).items():
-        if "error" in m:
-            table.add_row(LABELS.get(name, name), escape(m["error"]), *[""] * (len(columns) - 2))
-            continue
-        base = acc.get("baseline", {}).get(name, {})
+    tensors = acc.get("tensors", {})
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("")
+    for name in tensors:
+        table.add_column(LABELS.get(name, name), justify="right", overflow="fold")
+    columns = []
+    for name, m in tensors.items():
         limit = acc.get("limits", {}).get(name, {})
-        worst = worst_ratio({name: m}, {name: limit})
-        table.add_row(LABELS.get(name, name), *(_g(m.get(k)) for k in ("max_abs", "mean_abs", "rel_l2")),
-                      f"{m['cosine']:.6f}", _g(m.get("rel_l1")), _g(m.get("rmse")), _sci(m.get("scale")),
-                      _sci(m.get("block_scale")), _g(base.get("max_abs")), _g(limit.get("max_abs")),
-                      f"{worst['ratio']:.2f} ({worst['metric']})" if worst else "-")
+        columns.append((m, acc.get("baseline", {}).get(name, {}), limit, worst_ratio({name: m}, {name: limit})))
+    for label, cell in MEASURES:
+        table.add_row(label, *(escape(m["error"]) if "error" in m and label == "max abs" else "" if "error" in m
+                               else cell(m, base, limit, worst) for m, base, limit, worst in columns))
     return table
 
 
@@ -245,7 +256,8 @@ def verify(
         common.console.print_json(json.dumps(rows))
     else:
         from attnbench.report import grid
-        shown = records if details else [r for r in records if _failed(r)]
+        # what did not run is counted under the grid, not given a block each
+        shown = [r for r in records if _failed(r) or (details and r.status not in ("unsupported", "oom"))]
         for record in shown:
             print_record(record)
             common.console.print()
@@ -257,7 +269,7 @@ def verify(
         raise typer.Exit(1)
     if not checked:
         common.err_console.print("attnbench: nothing was checked (every case was unsupported or did not run); "
-                                 "exit status 1", highlight=False, markup=False)
+                                 "exit status 1", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -42,7 +42,7 @@ def resolve_run(store: ResultStore, text: str) -> str:
     if len(matches) == 1:
         return matches[0]
     status = {r["run_id"]: r.get("status") for r in store.runs()}
-    recent = ", ".join(f"{r} ({status[r]})" for r in runs[-5:]) or "none"
+    recent = ", ".join(f"{r} ({status[r]})" for r in reversed(runs[-5:])) or "none"  # the newest first
     if matches:
         raise UserError(f"run id {text!r} is ambiguous in {store.path}: {', '.join(matches[:5])}")
     raise UserError(f"no run {text!r} in {store.path}; most recent: {recent}")
@@ -110,6 +110,8 @@ def plot(
         folder = store.path.parent / "plots"
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
+    if (why := plots.one_value(rows, x)) is not None:
+        raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     written = []
     for item in ys:
         if output is None:
@@ -131,7 +133,8 @@ def plot(
 
 
 def report(
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="HTML file to write (default: report-RUN.html beside the store).")] = None,
     run: Runs = None,
     db: common.Db = None,
 ) -> None:
@@ -141,6 +144,9 @@ def report(
     with open_store(db) as store:
         run_ids = resolve_runs(store, run)
         text = html.build(store, run_ids)
+        if output is None:  # beside the store, as plots are, not into whatever folder the command ran in
+            more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
+            output = store.path.parent / f"report-{run_ids[0]}{more}.html"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text, encoding="utf-8")
     common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",

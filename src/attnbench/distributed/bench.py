@@ -38,6 +38,7 @@ from attnbench.distributed import layout as lay
 from attnbench.distributed import peers, timeline
 from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
+from attnbench.distributed.names import canonical
 from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
 from attnbench.distributed.ring import ring_attention
 from attnbench.distributed.ulysses import check_heads, ulysses_attention
@@ -140,13 +141,13 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
         if name.startswith("rfa"):
             return _peer(name, peers.ring_flash_attn, layout, zigzag=layout == "zigzag", causal=causal, scale=scale,
                          device=ctx.device)
-        kernel = get_kernel(kernel_name)
+        kernel = get_kernel(kernel_name, ctx.device)
         fn = _wrap(ring_attention, kernel=kernel, causal=causal, scale=scale, layout=layout, comm=comm)
         return Method(name=name, fn=fn, layout=layout, info={"ring_comm": comm})
     if name == "ulysses":
         check_heads(spec.heads_q, spec.heads_kv, ctx.world)
         lay.check_seq_len(seq, "contiguous", ctx.world, what="ulysses: world size")
-        fn = _wrap(ulysses_attention, kernel=get_kernel(kernel_name), causal=causal, scale=scale)
+        fn = _wrap(ulysses_attention, kernel=get_kernel(kernel_name, ctx.device), causal=causal, scale=scale)
         return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1)
     if name in ("usp", "yunchang"):
         u = ulysses_degree or _default_ulysses(ctx.world, spec)
@@ -157,7 +158,8 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
             return _peer(name, peers.yunchang_usp, layout, u, ulysses_degree=u, causal=causal, scale=scale,
                          device=ctx.device)
         mesh = make_mesh(u)
-        fn = _wrap(usp_attention, kernel=get_kernel(kernel_name), causal=causal, scale=scale, mesh=mesh, comm=comm)
+        fn = _wrap(usp_attention, kernel=get_kernel(kernel_name, ctx.device), causal=causal, scale=scale, mesh=mesh,
+                   comm=comm)
         return Method(name=name, fn=fn, layout=layout, ulysses_degree=u,
                       info={"ulysses_degree": u, "ring_degree": mesh.ring_degree, "ring_comm": comm})
     if name == "torch-cp":
@@ -195,7 +197,7 @@ def _default_ulysses(world: int, spec: AttnSpec) -> int:
 
 def kernel_for(name: str, spec: AttnSpec, device: torch.device) -> LocalKernel:
     """The local kernel, refused (KernelUnavailable) if it cannot run this dtype on this device."""
-    kernel = get_kernel(name)
+    kernel = get_kernel(name, device)
     reason = kernel.reason(device, spec.dtype)
     if reason:
         raise KernelUnavailable(reason)
@@ -321,6 +323,7 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
 
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
     (``timeline.py``); every rank's phases go to ``info["timeline"]``."""
+    kernel_name = canonical(kernel_name)
     result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
     peer = method_name in OWN_KERNEL
     try:

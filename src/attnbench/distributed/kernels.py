@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.distributed import timeline
+from attnbench.distributed.names import KERNELS, canonical
 
 Fwd = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 Bwd = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -36,6 +37,7 @@ Bwd = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 NO_LSE = {
     "sdpa": "torch.nn.functional.scaled_dot_product_attention returns only the output, not the log-sum-exp",
     "naive": "the naive backend returns only the output, not the log-sum-exp",
+    "naive-scale-scores": "the naive backend returns only the output, not the log-sum-exp",
     "sage": "SageAttention is forward-only and returns no log-sum-exp",
 }
 
@@ -49,7 +51,7 @@ class LocalKernel:
     """One local kernel behind the fwd/bwd interface of this module."""
 
     name: str
-    """Name used on the command line (flash, efficient, cudnn, cpu-flash, math, fa2, fa3, fa4)."""
+    """Name used on the command line (``KERNELS``: the backends' own names)."""
     fwd: Fwd
     """(q, k, v, causal, scale) -> (out bshd, lse (B, H, S) fp32)."""
     bwd: Bwd
@@ -312,36 +314,42 @@ def _fa4_kernel() -> LocalKernel:
     return LocalKernel(name="fa4", fwd=fwd, bwd=bwd, description="flash_attn.cute (FA4, CuTe DSL)")
 
 
-# ---- registry -----------------------------------------------------------------------------------
-KERNELS = ("flash", "efficient", "cudnn", "cpu-flash", "math", "fa2", "fa3", "fa4")
+# ---- registry ----------------------------------------------------------------------------------
 ALL_DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
 
-def get_kernel(name: str) -> LocalKernel:
-    """The kernel called ``name``; KernelUnavailable with the reason if it cannot be built or has no LSE."""
+def get_kernel(name: str, device: str | torch.device = "cuda") -> LocalKernel:
+    """The kernel called ``name`` for ``device`` (``sdpa-flash`` is aten's CPU flash op on a CPU); KernelUnavailable
+    with the reason if it cannot be built or returns no LSE."""
+    name = canonical(name)
     if name in NO_LSE:
         raise KernelUnavailable(f"kernel {name} cannot be used for context parallelism: {NO_LSE[name]}, "
                                 "which ring merging needs; use one of " + ", ".join(KERNELS))
-    if name == "math":
-        return LocalKernel(name="math", fwd=math_fwd, bwd=math_bwd, devices=("cpu", "cuda"), dtypes=ALL_DTYPES,
+    if name == "sdpa-math":
+        return LocalKernel(name=name, fwd=math_fwd, bwd=math_bwd, devices=("cpu", "cuda"), dtypes=ALL_DTYPES,
                            description="exact matmul/softmax in fp32 (fp64 for fp64), full score matrix")
-    if name == "cpu-flash":
+    if name == "sdpa-flash" and torch.device(device).type == "cpu":
         fwd, bwd = with_gqa(cpu_flash_fwd, cpu_flash_bwd)
         return LocalKernel(name=name, fwd=fwd, bwd=bwd, devices=("cpu",), dtypes=ALL_DTYPES,
                            description="aten._scaled_dot_product_flash_attention_for_cpu")
-    if name in ("flash", "efficient", "cudnn"):
+    if name in ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn"):
+        op = name.removeprefix("sdpa-")
         ops = _AtenCuda()
-        fwd, bwd = with_gqa(getattr(ops, f"{name}_fwd"), getattr(ops, f"{name}_bwd"))
-        dtypes = ("fp16", "bf16", "fp32") if name == "efficient" else ("fp16", "bf16")
+        fwd, bwd = with_gqa(getattr(ops, f"{op}_fwd"), getattr(ops, f"{op}_bwd"))
+        dtypes = ("fp16", "bf16", "fp32") if op == "efficient" else ("fp16", "bf16")
         return LocalKernel(name=name, fwd=fwd, bwd=bwd, dtypes=dtypes,
-                           description=f"aten._scaled_dot_product_{name}_attention (+ backward)")
+                           description=f"aten._scaled_dot_product_{op}_attention (+ backward)")
     if name == "fa2":
         return _fa2_kernel()
     if name == "fa3":
         return _fa3_kernel()
     if name == "fa4":
         return _fa4_kernel()
-    raise KernelUnavailable(f"unknown kernel {name!r}; known: {', '.join(KERNELS)}")
+    from attnbench.backends import registry
+    if name in registry.names():
+        raise KernelUnavailable(f"backend {name} is no local kernel for context parallelism: ring merging needs the "
+                                f"log-sum-exp, which attnbench does not take from it; use one of {', '.join(KERNELS)}")
+    raise KernelUnavailable(f"unknown --kernel {name!r}; the local kernels: {', '.join(KERNELS)}")
 
 
 class LocalAttention(torch.autograd.Function):

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from attnbench.distributed.names import canonical
 from attnbench.metrics import PASS_FLOP_FACTOR
 
 
@@ -101,7 +102,7 @@ class KernelCurves:
             p = Problem(int(r["batch"]), int(r["seq_len"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]),
                         bool(int(r["causal"])), r["pass"])
             flops = p.flops()
-            self.points.setdefault((r["kernel"], r["pass"], p.causal), []).append(
+            self.points.setdefault((canonical(r["kernel"]), r["pass"], p.causal), []).append(
                 (flops, flops / (float(r["median_ms"]) * 1e-3)))
         for pts in self.points.values():
             pts.sort()
@@ -260,6 +261,7 @@ def read_measured(path: str | Path) -> list[Measured]:
             if r.get("status") != "ok" or not backend.startswith("cp-") or ":" not in backend:
                 continue
             method, kernel = backend[3:].split(":", 1)
+            kernel = canonical(kernel)  # stored measurements may name kernels as dist did before (cudnn)
             n = int(json.loads(r.get("info") or "{}").get("world_size", 1))
             if n < 2 or method not in Model.METHODS:
                 continue

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-efficient": "EFFICIENT_ATTENTION",
+                 "sdpa-cudnn": "CUDNN_ATTENTION"}
 
 
 class PeerUnavailable(RuntimeError):
@@ -44,7 +45,7 @@ def torch_cp(*, kernel_name: str, causal: bool, scale: float, seq_len: int, devi
     """(fn, context factory, info) for torch's native CP with the SDPA kernel ``kernel_name``."""
     _need_cuda(device, "torch native context parallel (torch-cp)")
     if kernel_name not in SDPA_BACKENDS:
-        raise PeerUnavailable(f"torch-cp dispatches the SDPA flash/efficient/cudnn ops only, not kernel {kernel_name}")
+        raise PeerUnavailable(f"torch-cp dispatches {', '.join(SDPA_BACKENDS)} only, not kernel {kernel_name}")
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.experimental import context_parallel

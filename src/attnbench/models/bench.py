@@ -11,6 +11,7 @@ the model's (most frequent) attention call, ``median_ms`` the step, and ``info["
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from attnbench.models import dit, llama
 from attnbench.models.swap import AttnSwap, nvtx_range
 from attnbench.results.record import Record
 from attnbench.spec import DTYPES, AttnSpec
-from attnbench.timing import summarize
+from attnbench.timing import cpu_load, summarize
 
 log = logging.getLogger(__name__)
 
@@ -187,27 +188,59 @@ def profile_step(step, device: torch.device) -> dict:
     return tally_kernels(device_kernels(prof.events()))
 
 
-def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> tuple[list[float], torch.Tensor]:
+@dataclass
+class Steps:
+    """The timed steps of one backend: per step, its time and the attention inside it (ms)."""
+
+    total_ms: list[float]
+    attn_fwd_ms: list[float]
+    attn_bwd_ms: list[float]
+    first: torch.Tensor | None
+    """The first timed step's output."""
+    cpu: dict | None = None
+    """CPU runs: ``cpu_load.Preemptions.info`` of the steps (threads, preempted steps, waits, busy)."""
+
+    def median_step(self) -> dict:
+        """Medians over the steps: the step, its attention (forward, backward, both) and the attention's share
+        of its own step, which cannot exceed 1 (a mean attention over a median step reached 133% on a busy CPU)."""
+        attn = [f + b for f, b in zip(self.attn_fwd_ms, self.attn_bwd_ms)]
+        shares = [a / t for a, t in zip(attn, self.total_ms) if t > 0]
+        med = statistics.median
+        return {"total_ms": med(self.total_ms), "attn_ms": med(attn), "attn_fwd_ms": med(self.attn_fwd_ms),
+                "attn_bwd_ms": med(self.attn_bwd_ms), "attn_share": med(shares) if shares else None}
+
+
+def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> Steps:
     cuda = device.type == "cuda"
-    samples, first = [], None
+    out = Steps(total_ms=[], attn_fwd_ms=[], attn_bwd_ms=[], first=None)
+    watch = None if cuda else cpu_load.Preemptions()
     swap.reset()
+    seen = (0.0, 0.0)
     for i in range(steps):
         with nvtx_range(f"step{i}", cuda and swap.nvtx_wanted):
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                out = step()
+                result = step()
                 end.record()
                 torch.cuda.synchronize(device)
-                samples.append(start.elapsed_time(end))
+                out.total_ms.append(start.elapsed_time(end))
             else:
+                before = watch.before()
                 t0 = time.perf_counter()
-                out = step()
-                samples.append((time.perf_counter() - t0) * 1e3)
-        if first is None:
-            first = out
-        del out
-    return samples, first
+                result = step()
+                out.total_ms.append((time.perf_counter() - t0) * 1e3)
+                watch.after(before)
+        fwd, bwd = swap.attention_ms()  # since the reset: this step's share is the difference
+        out.attn_fwd_ms.append(fwd - seen[0])
+        out.attn_bwd_ms.append(bwd - seen[1])
+        seen = (fwd, bwd)
+        if out.first is None:
+            out.first = result
+        del result
+    if watch is not None:
+        out.cpu = watch.info(sum(out.total_ms))
+    return out
 
 
 def run_e2e(cfg: E2EConfig, *, run_id: str, env_id: str | None = None,
@@ -242,8 +275,7 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
         with swap:
             for _ in range(cfg.warmup):
                 work.step()
-            samples, out = _time_steps(work.step, cfg.steps, device, swap)
-            fwd_ms, bwd_ms = swap.attention_ms()
+            timed = _time_steps(work.step, cfg.steps, device, swap)
         if cfg.kernel_counts:  # its own swap: the profiled step must not add to the counted calls
             with AttnSwap(name, timed=False):
                 e2e["kernel_counts"] = profile_step(work.step, device)
@@ -256,21 +288,20 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
         log.debug("e2e backend %s failed", name, exc_info=True)
         reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:400]}"
         return Record(spec=_spec(swap, pass_), status="error", reason=reason, info={"e2e": e2e}, **base), None
+    samples, out = timed.total_ms, timed.first
     stats = summarize(samples)
     total = stats["median_ms"]
-    attn_ms = (fwd_ms + bwd_ms) / cfg.steps
     calls = swap.calls / cfg.steps
     spec = _spec(swap, pass_)
     attn_flop = sum(metrics.flops(s, pass_) * n for s, n in swap.shapes.items()) / cfg.steps
-    e2e.update(total_ms=total, attn_ms=attn_ms, attn_fwd_ms=fwd_ms / cfg.steps, attn_bwd_ms=bwd_ms / cfg.steps,
-               attn_share=attn_ms / total if total else None, calls=calls, expected_calls=work.expected_calls,
-               unrouted=swap.unrouted / cfg.steps, functional=swap.how,
-               attn_tflops=metrics.tflops_per_s(attn_flop, attn_ms), shapes=len(swap.shapes))
+    e2e.update(timed.median_step(), calls=calls, expected_calls=work.expected_calls,
+               unrouted=swap.unrouted / cfg.steps, functional=swap.how, shapes=len(swap.shapes))
+    e2e["attn_tflops"] = metrics.tflops_per_s(attn_flop, e2e["attn_ms"]) if e2e["attn_ms"] else None
     status, reason = "ok", None
     if swap.unrouted or calls != work.expected_calls:
         status, reason = "error", (f"{swap.unrouted / cfg.steps:g} attention calls per step bypassed the swap; "
                                    f"{calls:g} routed of {work.expected_calls} expected")
-    info = swap.backend.base_info() | {"e2e": e2e}
+    info = swap.backend.base_info() | {"e2e": e2e} | ({"cpu": timed.cpu} if timed.cpu else {})
     nan = not bool(torch.isfinite(out).all())
     if nan:
         status, reason = "nan", "non-finite values in the model output"

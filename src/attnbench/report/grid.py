@@ -4,7 +4,8 @@ limit (pass below 1), a mark where the check failed; the cases named in a short 
 from __future__ import annotations
 
 from attnbench.accuracy.tolerance import worst_ratio
-from attnbench.report.summary import axes, listed, reason_groups
+from attnbench.report.footnotes import listed, reason_groups
+from attnbench.report.summary import axes
 from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
 
 FAIL = "✗"

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 PLOT_Y = ("tflops", "ms", "mem")
 """Metrics drawn in reports (GB/s is in the tables; `attnbench plot --y gbps` draws it)."""
-PLOT_DPI = 80
+PLOT_FORMAT = "svg"
+"""Figures are SVG, drawn the width of the page: sharp at any width and smaller than PNGs as sharp (the H100
+default sweep's nine figures: 1.1 MB of SVG, 1.7 MB of PNG at 135 dpi)."""
 BASELINES = ("naive", "sdpa-math", "sdpa-flash")
 PIVOT_WIDTH = 150
 """Characters the report's pivots are laid out for (a page holds more columns than a terminal)."""
@@ -38,7 +40,7 @@ table.pivot{font-size:12px}table.pivot td,table.pivot th{padding:1px 5px}.best{c
 table[data-sortable] th{cursor:pointer}table[data-sortable] th:hover{background:#dde5ef}
 .ok,.pass,.approx-pass{color:#17702a}.unsupported,.muted{color:#777}.oom,.unchecked,.dropped{color:#9a6700}
 .error,.nan,.mismatch,.implausible,.fail,.approx-fail{color:#b3261e;font-weight:bold}
-.plots{display:flex;flex-wrap:wrap;gap:12px}figure{margin:6px 0 14px}img{max-width:100%;border:1px solid #e2e2e2}
+.plots figure{margin:6px 0 18px}.plots img{width:100%;height:auto;border:1px solid #e2e2e2}
 .lead{font-size:15px;margin:4px 0 10px}.notes{font-size:13px;color:#444;margin-top:0}
 input.filter{margin:6px 0;padding:4px 8px;width:28em;font-size:13px}details>summary{cursor:pointer;font-weight:bold}
 """
@@ -60,23 +62,29 @@ document.querySelectorAll('input.filter').forEach(function(box){
 
 
 def figures(rows: list[dict], context: str) -> list[str]:
-    """<figure> elements with base64 PNG plots: per varying x axis and metric, one figure per set of
-    backends (exact kernels, approximate ones, API forms), each with a readable number of lines."""
+    """<figure> elements with SVG plots: per varying x axis and metric, one figure per set of backends
+    (exact kernels, approximate ones, API forms), each with a readable number of lines."""
     out = []
     for x in plots.plot_axes(rows):
         for y in PLOT_Y:
             for name, subset in plots.backend_sets(rows):
                 title = f"{plots.Y_AXES[y][1]} vs {plots.X_AXES[x][1]}: {name}\n{context}"
                 try:
-                    png = plots.render(subset, x, y, "png", dpi=PLOT_DPI, title=title)
+                    image = plots.render(subset, x, y, PLOT_FORMAT, title=title)
                 except ValueError as exc:  # e.g. no memory numbers on CPU: the table shows n/a
                     log.debug("no %s vs %s plot: %s", y, x, exc)
                     continue
-                data = base64.b64encode(png).decode("ascii")
+                data = base64.b64encode(image).decode("ascii")
                 caption = escape(f"{plots.Y_AXES[y][1]} vs {plots.X_AXES[x][1]}: {name}")
-                out.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+                out.append(f'<figure><img alt="{caption}" src="data:image/svg+xml;base64,{data}">'
                            f"<figcaption>{caption}</figcaption></figure>")
     return out
+
+
+def timed_once(rows: list[dict]) -> bool:
+    """Every timed record holds one call (``verify``'s default): nothing a figure should draw a line through."""
+    drawn = [r for r in rows if r.get("status") in plots.DRAWN_STATUSES]
+    return bool(drawn) and all((r.get("n") or 0) <= 1 for r in drawn)
 
 
 def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
@@ -91,19 +99,24 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
     answer = summary.build(records, device=device, width=PIVOT_WIDTH)
-    parts += [f'<p class="lead">{ht.verdict_line(records)}</p>',
-              "<h3>Fastest kernel per shape (TFLOP/s)</h3>", ht.pivot_html(answer),
-              "<h3>Is it correct?</h3>", ht.correctness(records)]
-    present = {r.backend for r in records if r.status == "ok"}
-    base = next((b for b in BASELINES if b in present), None)
-    if base:
-        parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
-                  ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,
-                                              width=PIVOT_WIDTH))]
+    parts.append(f'<p class="lead">{ht.verdict_line(records)}</p>')
     context = " · ".join(x for x in (answer.shape, (env or {}).get("device_name")) if x)
-    figs = figures(rows, context)
-    parts += ["<h3>Figures</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs else
-              f'<p class="muted">{escape(plots.why_no_plot(rows))}</p>']
+    if timed_once(rows):  # verify's single cold call per case: no speed to compare, no line to draw
+        parts += ["<h3>Is it correct?</h3>", ht.correctness(records), "<h3>Speed</h3>",
+                  '<p class="muted">Every case was timed once (as verify does, to check it): no speeds or figures; '
+                  "attnbench run times them.</p>"]
+    else:
+        parts += [f"<h3>Fastest kernel per shape ({escape(answer.unit)})</h3>", ht.pivot_html(answer),
+                  "<h3>Is it correct?</h3>", ht.correctness(records)]
+        present = {r.backend for r in records if r.status == "ok"}
+        base = next((b for b in BASELINES if b in present), None)
+        if base:
+            parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
+                      ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,
+                                                  width=PIVOT_WIDTH))]
+        figs = figures(rows, context)
+        parts += ["<h3>Figures</h3>", f'<div class="plots">{"".join(figs)}</div>' if figs else
+                  f'<p class="muted">{escape(plots.why_no_plot(rows))}</p>']
     parts += ["<h3>What did not run</h3>", ht.not_run(records),
               "<details><summary>Accuracy of every checked case</summary>", ht.accuracy_numbers(records), "</details>",
               "<details><summary>Every record</summary>", ht.records_html(records), "</details>",

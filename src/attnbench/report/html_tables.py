@@ -10,7 +10,7 @@ import math
 from collections import Counter, defaultdict
 from html import escape
 
-from attnbench.report import grid, summary
+from attnbench.report import footnotes, grid, summary
 from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, verdict_of
 
 
@@ -123,7 +123,7 @@ def verdict_line(records: list[Record]) -> Raw:
 
 def not_run(records: list[Record]) -> str:
     """Cases without a result, grouped by status and reason, with counts and the backends concerned."""
-    groups = summary.reason_groups([r for r in records if r.status not in ("ok", "mismatch")])
+    groups = footnotes.reason_groups([r for r in records if r.status not in ("ok", "mismatch")])
     if not groups:
         return '<p class="muted">Every case ran.</p>'
     rows = [[span(status, status), n, reason, ", ".join(backends)] for status, reason, n, backends in groups]

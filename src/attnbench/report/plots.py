@@ -14,7 +14,8 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-from attnbench.results.record import exact_of, verdict_of
+from attnbench.report import styles
+from attnbench.results.record import busy_of, exact_of, verdict_of
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,18 @@ LEGEND_COLUMN_INCHES = 2.2
 # Columns that, when they vary beyond the x axis, split a backend's points into several lines.
 # Columns that may change along each x axis without making a new line (see _series_columns).
 ALONG_X: dict[str, set[str]] = {
-    "seq_len": {"seq_len_k", "num_seqs"}, "kv_seq_len": {"seq_len", "num_seqs"},
+    "seq_len": {"seq_len_k"}, "kv_seq_len": {"seq_len"},
     "num_seqs": {"seq_len", "seq_len_k"},
     "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
     "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(), "kept": set(),
 }
-# In order of preference when naming lines.
-SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "batch": "b{}", "heads_q": "h{}",
-                  "head_dim": "d{}", "dtype": "{}", "heads_kv": "kv{}", "head_dim_v": "dv{}", "emb_dim": "e{}",
-                  "seq_len_k": "sk{}", "window": "win{}", "timing_mode": "{}", "flops_convention": "{}"}
+# In order of preference when naming lines; the parts read as the tables write a case (h16/4, keys 4096).
+SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "_keys": "{}", "batch": "b{}",
+                  "heads_q": "h{}", "head_dim": "d{}", "dtype": "{}", "heads_kv": "h{heads_q}/{}",
+                  "head_dim_v": "d{head_dim}/{}", "emb_dim": "e{}", "seq_len_k": "keys {}",
+                  "window": "window {}", "timing_mode": "{}", "flops_convention": "{}"}
+SPLIT_TOGETHER = {"heads_kv": "heads_q", "head_dim_v": "head_dim"}
+"""A part that names its partner's value too: the partner is not named again."""
 
 
 def sparsity(row: dict) -> float | None:
@@ -103,6 +107,8 @@ DRAWN_STATUSES = ("ok", "mismatch")
 """Records with a time to draw: a mismatch keeps its time and is drawn marked as failed, never dropped."""
 VERDICT_MARKS = {"fail": " [failed check]", "approx-fail": " [failed check]", "unchecked": " [unchecked]"}
 """Suffix that gives failed and unchecked points lines of their own, never mixed with checked ones."""
+BUSY_MARK = " [busy CPU]"
+"""Points timed while other processes took the CPU: a line of their own too."""
 
 
 def points(rows: list[dict], x: str, y: str) -> list[dict]:
@@ -110,7 +116,8 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
 
     Raises ValueError saying why when nothing can be drawn."""
     check_axes(x, y)
-    ok = [dict(r, _mark=VERDICT_MARKS.get(verdict_of(r["status"], r.get("accuracy")), ""))
+    ok = [dict(r, _mark=VERDICT_MARKS.get(verdict_of(r["status"], r.get("accuracy")), "")
+               + (BUSY_MARK if busy_of(r.get("info")) else ""))
           for r in rows if r.get("status") in DRAWN_STATUSES]
     if not ok:
         raise ValueError("no timed (status ok or mismatch) records to plot")
@@ -121,11 +128,27 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
                "kept": " (only sliding-tile-mask (STA) cases record one)"}.get(x, "")
         raise ValueError(f"no record has a value for --x {x}{why}")
     out = [dict(r, _y=y_value(r, y)) for r in with_x]
-    out = [r for r in out if r["_y"] is not None]
+    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r)) for r in out if r["_y"] is not None]
     if not out:
         why = " (peak memory is not measured on CPU)" if y == "mem" else ""
         raise ValueError(f"no record has a value for --y {y}{why}")
     return out
+
+
+def _keys(row: dict) -> str:
+    """Whether the case's keys are as long as its queries: cases with other keys are another line."""
+    keys = row.get("seq_len_k")
+    return "keys=queries" if keys is None or keys == row.get("seq_len") else "keys≠queries"
+
+
+def _spread(row: dict, y: str, value: float) -> dict:
+    """``_lo``, ``_hi``: the 95% CI of the median (info["median_ci95_ms"]) in the units of ``y``, where known."""
+    ci, median = _info(row).get("median_ci95_ms"), row.get("median_ms")
+    if not ci or not median or y == "mem" or not all(c and c > 0 for c in ci):
+        return {}
+    if y == "ms":
+        return {"_lo": ci[0], "_hi": ci[1]}
+    return {"_lo": value * median / ci[1], "_hi": value * median / ci[0]}  # rates: the inverse of the time
 
 
 def _series_columns(pts: list[dict], x: str) -> list[str]:
@@ -136,6 +159,8 @@ def _series_columns(pts: list[dict], x: str) -> list[str]:
     as it varies. A column is kept only when it separates points the columns kept before it do not (so
     heads_kv is not named when it always equals heads_q)."""
     along = ALONG_X[x] | {X_AXES[x][0], "run_id"}
+    if x != "seq_len":  # key lengths against queries matter only along the query length
+        along.add("_keys")
     kept: list[str] = []
 
     def groups(cols: list[str], at_x: bool) -> int:
@@ -152,8 +177,19 @@ def _series_columns(pts: list[dict], x: str) -> list[str]:
 
 
 def series_label(p: dict, extra: list[str]) -> str:
-    parts = [p["backend"]] + [SERIES_COLUMNS[c].format(p.get(c)) for c in extra]
+    partners = {SPLIT_TOGETHER[c] for c in extra if c in SPLIT_TOGETHER}
+    parts = [p["backend"]] + [SERIES_COLUMNS[c].format(p.get(c), **p) for c in extra if c not in partners]
     return " ".join(parts) + p.get("_mark", "")
+
+
+def bands(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple[float, float, float]]]]:
+    """Like ``panels``: the CI of each point as (x, low, high), for the series whose points all have one."""
+    extra = _series_columns(pts, x)
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for p in pts:
+        out[(int(p["causal"]), p["pass"])][series_label(p, extra)].append((p["_x"], p.get("_lo"), p.get("_hi")))
+    return {k: {label: sorted(v) for label, v in series.items() if all(lo is not None for _, lo, _ in v)}
+            for k, series in out.items()}
 
 
 def panels(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple[float, float]]]]:
@@ -185,44 +221,8 @@ def _style_x(ax, x: str, xs: list[float]) -> None:
         ax.xaxis.set_minor_locator(NullLocator())  # x only: a log y axis may need its minor ticks
 
 
-FAMILY_COLOURS = {"naive": "#7f7f7f", "sdpa": "#1f77b4", "flex": "#9467bd", "fa2": "#ff7f0e", "fa3": "#d62728",
-                  "fa4": "#8c564b", "xformers": "#17becf", "flashinfer": "#2ca02c", "sage": "#bcbd22",
-                  "sage2": "#e377c2", "sparge": "#6b6ecf", "cp": "#393b79", "sta": "#637939"}
-"""One colour per backend family (the name up to its first '-'), the same in every figure."""
-OTHER_COLOURS = ("#8c6d31", "#843c39", "#637939", "#7b4173", "#3182bd", "#e6550d")
 MAX_LINES = 9
 """Most lines in one panel; more are split evenly over further figures."""
-
-
-def family(backend: str) -> str:
-    return backend.split("-", 1)[0]
-
-
-def _colour(fam: str) -> str:
-    if fam in FAMILY_COLOURS:
-        return FAMILY_COLOURS[fam]
-    return OTHER_COLOURS[sum(map(ord, fam)) % len(OTHER_COLOURS)]
-
-
-def _styles(labels: list[str]) -> dict[str, dict]:
-    """Colour per backend family; line style and marker per member of the family and per variant of a
-    line (another batch, dtype, ...), so every line of a figure looks different."""
-    backends = list(dict.fromkeys(label.split(" ", 1)[0] for label in labels))
-    members: dict[str, list[str]] = {}
-    for b in backends:
-        members.setdefault(family(b), []).append(b)
-    variants = list(dict.fromkeys(label.partition(" ")[2] for label in labels))
-    markers, dashes = "osD^v<>ph*", ("-", "--", ":", "-.")
-    out = {}
-    for label in labels:
-        b = label.split(" ", 1)[0]
-        k = members[family(b)].index(b)
-        v = variants.index(label.partition(" ")[2])
-        approx = "≈" in label
-        out[label] = {"color": _colour(family(b)), "marker": markers[(k + v) % len(markers)],
-                      "linestyle": ":" if approx else dashes[(k + v) % len(dashes)],
-                      "markerfacecolor": "white" if approx else None}
-    return out
 
 
 def plot_axes(rows: list[dict]) -> list[str]:
@@ -239,6 +239,16 @@ def plot_axes(rows: list[dict]) -> list[str]:
         out.append(x)
         seen.append(values)
     return out
+
+
+def one_value(rows: list[dict], x: str) -> str | None:
+    """Why ``x`` is no axis to draw against when every timed record has the same value on it (each line would
+    be a single point), naming the axes the records do vary; None when it takes several values."""
+    values = {x_value(r, x) for r in rows if r.get("status") in DRAWN_STATUSES} - {None}
+    if len(values) != 1:
+        return None
+    others = ", ".join(plot_axes(rows)) or "none"
+    return f"--x {x} takes one value here ({_tick_label(next(iter(values)))}): no line to draw; axes that vary: {others}"
 
 
 def why_no_plot(rows: list[dict]) -> str:
@@ -279,26 +289,33 @@ def backend_sets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
     return out
 
 
+MIN_WIDTH = 10.0
+"""Inches of the narrowest figure: a report shows it the width of the page."""
+BAND_ALPHA = 0.18
+SPREAD_NOTE = "shaded: 95% CI of the median"
+
+
 def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool | None = None):
     """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn.
-    ``logy`` None: a log axis for times, which span decades over a sweep (fast kernels would sit on zero)."""
+    ``logy`` None: a log axis for times, which span decades over a sweep (fast kernels would sit on zero).
+    Each point's 95% CI of the median is a band around its line, where the records hold one."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import LogFormatterSciNotation
 
     if logy is None:
         logy = y == "ms"
     pts = points(rows, x, y)
-    data = panels(pts, x)
+    data, spread = panels(pts, x), bands(pts, x)
     causals = sorted({c for c, _ in data})
     passes = [p for p in PASS_ORDER if any(k[1] == p for k in data)] + \
         sorted({p for _, p in data} - set(PASS_ORDER))
     labels = sorted({label for series in data.values() for label in series})
-    style = _styles(labels)
-    width = max(4.4 * len(passes) + 1.0, 7.5)
+    style = styles.styles(labels)
+    width = max(4.4 * len(passes) + 1.0, MIN_WIDTH)
     label_inches = max(LEGEND_COLUMN_INCHES, 0.4 + 0.075 * max(len(label) for label in labels))
     columns = max(1, min(LEGEND_COLUMNS, int(width // label_inches)))
-    legend_rows = -(-len(labels) // columns)
+    shaded = any(spread.values())
+    legend_rows = -(-len(labels) // columns) + shaded  # and a line saying what the shading is
     title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
                       (title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}").splitlines())
     title_lines = title.count("\n") + 1
@@ -307,35 +324,48 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     FigureCanvasAgg(fig)
     # Fixed margins in inches (a layout engine costs a second full draw of every figure).
     fig.subplots_adjust(left=1.0 / width, right=1 - 0.25 / width, top=1 - (0.6 + 0.2 * (title_lines - 1)) / height,
-                        bottom=(0.55 + 0.22 * legend_rows) / height, wspace=0.28, hspace=0.3)
+                        bottom=(0.55 + 0.22 * legend_rows) / height, wspace=0.2, hspace=0.3)
     axes = fig.subplots(len(causals), len(passes), squeeze=False, sharex=True)
     for i, causal in enumerate(causals):
         for j, pass_ in enumerate(passes):
             ax = axes[i][j]
-            series = data.get((causal, pass_), {})
-            for label, xy in sorted(series.items()):
-                ax.plot([a for a, _ in xy], [b for _, b in xy], ms=4, label=label, **style[label])
+            _draw_panel(ax, data.get((causal, pass_), {}), spread.get((causal, pass_), {}), style, x, logy)
             ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}", fontsize=10)
-            ax.grid(True, which="major", alpha=0.3)
-            if logy:
-                ax.set_yscale("log")
-                # Within one decade a log axis has no major tick: label the minor ones instead.
-                ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-            else:  # tiny (CPU) or huge values: 1.2e-4 style with the power on top, not 0.000120
-                ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
             if i == len(causals) - 1:
                 ax.set_xlabel(X_AXES[x][1])
             if j == 0:
                 ax.set_ylabel(Y_AXES[y][1])
-            if series:
-                _style_x(ax, x, [a for xy in series.values() for a, _ in xy])
-            else:
-                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), columns),
-               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01))
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01 + shaded * 0.22 / height))
+    if shaded:
+        fig.text(0.5, 0.01, SPREAD_NOTE, ha="center", va="bottom", fontsize=8, color="#555555")
     fig.suptitle(title, fontsize=11, y=1 - 0.12 / height, va="top")
     return fig
+
+
+def _draw_panel(ax, series: dict, spread: dict, style: dict, x: str, logy: bool) -> None:
+    """One (causal, pass) panel: a line per series, its CI as a band, readable ticks."""
+    if not series:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+        return
+    values = []
+    for label, xy in sorted(series.items()):
+        ax.plot([a for a, _ in xy], [b for _, b in xy], ms=4, label=label, **style[label])
+        values += [b for _, b in xy]
+        if label in spread:
+            band = spread[label]
+            ax.fill_between([a for a, _, _ in band], [lo for _, lo, _ in band], [hi for _, _, hi in band],
+                            color=style[label]["color"], alpha=BAND_ALPHA, linewidth=0)
+    ax.grid(True, which="major", alpha=0.3)
+    if logy:
+        ax.set_yscale("log")
+        positive = [v for v in values if v > 0]
+        if positive:
+            styles.log_ticks(ax, min(positive), max(positive))
+    else:  # tiny (CPU) or huge values: 1.2e-4 style with the power on top, not 0.000120
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 5))
+    _style_x(ax, x, [a for xy in series.values() for a, _ in xy])
 
 
 def render(rows: list[dict], x: str, y: str, fmt: str = "png", dpi: int = 110, **kwargs) -> bytes:

@@ -19,7 +19,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, exact_of, verdict_of
+from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
+from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 from attnbench.variants import alibi_label
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
@@ -27,7 +28,7 @@ API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
 """Name suffixes of another entry point to the same kernel: such columns may share their kernel's column."""
 CELL = 6  # characters of a cell (value and marks)
 HEADER_MAX = 10  # a column widens up to this for its title's parts ("flashinfer", "kvcache")
-BEST, DROP, FAILED = "*", "↓", "!"
+BEST, DROP, FAILED, BUSY = "*", "↓", "!", "?"
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
                "implausible": "imp"}
 
@@ -78,6 +79,10 @@ class Cell:
     text: str
     value: float | None = None
     best: bool = False
+    busy: bool = False
+    """Timed while other processes kept the CPU busy (``BUSY``): its time is an upper bound."""
+    record: Record | None = field(default=None, repr=False, compare=False)
+    """The record shown (the best of a shared column's), for counting what the marks stand for."""
 
 
 @dataclass
@@ -112,16 +117,30 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     approx: list[str] = field(default_factory=list)
     """The approximate backends (their columns, when they have their own)."""
+    unit: str = "TF/s"
+    """The cells' unit (GF/s for a CPU run's rates, x vs NAME for speedups)."""
 
 
-def _value(r: Record, metric: str, base: Record | None) -> float | None:
+def _value(r: Record, metric: str, base: Record | None, scale: float = 1.0) -> float | None:
     if r.status != "ok":
         return None
     if metric == "speedup":
         if base is None or base.status != "ok" or not base.median_ms or not r.median_ms:
             return None
         return base.median_ms / r.median_ms
-    return {"tflops": r.tflops, "ms": r.median_ms, "gbps": r.gbps}[metric]
+    value = {"tflops": r.tflops, "ms": r.median_ms, "gbps": r.gbps}[metric]
+    return None if value is None else value * scale
+
+
+def unit_of(records: list[Record], metric: str) -> tuple[str, float]:
+    """The cells' unit and its factor from the stored one: GF/s where every rate is under 1 TF/s (CPU runs),
+    so a cell's four characters hold three significant digits and two kernels 60% apart never both read
+    0.02; the metric's own unit otherwise."""
+    if metric == "tflops":
+        rates = [r.tflops for r in records if r.status == "ok" and r.tflops is not None]
+        if rates and max(rates) < 1.0:
+            return "GF/s", 1e3
+    return METRICS[metric], 1.0
 
 
 def fmt(value: float | None, metric: str) -> str:
@@ -129,7 +148,9 @@ def fmt(value: float | None, metric: str) -> str:
     if value is None or not math.isfinite(value):
         return "-"
     if metric == "speedup":
-        return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+        if value < 0.01:  # a kernel 200x slower than the baseline is not "0.00" times as fast
+            return f"{value:.0e}".replace("e-0", "e-")
+        return f"{value:.3f}" if value < 0.1 else f"{value:.2f}" if value < 10 else f"{value:.0f}"
     if metric == "ms" and value < 1:
         return f"{value:.3f}" if value >= 0.001 else f"{value:.0e}".replace("e-0", "e-")
     if value >= 9999.5:
@@ -173,24 +194,38 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
              or not any(r.status == "ok" for r in records if r.backend == b)]
     approx = [b for b in backends if b not in exact]
     merged, columns, approx_column = _layout(exact, approx, width, len(ROW_TITLES.get(row_axis, row_axis)))
+    unit, scale = unit_of(records, metric)
     groups = list(dict.fromkeys(g for g, _, _ in by_case))  # in the order the run measured them
     built = []
     for g in groups:
         rows = sorted({row for gg, row, _ in by_case if gg == g}, key=_sort_key)
         cells = {}
         for row in rows:
-            cells.update(_row_cells(row, g, by_case, merged, columns, approx, approx_column, metric, higher,
-                                    base_of.get((g, row))))
+            members: dict[str, list[Record]] = defaultdict(list)
+            for (gg, rr, b), r in by_case.items():
+                if gg == g and rr == row:
+                    members[merged.get(b, b)].append(r)
+            cells.update(_row_cells(row, members, {merged[b] for b in approx}, columns, approx_column,
+                                    Scale(metric, higher, scale), base_of.get((g, row))))
         built.append(Group(title=tuple(v for _, v in g), rows=rows, cells=cells))
     pivots = [Pivot(row_axis=row_axis, columns=panel, groups=built,
                     approx_column=approx_column if i == len(columns) - 1 else None)
               for i, panel in enumerate(columns)]
-    unit = METRICS[metric] + (f" vs {baseline}" if metric == "speedup" else "")
+    unit += f" vs {baseline}" if metric == "speedup" else ""
     ok = sum(r.status == "ok" for r in records)
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
-    return Summary(header=header, pivots=pivots, shape=" ".join(fixed),
-                   notes=_notes(records, merged, approx, approx_column, metric), approx=approx)
+    notes = _notes(records, pivots, merged, approx, approx_column, metric)
+    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How cells are valued: the metric, whether higher is better, the unit's factor from the stored one."""
+
+    metric: str
+    higher: bool
+    factor: float = 1.0
 
 
 def _group_key(pos: dict, group_axes: list[str]) -> tuple:
@@ -229,61 +264,74 @@ def _width(cols: list[str]) -> int:
     return sum(column_width(c) + 1 for c in cols)
 
 
-def _row_cells(row, g, by_case, merged, panels, approx, approx_column, metric, higher, base) -> dict:
+def _row_cells(row: str, members: dict[str, list[Record]], approx_cols: set[str], panels: list[list[str]],
+               approx_column: str | None, scale: Scale, base: Record | None) -> dict:
+    """The cells of one row: a column's records -> its cell, the fastest exact kernels marked."""
     cells: dict[tuple[str, str], Cell] = {}
-    members: dict[str, list[Record]] = defaultdict(list)
-    for (gg, rr, b), r in by_case.items():
-        if gg == g and rr == row:
-            members[merged.get(b, b)].append(r)
     shown = {c for panel in panels for c in panel}
-    best_val, best_col = None, None
+    candidates = []
     for col, recs in members.items():
-        pick = _pick(recs, metric, higher, base)
+        pick = _pick(recs, scale, base)
         cells[(row, col)] = pick
         ran_exact = [r for r in recs if r.status == "ok" and is_exact(r)
                      and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
-        if col in shown and pick.value is not None and ran_exact and col not in {merged[b] for b in approx}:
-            if best_val is None or (pick.value > best_val if higher else pick.value < best_val):
-                best_val, best_col = pick.value, col
-    if best_col is not None:
-        cells[(row, best_col)].best = True
-        cells[(row, best_col)].text += BEST
+        if col in shown and pick.value is not None and ran_exact and col not in approx_cols:
+            candidates.append((col, pick))
+    for col in fastest(candidates, scale.metric, scale.higher):
+        cells[(row, col)].best = True
+        cells[(row, col)].text += BEST
     if approx_column:
-        cand = [(c, cells[(row, c)]) for c in {merged[b] for b in approx} if (row, c) in cells
-                and cells[(row, c)].value is not None]
+        cand = [(c, cells[(row, c)]) for c in approx_cols if (row, c) in cells and cells[(row, c)].value is not None]
         if cand:  # a kernel that passed its (looser) check before a faster one that failed it
-            sign = 1 if higher else -1
+            sign = 1 if scale.higher else -1
             col, cell = max(cand, key=lambda t: (FAILED not in t[1].text, sign * t[1].value))
-            cells[(row, approx_column)] = Cell(f"{col} {cell.text}", cell.value)
+            cells[(row, approx_column)] = Cell(f"{col} {cell.text}", cell.value, busy=cell.busy, record=cell.record)
         else:
             cells[(row, approx_column)] = Cell("-")
     return cells
 
 
-def _pick(recs: list[Record], metric: str, higher: bool, base: Record | None) -> Cell:
+def fastest(candidates: list[tuple[str, Cell]], metric: str, higher: bool) -> list[str]:
+    """The columns marked fastest: every candidate that shows the best value (kernels tied at the precision
+    shown are all marked), or none when another candidate was timed on a busy CPU: its real time is shorter
+    than shown, so it may be the fastest."""
+    if not candidates:
+        return []
+    best = fmt((max if higher else min)(c.value for _, c in candidates), metric)
+    top = [col for col, c in candidates if fmt(c.value, metric) == best]
+    return [] if any(c.busy for col, c in candidates if col not in top) else top
+
+
+def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
     """The cell of a column: the best of its records (several when API forms share a column)."""
-    ok = [(v, r) for r in recs if (v := _value(r, metric, base)) is not None]
+    ok = [(v, r) for r in recs if (v := _value(r, scale.metric, base, scale.factor)) is not None]
     if not ok:
         statuses = sorted({r.status for r in recs})
         return Cell(STATUS_CELL.get(statuses[0], "-") if len(statuses) == 1 else "-")
-    value, rec = (max if higher else min)(ok, key=lambda t: t[0])
-    text = fmt(value, metric)
+    value, rec = (max if scale.higher else min)(ok, key=lambda t: t[0])
+    text = fmt(value, scale.metric)
     if verdict_of(rec.status, rec.accuracy) in FAILED_VERDICTS:
         text += FAILED
     if clock_of(rec.info)[1]:
         text += DROP
-    return Cell(text, value)
+    busy = busy_of(rec.info)
+    if busy:
+        text += BUSY
+    return Cell(text, value, busy=busy, record=rec)
 
 
-def _notes(records, merged, approx, approx_column, metric) -> list[str]:
-    drops = sum(clock_of(r.info)[1] for r in records)
-    failed = sum(verdict_of(r.status, r.accuracy) in FAILED_VERDICTS for r in records)
-    legend = [f"{BEST} fastest exact kernel"]
-    if drops:
-        legend.append(f"{DROP} SM clock fell >10% in the case ({drops})")
-    if failed:
-        legend.append(f"{FAILED} failed its accuracy check ({failed})")
-    notes = ["   ".join(legend)]
+def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
+    shown = [g.cells[(row, c)] for pivot in pivots for g in pivot.groups for row in g.rows
+             for c in [*pivot.columns, *([pivot.approx_column] if pivot.approx_column else [])] if (row, c) in g.cells]
+    legend = [f"{BEST} fastest exact kernel"] if any(c.best for c in shown) else []
+    for mark, meaning in ((DROP, "SM clock fell >10% in the case"), (FAILED, "failed its accuracy check"),
+                          (BUSY, "CPU busy with other processes")):
+        if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
+            legend.append(f"{mark} {meaning} ({n})")
+    notes = ["   ".join(legend)] if legend else []
+    if any(c.busy for c in shown):
+        notes.append(f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine")
+    notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)
     if approx:
         rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""
         where = f"'{approx_column}'" if approx_column else "approximate kernels"
@@ -298,30 +346,6 @@ def _notes(records, merged, approx, approx_column, metric) -> list[str]:
     for status, reason, n, names in reason_groups([r for r in records if r.status != "ok"]):
         notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed(names)})")
     return notes
-
-
-def reason_groups(records: list[Record]) -> list[tuple[str, str, int, list[str]]]:
-    """(status, short reason, cases, backends) of ``records``, the most frequent first: what the summary,
-    the verify grid and the report count instead of repeating a reason per case."""
-    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
-    for r in records:
-        groups[(r.status, short_reason(r.status, r.reason))].append(r)
-    ordered = sorted(groups.items(), key=lambda kv: -len(kv[1]))
-    return [(status, reason, len(recs), list(dict.fromkeys(r.backend for r in recs))) for (status, reason), recs in ordered]
-
-
-def listed(names: list[str], most: int = 3) -> str:
-    """'a, b, c +2'."""
-    return ", ".join(names[:most]) + (f" +{len(names) - most}" if len(names) > most else "")
-
-
-def short_reason(status: str, reason: str | None) -> str:
-    """A reason on one line, at most 60 characters; out-of-memory messages, which name sizes that differ
-    from case to case, become one."""
-    if status == "oom":
-        return "out of device memory"
-    text = " ".join((reason or "").split())
-    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def header_lines(name: str, width: int | None = None) -> str:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.results.record import Record, clock_of, verdict_of
+from attnbench.results.record import Record, busy_of, clock_of, verdict_of
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
                 "mismatch": "red", "implausible": "red"}
@@ -19,7 +20,16 @@ def _rate(value) -> str:
     """TF/s and GB/s: one decimal, but three significant digits for the small rates of CPU runs."""
     if value is None:
         return "-"
-    return format(value, ".1f") if abs(value) >= 10 else format(value, ".3g")
+    return format(value, ".1f") if abs(value) >= 10 else _sig(value, 3)
+
+
+def _sig(value, digits: int = 4) -> str:
+    """``digits`` significant digits, trailing zeros kept (1.400, 0.2635), whole numbers from 10**digits on."""
+    if value is None:
+        return "-"
+    if abs(value) >= 10**digits:
+        return f"{value:.0f}"
+    return f"{value:#.{digits}g}".rstrip(".")
 
 
 def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | None:
@@ -35,42 +45,44 @@ def percent_of_bandwidth(record: Record, peaks: dict[str, float] | None) -> floa
 
 
 def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
-    """One row per record: backend, case, pass, median ms, it/s, TF/s, [% peak], GB/s, [% BW], peak MiB,
-    [SM MHz], accuracy, status.
+    """One row per record: backend, case, pass, median ms, it/s, TF/s (GF/s when every rate is under 1 TF/s),
+    [% peak], GB/s, [% BW], [peak MiB], [SM MHz], check, status; laid out to fold the case and the status so
+    the table fits the console's width.
 
     ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s and "copy" to its measured
-    copy GB/s (attnbench calibrate): the "% peak" and "% BW" columns appear only when they are known. The
-    SM MHz column (GPU runs) is the clock at the end of the timed calls, "↓" where it fell by more than 10%.
+    copy GB/s (attnbench calibrate): the "% peak" and "% BW" columns appear only when they are known. Peak
+    memory appears when it was measured (not on CPU). The SM MHz column (GPU runs) is the clock at the end of
+    the timed calls, "↓" where it fell by more than 10%.
     """
-    table = Table(title=title, show_lines=False, header_style="bold")
-    columns = [("backend", "left"), ("case", "left"), ("pass", "left"), ("ms", "right"), ("it/s", "right"),
-               ("TF/s", "right"), ("GB/s", "right"), ("peak MiB", "right"), ("accuracy", "left"), ("status", "left")]
-    with_peak = any(k in (peaks or {}) for k in ("bf16", "fp16"))
-    with_bw = "copy" in (peaks or {})
-    if with_peak:
-        columns.insert(6, ("% peak", "right"))
-    if with_bw:  # memory-bound cases (decode): how close to the device's measured copy bandwidth
-        columns.insert([name for name, _ in columns].index("GB/s") + 1, ("% BW", "right"))
+    from attnbench.report.summary import unit_of
+    unit, scale = unit_of(records, "tflops")
     clocks = [clock_of(r.info) for r in records]
-    show_clock = any(mhz is not None for mhz, _ in clocks)
-    if show_clock:  # GPU runs: the SM clock at the end of the timed calls, "↓" where it fell during them
-        columns.insert(columns.index(("peak MiB", "right")) + 1, ("SM MHz", "right"))
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=name != "status")
-    clock_at = [name for name, _ in columns].index("SM MHz") if show_clock else None
-    for r, (mhz, dropped) in zip(records, clocks, strict=True):
-        mem = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
-        verdict = verdict_of(r.status, r.accuracy)
-        status = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
-        cells = [r.backend, r.spec.label(), r.spec.pass_, _num(r.median_ms, ".3f"), _num(r.iters_per_s, ".1f"),
-                 _rate(r.tflops), _rate(r.gbps), _num(mem, ".0f") if mem is not None else "n/a",
-                 verdict, f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(status)}[/]"]
-        if with_peak:
-            cells.insert(6, _num(percent_of_peak(r, peaks), ".0f"))
-        if with_bw:
-            cells.insert([name for name, _ in columns].index("% BW"), _num(percent_of_bandwidth(r, peaks), ".0f"))
-        if show_clock:
-            clock = "-" if mhz is None else f"{mhz}{'↓' if dropped else ''}"
-            cells.insert(clock_at, f"[yellow]{clock}[/]" if dropped else clock)
-        table.add_row(*cells)
+    columns: list[tuple[str, str, object]] = [
+        ("backend", "left", lambda r, c: r.backend), ("case", "left", lambda r, c: r.spec.label()),
+        ("pass", "left", lambda r, c: r.spec.pass_), ("ms", "right", lambda r, c: _sig(r.median_ms)),
+        ("it/s", "right", lambda r, c: _sig(r.iters_per_s)),
+        (unit, "right", lambda r, c: _rate(None if r.tflops is None else r.tflops * scale))]
+    if any(k in (peaks or {}) for k in ("bf16", "fp16")):
+        columns.append(("% peak", "right", lambda r, c: _num(percent_of_peak(r, peaks), ".0f")))
+    columns.append(("GB/s", "right", lambda r, c: _rate(r.gbps)))
+    if "copy" in (peaks or {}):  # memory-bound cases (decode): how close to the device's measured copy bandwidth
+        columns.append(("% BW", "right", lambda r, c: _num(percent_of_bandwidth(r, peaks), ".0f")))
+    if any(r.peak_mem_bytes is not None for r in records):
+        columns.append(("peak MiB", "right",
+                        lambda r, c: "n/a" if r.peak_mem_bytes is None else f"{r.peak_mem_bytes / 2**20:.0f}"))
+    if any(mhz is not None for mhz, _ in clocks):  # GPU runs: the SM clock at the end of the timed calls
+        columns.append(("SM MHz", "right", lambda r, c: "-" if c[0] is None else
+                        (f"[yellow]{c[0]}↓[/]" if c[1] else str(c[0]))))
+    columns += [("check", "left", lambda r, c: verdict_of(r.status, r.accuracy) + ("?" if busy_of(r.info) else "")),
+                ("status", "left", _status)]
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify, _ in columns:
+        table.add_column(name, justify=justify, no_wrap=name not in ("case", "status"), overflow="fold")
+    for r, clock in zip(records, clocks, strict=True):
+        table.add_row(*[cell(r, clock) for _, _, cell in columns])
     return table
+
+
+def _status(r: Record, clock) -> str:
+    text = r.status if r.status == "ok" else f"{r.status}: {r.reason or ''}".strip(": ")
+    return f"[{STATUS_STYLE.get(r.status, 'white')}]{escape(text)}[/]"

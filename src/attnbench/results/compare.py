@@ -6,11 +6,16 @@ both sample sets independently (percentile bootstrap, seeded from the case id so
 is reproducible). A ratio above 1 means B is slower.
 
 Verdicts: ``regression`` when the whole interval lies above 1 + threshold, ``slower`` when it lies
-above 1 but not above the threshold, ``faster`` when it lies below 1, ``same`` when it lies within
+above 1 and within the threshold, ``faster`` when it lies below 1, ``same`` when it lies within
 [1 / (1 + threshold), 1 + threshold], ``inconclusive`` when the data do not support any of these (fewer
-than MIN_CONCLUSIVE samples on a side, where a bootstrap interval of the median is not to be trusted, or
-an interval that holds 1 but is wider than the threshold: a large change could hide in it), ``no-ci``
-when either side has fewer than two samples (no interval can be given).
+than MIN_CONCLUSIVE samples on a side, where a bootstrap interval of the median is not to be trusted; an
+interval that holds 1 but is wider than the threshold, where a large change could hide; an interval above 1
+that reaches past the threshold, which cannot tell 1% slower from a regression), ``no-ci`` when either side
+has fewer than two samples (no interval can be given).
+
+A side timed on a busy CPU (``record.busy_of``: other processes took its cores) ran slower than the kernel
+does, so only what stays true of a shorter real time is said: B busy still shows B ``faster``, A busy still
+shows B ``slower`` or a ``regression``; anything else is ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
+
+from attnbench.results.record import busy_of
 
 MIN_SAMPLES = 2
 MIN_CONCLUSIVE = 10
@@ -115,7 +122,9 @@ def judge(low: float | None, high: float | None, threshold: float, samples: int)
     if low > 1.0 + threshold:
         return "regression", ""
     if low > 1.0:
-        return "slower", ""
+        if high <= 1.0 + threshold:
+            return "slower", ""
+        return "inconclusive", f"slower, but the interval reaches past +{threshold:.0%}"
     if high < 1.0:
         return "faster", ""
     if low >= 1.0 / (1.0 + threshold) and high <= 1.0 + threshold:
@@ -139,7 +148,20 @@ def compare_case(a: dict, b: dict, threshold: float, confidence: float) -> CaseC
         return CaseComparison(**base, verdict="status")
     ratio, low, high = bootstrap_ratio(sa, sb, confidence=confidence, seed=int(a["case_id"][:8], 16))
     word, why = judge(low, high, threshold, min(len(sa), len(sb)))
+    word, why = on_busy_cpu(word, why, busy_of(a.get("info")), busy_of(b.get("info")))
     return CaseComparison(**base, ratio=ratio, low=low, high=high, verdict=word, why=why)
+
+
+BUSY_KEEPS = {(True, False): ("regression", "slower"), (False, True): ("faster",), (True, True): ()}
+"""Verdicts that stay true when A, B (busy, busy) ran slower than the kernel does."""
+
+
+def on_busy_cpu(word: str, why: str, busy_a: bool, busy_b: bool) -> tuple[str, str]:
+    """The verdict once a side timed on a busy CPU is taken into account (see the module doc)."""
+    if not (busy_a or busy_b) or word in BUSY_KEEPS[(busy_a, busy_b)] or word in ("no-ci", "status"):
+        return word, why
+    sides = " and ".join(name for name, busy in (("A", busy_a), ("B", busy_b)) if busy)
+    return "inconclusive", f"timed on a busy CPU ({sides})"
 
 
 def compare(rows_a: list[dict], rows_b: list[dict], *, threshold: float = 0.05,

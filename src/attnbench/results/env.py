@@ -88,7 +88,7 @@ def collect(device: str | torch.device = "cpu") -> dict:
         "os": platform.platform(), "hostname": platform.node(), "cpu": _cpu_name(), "cpu_threads": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
-        "platform": "rocm" if getattr(torch.version, "hip", None) else ("cuda" if torch.version.cuda else "cpu"),
+        "platform": platform_name(), "torch_build": torch_build(),
         "packages": _versions(), "device": str(device), "collected_at": time.time(),
     }
     if device.type == "cuda" and torch.cuda.is_available():
@@ -104,6 +104,28 @@ def collect(device: str | torch.device = "cpu") -> dict:
     else:
         env.update(device_name=_cpu_name())
     return env
+
+
+def torch_build() -> str:
+    """What torch was built for: ``CUDA 13.0``, ``ROCm 6.4`` or ``CPU only``."""
+    hip = getattr(torch.version, "hip", None)
+    return f"ROCm {hip}" if hip else f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+
+
+def platform_name() -> str:
+    """What the kernels run on here: ``cuda`` or ``rocm`` when torch sees a GPU, else ``cpu`` (a CUDA build of
+    torch on a machine without a GPU is a CPU platform)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def describe_platform(env: dict) -> str:
+    """The platform as ``env`` prints it: ``cpu (torch built for CUDA 13.0, no GPU)`` where the two differ."""
+    platform, build = env.get("platform") or "?", env.get("torch_build")
+    if platform == "cpu" and build and build != "CPU only":
+        return f"cpu (torch built for {build}, no GPU)"
+    return platform
 
 
 def env_id(env: dict) -> str:

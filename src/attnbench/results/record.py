@@ -136,6 +136,14 @@ def clock_of(info: dict | str | None) -> tuple[int | None, bool]:
     return (int(end) if isinstance(end, (int, float)) else None), bool(info.get("clock_dropped"))
 
 
+def busy_of(info: dict | str | None) -> bool:
+    """Whether a CPU case was timed while other processes kept its cores busy (``info["cpu"]["busy"]``, judged
+    by ``timing.cpu_load.is_busy`` after a retime): its numbers are not the kernel's."""
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    return bool(((info or {}).get("cpu") or {}).get("busy"))
+
+
 def case_id(spec: AttnSpec, backend: str, timing_mode: str) -> str:
     """Stable id of a case: the same spec, backend and timing mode always give the same id."""
     key = json.dumps({"spec": spec.to_dict(), "backend": backend, "timing": timing_mode}, sort_keys=True)

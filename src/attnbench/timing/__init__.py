@@ -72,7 +72,7 @@ def _measure(fn, config: TimingConfig, device: torch.device, align) -> Measureme
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if device.type == "cpu":
         from attnbench.timing.cpu import time_cpu
-        return Measurement(time_cpu(fns[0], config))
+        return Measurement(*time_cpu(fns[0], config))
     if config.mode == "graph":
         from attnbench.timing.graphs import GraphCaptureError, time_graph
         try:

@@ -1,0 +1,89 @@
+"""Figures as a reader compares them: readable log ticks, the CI drawn, lines that join only like cases and
+are named as the tables name them, and no figure where there is no line to draw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnbench.report import html, plots, styles
+
+
+def row(backend="naive", seq=128, *, keys=None, heads=4, kv=4, ms=1.0, ci=None, n=20, busy=False, **extra) -> dict:
+    info = {"exact": True}
+    if ci is not None:
+        info["median_ci95_ms"] = ci
+    if busy:
+        info["cpu"] = {"busy": True}
+    return {"status": "ok", "backend": backend, "pass": "fwd", "causal": 0, "run_id": "r", "seq_len": seq,
+            "seq_len_k": keys or seq, "num_seqs": 1, "batch": 1, "heads_q": heads, "heads_kv": kv, "head_dim": 64,
+            "head_dim_v": 64, "dtype": "fp32", "median_ms": ms, "tflops": 1.0 / ms, "n": n,
+            "accuracy": json.dumps({"verdict": "pass"}), "info": json.dumps(info), **extra}
+
+
+def test_log_time_axes_are_ticked_1_2_5_with_plain_numbers():
+    rows = [row(seq=s, ms=0.003 * s) for s in (128, 256, 512, 1024, 2048, 4096)]  # 0.38 .. 12 ms
+    fig = plots.figure(rows, "seq_len", "ms")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    low, high = ax.get_ylim()
+    shown = [float(t) for t in labels if low <= float(t) <= high]
+    assert {0.5, 1, 2, 5, 10} <= set(shown), labels
+    assert not any("10^" in t or "times" in t or "{" in t for t in labels), labels  # not 2x10^-1
+    assert styles.plain_number(0.2) == "0.2" and styles.plain_number(2e-5) == "2e-5"
+
+
+def test_the_ci_of_each_median_is_a_band_and_the_figure_says_so():
+    rows = [row(seq=s, ms=s / 100, ci=[s / 110, s / 90]) for s in (128, 256, 512)]
+    fig = plots.figure(rows, "seq_len", "tflops")
+    ax = fig.axes[0]
+    band, = ax.collections  # one band, for the one line
+    lows = band.get_paths()[0].vertices[:, 1]
+    assert min(lows) == pytest.approx(1 / (512 / 90))  # a rate's band: the inverse of the time's
+    assert plots.SPREAD_NOTE in [t.get_text() for t in fig.texts]
+    no_ci = plots.figure([row(seq=s) for s in (128, 256)], "seq_len", "ms")
+    assert not no_ci.axes[0].collections and plots.SPREAD_NOTE not in [t.get_text() for t in no_ci.texts]
+
+
+def test_lines_join_like_cases_only_and_are_named_as_tables_name_them():
+    rows = [row(seq=100), row(seq=256),                       # the same shape at two lengths: one line
+            row(seq=77, keys=300),                            # queries shorter than keys: a line of its own
+            row(seq=577, kv=2)]                               # GQA: named h4/2, as the tables write it
+    lines = plots.panels(plots.points(rows, "seq_len", "ms"), "seq_len")[(0, "fwd")]
+    assert sorted(len(v) for v in lines.values()) == [1, 1, 2]
+    assert "naive keys≠queries h4/4" in lines and "naive keys=queries h4/2" in lines
+    assert not any("kv2" in label for label in lines)
+
+
+def test_cases_timed_on_a_busy_cpu_are_a_line_of_their_own():
+    rows = [row(seq=s) for s in (128, 256)] + [row(seq=512, busy=True)]
+    lines = plots.panels(plots.points(rows, "seq_len", "ms"), "seq_len")[(0, "fwd")]
+    assert lines == {"naive": [(128, 1.0), (256, 1.0)], "naive [busy CPU]": [(512, 1.0)]}
+
+
+def test_an_axis_with_one_value_is_no_figure():
+    rows = [row(seq=s) for s in (128, 256)]
+    why = plots.one_value(rows, "head_size")
+    assert why == "--x head_size takes one value here (64): no line to draw; axes that vary: seq_len"
+    assert plots.one_value(rows, "seq_len") is None
+
+
+def test_a_run_that_timed_each_case_once_gets_no_figures():
+    once = [row(seq=100, n=1), row(seq=77, keys=300, n=1)]
+    assert html.timed_once(once) and not html.timed_once([row(seq=100, n=1), row(seq=256, n=30)])
+    section = html.run_section({"run_id": "v", "status": "done"}, [_store_row(r) for r in once], None)
+    assert "<img" not in section and "Every case was timed once" in section
+    assert "Fastest kernel per shape" not in section  # one cold call per case is no speed to compare
+
+
+def _store_row(r: dict) -> dict:
+    """A ``ResultStore.rows`` row of ``r`` (the report reads records back from rows)."""
+    from attnbench.results.record import Record
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(batch=1, seqlens_q=(r["seq_len"],), seqlens_k=(r["seq_len_k"],), heads_q=4, head_dim=64,
+                    dtype="fp32", pass_="fwd")
+    record = Record(run_id="v", backend=r["backend"], spec=spec, median_ms=r["median_ms"], n=r["n"],
+                    tflops=r["tflops"], accuracy=json.loads(r["accuracy"]), info=json.loads(r["info"]))
+    return record.to_row()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from attnbench.report import styles
 from attnbench.results.record import busy_of, exact_of, verdict_of
+from attnbench.variants import alibi_label
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ ALONG_X: dict[str, set[str]] = {
 SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "_keys": "{}", "batch": "b{}",
                   "heads_q": "h{}", "head_dim": "d{}", "dtype": "{}", "heads_kv": "h{heads_q}/{}",
                   "head_dim_v": "d{head_dim}/{}", "emb_dim": "e{}", "seq_len_k": "keys {}",
-                  "window": "window {}", "timing_mode": "{}", "flops_convention": "{}"}
+                  "_window": "{}", "_variant": "{}", "timing_mode": "{}", "flops_convention": "{}"}
 SPLIT_TOGETHER = {"heads_kv": "heads_q", "head_dim_v": "head_dim"}
 """A part that names its partner's value too: the partner is not named again."""
 
@@ -128,11 +129,29 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
                "kept": " (only sliding-tile-mask (STA) cases record one)"}.get(x, "")
         raise ValueError(f"no record has a value for --x {x}{why}")
     out = [dict(r, _y=y_value(r, y)) for r in with_x]
-    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r)) for r in out if r["_y"] is not None]
+    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r)) for r in out if r["_y"] is not None]
     if not out:
         why = " (peak memory is not measured on CPU)" if y == "mem" else ""
         raise ValueError(f"no record has a value for --y {y}{why}")
     return out
+
+
+def _variant_parts(row: dict) -> dict:
+    """``_window`` and ``_variant`` of a row (a store row's spec, or an export row's columns) as line names:
+    cases with another window or other model variants (sinks, softcap, ALiBi) are another line."""
+    spec = row.get("spec")
+    spec = json.loads(spec) if isinstance(spec, str) else (spec or row)
+    window = spec.get("window")
+    if isinstance(window, str):
+        window = json.loads(window)
+    parts = ["sinks"] if spec.get("sinks") else []
+    if spec.get("softcap") is not None:
+        parts.append(f"softcap{spec['softcap']:g}")
+    if spec.get("alibi") is not None:
+        parts.append(alibi_label(tuple(spec["alibi"])))
+    no_window = window is None or tuple(window) == (-1, -1)
+    return {"_window": "no window" if no_window else f"window {window[0]},{window[1]}",
+            "_variant": " ".join(parts) or "no variant"}
 
 
 def _keys(row: dict) -> str:

@@ -135,7 +135,10 @@ def test_links_on_two_gloo_ranks(tmp_path):
         rows = [r for r in doc["rows"] if r["kind"] == kind]
         assert len(rows) == len(sizes) and all(r["median_ms"] > 0 and r["gbs"] > 0 for r in rows)
         fit = doc["fit"][kind]
-        assert fit["latency_us"] > 0 and fit["gbs"] > 0 and fit["to_bytes"] == 1048576
+        assert fit["latency_us"] > 0 and fit["to_bytes"] == 1048576
+        # gloo through host memory on a shared CPU is noisy: about one run in five, a 4 KiB transfer's median is
+        # slower than the 1 MiB one's, and the fit then says so instead of dividing by ~0 (10^18 GB/s before)
+        assert (fit["gbs"] or 0) > 0 or "took no longer than the smallest" in fit["unfitted"], fit
     a2a = next(r for r in doc["rows"] if r["kind"] == "a2a" and r["bytes"] == 4096)
     assert a2a["counted_bytes"] == 2048  # half of the tensor crosses to the other rank
     assert "p2p: latency" in res.stdout and "bandwidth" in res.stdout

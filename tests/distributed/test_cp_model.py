@@ -159,3 +159,128 @@ def test_cp_model_refuses_a_file_that_is_not_a_links_file(tmp_path, capsys, monk
             main(["cp-model", "--links", str(bad)])
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and "not a file written by `attnbench links --output`" in err and "\n" not in err
+
+
+# ---- a fit that cannot be made says so; bandwidths are held to what a device can do --------------------
+def _link_rows(times_ms: dict[int, float], kind: str = "p2p") -> list[dict]:
+    return [{"kind": kind, "bytes": b, "counted_bytes": b, "median_ms": t, "gbs": b / (t * 1e-3) / 1e9}
+            for b, t in times_ms.items()]
+
+
+def test_links_fit_reports_what_it_cannot_fit_instead_of_a_number():
+    from attnbench import plausibility
+    from attnbench.distributed import links as lk
+    h100 = plausibility.Ceilings(989.0, 3350.0, "H100: datasheet")
+    good = lk.fit(_link_rows({4096: 0.02, 2**30: 3.0}), h100)["p2p"]
+    assert good["gbs"] == pytest.approx(2**30 / (2.98e-3) / 1e9) and "unfitted" not in good
+    flat = lk.fit(_link_rows({4096: 1.0, 2**30: 1.0}), h100)["p2p"]  # the old fit divided by 1e-9 ms: 1e18 GB/s
+    assert flat["gbs"] is None and "took no longer than the smallest" in flat["unfitted"]
+    faster = lk.fit(_link_rows({4096: 1.0, 2**30: 0.5}), h100)["p2p"]
+    assert faster["gbs"] is None and faster["latency_us"] == pytest.approx(1000.0)
+    one = lk.fit(_link_rows({4096: 0.02}), h100)["p2p"]
+    assert one["gbs"] is None and "two" in one["unfitted"]
+    too_fast = lk.fit(_link_rows({4096: 0.02, 2**32: 0.5}), h100)["p2p"]  # 8.6 TB/s over a 3.35 TB/s memory
+    assert too_fast["gbs"] is None and "above the device's memory bandwidth, 3,350 GB/s" in too_fast["unfitted"]
+    rows = lk.mark_implausible(_link_rows({4096: 0.02, 2**32: 0.5}), h100)
+    assert rows[0]["gbs"] is not None and rows[1]["gbs"] is None and "3,350 GB/s" in rows[1]["implausible"]
+
+
+def test_links_bandwidth_ceiling_follows_the_device():
+    from attnbench.distributed import links as lk
+    assert lk.ceiling_for("NVIDIA H100 80GB HBM3").gbps < lk.ceiling_for("Some Future GPU").gbps
+    assert lk.bandwidth_problem(float("nan"), lk.ceiling_for("x")) and lk.bandwidth_problem(0.0, lk.ceiling_for("x"))
+    assert lk.bandwidth_problem(400.0, lk.ceiling_for("NVIDIA H100 80GB HBM3")) is None
+
+
+def test_a_fit_with_no_finite_error_is_refused_not_reported():
+    curves = _curves({1024: 500.0, 65536: 500.0})
+    rows = [cpm.Measured("ulysses", "k", 16, cpm.Problem(1, 16384, 8, 8), 400.0)]  # 8 heads over 16 ranks: no layout
+    with pytest.raises(cpm.FitFailed, match="nothing fitted"):
+        cpm.fit(curves, rows)
+    assert cpm.at_grid_edge(replace(cpm.Params(), step_us=0.0), ("step_us", "merge_bytes")) == ["step_us"]
+
+
+def _hostile_links(tmp_path, change) -> Path:
+    import json
+    doc = json.loads((ROOT / "docs/results/h200x2-2026-11-24/links.json").read_text())
+    change(doc)
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _p2p_rows(doc, **values):
+    for r in doc["rows"]:
+        if r["kind"] == "p2p":
+            r.update(values)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d["fit"]["p2p"].update(gbs=0), "gbs 0 is not in"),
+    (lambda d: d["fit"]["p2p"].update(gbs=-5), "gbs -5 is not in"),
+    (lambda d: d["fit"]["p2p"].update(gbs=float("nan")), "gbs nan is not in"),
+    (lambda d: d["fit"]["p2p"].update(gbs=1e15), "above the device's memory bandwidth"),
+    (lambda d: d["fit"]["p2p"].update(gbs=None, unfitted="the largest message took no longer"), "cannot be fitted"),
+    (lambda d: _p2p_rows(d, median_ms=0), "median_ms 0 is not in"),
+    (lambda d: _p2p_rows(d, median_ms="abc"), "median_ms 'abc' is not a number"),
+    (lambda d: _p2p_rows(d, median_ms=1.0), "took no longer than the smallest"),
+])
+def test_cp_model_refuses_links_it_cannot_use(tmp_path, capsys, monkeypatch, change, needle):
+    from attnbench.cli import main
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main(["cp-model", "--links", str(_hostile_links(tmp_path, change)), "--gpus", "2", "--seq-lens", "128k"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and needle in err and "\n" not in err, err
+
+
+def _hostile_csv(tmp_path, source: str, change) -> Path:
+    import csv
+    with open(ROOT / source, newline="") as f:
+        rows = list(csv.DictReader(f))
+    fields = list(rows[0])
+    rows, fields = change(rows, fields)
+    path = tmp_path / "hostile.csv"
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+KERNELS = "docs/results/h200-2026-11-24/cp-model/local_kernels_h200.csv"
+FIT = "docs/results/h200x2-2026-11-22/seed001_tables.csv"
+
+
+@pytest.mark.parametrize("flag, source, change, needle", [
+    ("--kernels", KERNELS, lambda r, f: ([dict(x, median_ms="0") for x in r], f), "median_ms '0' is not in"),
+    ("--kernels", KERNELS, lambda r, f: ([dict(x, median_ms="-1") for x in r], f), "median_ms '-1' is not in"),
+    ("--kernels", KERNELS, lambda r, f: ([dict(x, median_ms="nan") for x in r], f), "median_ms 'nan' is not in"),
+    ("--kernels", KERNELS, lambda r, f: (r, [c for c in f if c != "heads"]), "heads None is not an integer"),
+    ("--kernels", KERNELS, lambda r, f: ([dict(x, median_ms="1e-12") for x in r], f), "above what any GPU does"),
+    ("--kernels", KERNELS, lambda r, f: ([dict(x, kernel="other" if x["kernel"] == "cudnn" else x["kernel"])
+                                          for x in r], f), "which"),
+    ("--fit", FIT, lambda r, f: ([dict(x, tflops="0") for x in r], f), "tflops '0' is not in"),
+    ("--fit", FIT, lambda r, f: ([dict(x, tflops="nan") for x in r], f), "tflops 'nan' is not in"),
+    ("--fit", FIT, lambda r, f: ([dict(x, tflops="1e30") for x in r], f), "above what any GPU does"),
+    ("--fit", FIT, lambda r, f: ([dict(x, batch="x") for x in r], f), "batch 'x' is not an integer"),
+])
+def test_cp_model_refuses_measurements_that_are_not_measurements(tmp_path, capsys, monkeypatch, flag, source, change,
+                                                                   needle):
+    from attnbench.cli import main
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main(["cp-model", flag, str(_hostile_csv(tmp_path, source, change)), "--gpus", "2", "--seq-lens", "128k"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and needle in err and "\n" not in err and "Error:" not in err, err
+
+
+def test_cp_model_inputs_are_bounded_by_size(tmp_path, capsys, monkeypatch):
+    from attnbench.cli import main
+    from attnbench.results import files
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(files, "MAX_LINKS_BYTES", 1000)
+    with pytest.raises(SystemExit) as exc:
+        main(["cp-model", "--gpus", "2", "--seq-lens", "128k"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "more than such a file ever needs" in err, err

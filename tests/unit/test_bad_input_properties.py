@@ -370,3 +370,106 @@ def test_debug_0_keeps_tracebacks_off(capsys, monkeypatch):
     monkeypatch.setattr(run_cmd, "execute", boom)
     code, err = invoke(["run", *BASE, "--seq-lens", "16", "--backends", "naive"], capsys)
     assert code == 1 and err.count("\n") == 1 and "RuntimeError: unexpected" in err
+
+
+# ---- backend options: typed and ranged when parsed -----------------------------------------------------
+def _yaml_collection(text: str) -> bool:
+    """Does YAML read ``text`` as a list or a mapping (refused as "give one value", not by type)?"""
+    try:
+        return isinstance(yaml.safe_load(text), (list, dict))
+    except (yaml.YAMLError, RecursionError):
+        return False
+
+
+BOOL_OPTIONS = ["flex.compile", "flex.cpu", "flashinfer-decode.use_tensor_cores", "sta-triton.text_first",
+                "sage.smooth_k"]
+RANGED_OPTIONS = {"flex-sparse.sparsity": "[0, 0.95]", "flex-sparse.block": "16..1073741824",
+                  "flex-sparse.seed": "0..9223372036854775807", "flashinfer-paged.page_size": "1..65536",
+                  "fa3-paged.page_size": "1..65536", "fa2-paged.page_size": "256..65536",
+                  "sparge.topk": "[0, 1]", "sparge-cdf.cdfthreshd": "[0, 1]"}
+
+
+@FUZZ
+@given(option=st.sampled_from(BOOL_OPTIONS), value=st.one_of(
+    st.sampled_from(["maybe", "1", "0", "2", "-1", "1.5", "nan", ".inf", "null", "''", "on!", "True!"]),
+    st.integers().map(str), junk.filter(lambda s: s.strip().lower() not in {
+        "true", "false", "yes", "no", "on", "off", "y", "n"} and "=" not in s and not _yaml_collection(s))))
+def test_a_boolean_backend_option_takes_true_or_false_only(capsys, option, value):
+    assert_rejected(["run", *BASE, "--backend-opt", f"{option}={value}"], capsys, option, "expected true or false")
+
+
+@FUZZ
+@given(option=st.sampled_from(sorted(RANGED_OPTIONS)), value=st.one_of(
+    st.integers(max_value=-1), st.integers(min_value=2**63), st.sampled_from([".nan", ".inf", "-.inf", "1e400", "abc",
+                                                                             "true", "1e30"])))
+def test_a_numeric_backend_option_outside_its_range_names_the_range(capsys, option, value):
+    assert_rejected(["run", *BASE, "--backend-opt", f"{option}={value}"], capsys, option, RANGED_OPTIONS[option])
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("flashinfer-paged.page_size=0", "1..65536"), ("flashinfer-paged.page_size=16.0", "an integer"),
+    ("fa2-paged.page_size=300", "multiple of 256"), ("fa3-kvcache.page_size=64", "allowed: none"),
+    ("flex.colour=red", "allowed: compile"), ("flex-sparse.pattern=[1, 2]", "give one value"),
+    ("flex-sparse.sparsity=" + "[" * 5000, "flex-sparse.sparsity"),
+])
+def test_backend_options_are_refused_with_what_they_accept(capsys, item, needle):
+    assert_rejected(["run", *BASE, "--backend-opt", item], capsys, needle)
+
+
+def test_valid_backend_options_keep_their_types(monkeypatch):
+    from attnbench.backends import options, registry
+    monkeypatch.setattr(registry, "_extra", {})
+    got = options.apply(["flex.compile=false", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
+                         "flashinfer.backend=fa2", "sparge.topk=0.5"])
+    assert got == {"flex": {"compile": False}, "flashinfer-paged": {"page_size": 64}, "flex-sparse": {"sparsity": 0},
+                   "flashinfer": {"backend": "fa2"}, "sparge": {"topk": 0.5}}
+    assert registry.get("flex").compile is False and registry.get("flashinfer-paged").page_size == 64
+
+
+# ---- inputs bounded before they are used ---------------------------------------------------------------
+def test_config_files_are_bounded_by_size_and_depth(capsys):
+    big = WORK / "big.yaml"
+    big.write_text("# " + "x" * (1 << 20) + "\nseq_lens: 16\n")
+    assert_rejected(["run", *BASE, "--config", str(big)], capsys, "1 MiB at most")
+    deep = WORK / "deep.yaml"
+    deep.write_text("seq_lens: " + "[" * 20000 + "]" * 20000 + "\n")
+    assert_rejected(["run", *BASE, "--config", str(deep)], capsys, "nested too deeply")
+
+
+def test_dist_timeline_and_counts_are_bounded_before_any_process_group(capsys):
+    for argv, needle in ((["--timeline", "1000000"], "0..1000"), (["--timeline", "-1"], "0..1000"),
+                         (["--repeat", "99999999"], "1..100000"), (["--warmup", "-2"], "--warmup")):
+        assert_rejected(["dist", "--device", "cpu", "--db", str(DB), *argv], capsys, needle)
+
+
+def test_e2e_refuses_a_model_that_cannot_fit_with_the_estimate(capsys, monkeypatch):
+    from attnbench import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 300 << 10)  # 300 KiB
+    line = assert_rejected(["e2e", "--model", "llama-tiny", "--device", "cpu", "--db", str(DB), "--backends", "naive"],
+                           capsys, "needs about", "300.0 KiB available on cpu", "weights", "(estimated; not run)")
+    assert "use --layers" in line
+    line = assert_rejected(["e2e", "--model", "llama3-8b", "--device", "cpu", "--db", str(DB), "--mode", "train",
+                            "--layers", "1"], capsys, "needs about")
+    assert "gradients" in line
+
+
+def test_e2e_that_runs_out_of_memory_building_leaves_no_run_behind(capsys, monkeypatch, tmp_path):
+    import torch
+
+    from attnbench.models import bench
+
+    def oom(cfg):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(bench, "build_workload", oom)
+    db = tmp_path / "e.db"
+    code, err = invoke(["e2e", "--model", "llama-tiny", "--device", "cpu", "--db", str(db)], capsys)
+    assert code == 2 and "out of memory while building it" in err and err.count("\n") == 1, err
+    assert not db.exists()
+
+
+def test_calibrate_sizes_are_bounded_by_memory(capsys, monkeypatch):
+    from attnbench import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 30)
+    assert_rejected(["calibrate", "--device", "cpu", "--db", str(DB), "--size", "30000"], capsys, "--size 30000",
+                    "1.0 GiB available")
+    assert_rejected(["calibrate", "--device", "cpu", "--db", str(DB), "--size", "99999999"], capsys, "1..1048576")

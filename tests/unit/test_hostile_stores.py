@@ -4,7 +4,10 @@ stores read-only."""
 import hashlib
 import os
 import shutil
+import socket
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 from reliability_helpers import TINY, attnbench
@@ -165,3 +168,274 @@ def test_resuming_a_shard_runs_only_that_shard(tmp_path):
     with sqlite3.connect(shard) as conn:
         assert conn.execute("SELECT COUNT(*), COUNT(DISTINCT case_id) FROM records").fetchall() == [(n, n)]
     conn.close()
+
+
+# ---- what attnbench writes never lands on a store, and replaces a file whole -----------------------------
+def _one_line(res, code=2):
+    assert res.returncode == code, res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("attnbench: error:"), res.stderr
+    return res.stderr
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["export", "-o", "{db}"], "this command writes"), (["export", "-o", "{db}-wal"], "this command writes"),
+    (["export", "-o", "{db}-shm"], "this command writes"), (["export", "-o", "{other}"], "does not write over it"),
+    (["export", "-o", "{other}-wal"], "side file of the database"), (["report", "-o", "{db}"], "this command writes"),
+    (["report", "-o", "{other}"], "does not write over it"),
+    (["plot", "--x", "seq_len", "--y", "ms", "-o", "{png}"], "does not write over it"),
+])
+def test_an_output_never_replaces_a_store_or_its_side_files(good, tmp_path, argv, needle):
+    db, other, png = _copy(good, tmp_path, "s.db"), _copy(good, tmp_path, "other.db"), _copy(good, tmp_path, "x.png")
+    (tmp_path / "other.db-wal").write_bytes(b"")  # a log a reader left beside it
+    conn = sqlite3.connect(db)  # a store whose latest change sits in its write-ahead log while this stays open
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    with conn:
+        conn.execute("UPDATE runs SET command = 'in the log'")
+    try:
+        before = {p.name: digest(p) for p in tmp_path.iterdir() if not p.name.endswith("-shm")}
+        res = attnbench(*[a.format(db=db, other=other, png=png) for a in argv], "--db", str(db))
+        assert needle in _one_line(res)
+        # the -shm index changes as readers come and go; the files that hold data stay byte for byte
+        assert {p.name: digest(p) for p in tmp_path.iterdir() if not p.name.endswith("-shm")} == before
+        assert (tmp_path / "s.db-shm").read_bytes()[:6] != b"run_id"
+    finally:
+        conn.close()
+
+
+def test_a_run_whose_output_is_its_own_store_is_refused_before_it_runs(tmp_path):
+    store = tmp_path / "r.json"
+    res = attnbench("run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", str(store), "--output", str(store))
+    assert "the results store this command writes" in _one_line(res)
+    assert not store.exists()
+
+
+def test_outputs_are_replaced_whole_or_not_at_all(good, tmp_path, monkeypatch):
+    from attnbench.results import export, files
+    out = tmp_path / "x.json"
+    out.write_text("the previous export\n")
+    out.chmod(0o640)
+    with ResultStore(good, readonly=True) as store:
+        rows = store.rows()
+
+    def disk_full(*args, **kwargs):  # the export fails after its file was opened
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(export.json, "dumps", disk_full)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export.write(rows, out)
+    assert out.read_text() == "the previous export\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]  # no temporary file left behind
+    monkeypatch.undo()
+    export.write(rows, out)
+    assert out.read_text().startswith("[") and (out.stat().st_mode & 0o777) == 0o640
+    link = tmp_path / "link.json"
+    link.symlink_to(out)
+    files.write_text_atomic(link, "through the link\n")
+    assert link.is_symlink() and out.read_text() == "through the link\n"
+
+
+# ---- a database that is not an attnbench store, or a damaged one, is never written --------------------------
+@pytest.mark.parametrize("tables", [
+    ["CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)", "INSERT INTO meta VALUES ('owner', 'me')",
+     "CREATE TABLE users (x)"],
+    ["CREATE TABLE runs (id INTEGER PRIMARY KEY, name TEXT)"],
+    ["CREATE TABLE records (id INTEGER PRIMARY KEY, payload BLOB)"],
+])
+def test_another_programs_tables_of_attnbench_names_are_not_taken_for_a_store(good, tmp_path, tables):
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        for sql in tables:
+            conn.execute(sql)
+    conn.close()
+    before = digest(path)
+    for args in (["run", *TINY, "--seq-lens", "17", "--backends", "naive"], ["export", "-o", str(tmp_path / "x.csv")],
+                 ["merge", str(path), str(good)], ["repair"], ["calibrate", "--device", "cpu"]):
+        res = attnbench(*args, *([] if args[0] == "merge" else ["--db", str(path)]))
+        assert "database of something else" in _one_line(res), args
+    assert digest(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def _damage_index(good, tmp_path):
+    """A store whose records_case index page has a broken header (SQLite reads the file, quick_check fails)."""
+    path = _copy(good, tmp_path, "s.db")
+    with sqlite3.connect(path) as conn:
+        page = conn.execute("SELECT rootpage FROM sqlite_master WHERE name='records_case'").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[(page - 1) * size + 1:(page - 1) * size + 8] = b"\xff" * 7
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_store_damaged_inside_is_refused_before_a_run_writes(good, tmp_path):
+    path = _damage_index(good, tmp_path)
+    before = digest(path)
+    res = attnbench("run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", str(path))
+    assert "is damaged (SQLite:" in _one_line(res) and "does not write to it" in res.stderr
+    res = attnbench("e2e", "--model", "llama-tiny", "--device", "cpu", "--db", str(path))
+    assert "is damaged" in _one_line(res)
+    res = attnbench("export", "--db", str(path), "-o", str(tmp_path / "x.csv"))  # a reader meets the damage
+    assert "could not be read" in _one_line(res)
+    assert digest(path) == before
+
+
+def test_a_big_store_is_checked_where_a_writer_touches_it(good, tmp_path, monkeypatch):
+    from attnbench.results import integrity
+    monkeypatch.setattr(integrity, "FULL_CHECK_BYTES", 0)  # every store is "big": the partial check
+    path = _damage_index(good, tmp_path)
+    with pytest.raises(StoreError, match="is damaged"):
+        ResultStore(path)
+    truncated = tmp_path / "t.db"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size - 4096])
+    with pytest.raises(StoreError, match="truncated|damaged"):
+        ResultStore(truncated)
+    with ResultStore(_copy(good, tmp_path, "fine.db")) as store:  # a sound big store opens
+        assert store.records()
+
+
+def test_check_writable_finds_what_a_writer_would_refuse_and_creates_nothing(good, tmp_path):
+    ResultStore.check_writable(tmp_path / "new" / "r.db")  # a new store: fine, nothing made
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    damaged = _damage_index(good, tmp_path)
+    before = digest(damaged)
+    with pytest.raises(StoreError, match="is damaged"):
+        ResultStore.check_writable(damaged)
+    assert digest(damaged) == before
+    with pytest.raises(StoreError, match="side file"):
+        ResultStore.check_writable(tmp_path / "s.db-wal")
+
+
+# ---- repair: everything checked first, a copy swapped in whole, the original untouched on refusal ----------
+DUPLICATE = ("INSERT INTO records (run_id, case_id, backend, status, spec, created_at) SELECT run_id, case_id, "
+             "backend, status, spec, created_at FROM records")
+
+
+def _with_duplicates(good, tmp_path, name="d.db", in_log=False):
+    """A version-3 store in WAL mode (as attnbench writes them) in which its one record is there twice, as
+    stores written before schema 4 can be; ``in_log``: the change still in the write-ahead log, as a writer
+    killed before a checkpoint leaves it."""
+    path = _copy(good, tmp_path, name)
+    script = (f"import sqlite3, os; c = sqlite3.connect({str(path)!r}); c.execute('PRAGMA journal_mode=WAL'); "
+              "c.execute('PRAGMA wal_autocheckpoint=0'); c.execute('DROP INDEX records_case'); "
+              f"c.execute({DUPLICATE!r}); c.execute(\"UPDATE meta SET value='3' WHERE key='schema_version'\"); "
+              f"c.commit(); {'os._exit(0)' if in_log else 'c.close()'}")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    return path
+
+
+def _state(folder):
+    """Every file's digest, but for an empty -wal or any -shm: SQLite makes those for a WAL-mode file it opens,
+    even read-only (an index of the log, reset by the next first opener; an empty log)."""
+    return {p.name: digest(p) for p in folder.iterdir() if p.is_file() and not p.name.endswith("-shm")
+            and not (p.name.endswith("-wal") and p.stat().st_size == 0)}
+
+
+def test_repair_keeps_the_first_record_of_each_case_and_swaps_a_checked_copy_in(good, tmp_path):
+    path = _with_duplicates(good, tmp_path, in_log=True)
+    assert (tmp_path / "d.db-wal").stat().st_size > 0  # the duplicates are in the log, not yet in the file
+    path.chmod(0o640)
+    res = attnbench("repair", "--db", str(path))
+    assert res.returncode == 0 and "removed 1 duplicate record" in res.stdout, res.stderr
+    assert set(_state(tmp_path)) == {"d.db"}  # no copy, and no log with frames left to replay onto the new file
+    assert (path.stat().st_mode & 0o777) == 0o640
+    with ResultStore(path, readonly=True) as store:
+        assert store.schema_version == SCHEMA_VERSION and len(store.records()) == 1
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    check.close()
+    again = attnbench("repair", "--db", str(path))
+    assert again.returncode == 0 and "nothing changed" in again.stdout
+
+
+@pytest.mark.parametrize("hostile, needle", [
+    ("damaged", "is damaged"), ("newer", "schema version 99"), ("foreign", "something else"),
+    ("text", "not a SQLite database"), ("live run", "is being written by pid"), ("open", "open elsewhere"),
+])
+def test_repair_refuses_before_it_changes_anything(good, tmp_path, hostile, needle):
+    path = _with_duplicates(good, tmp_path)
+    holder = None
+    if hostile == "damaged":
+        data = bytearray(path.read_bytes())
+        data[4096 * 3 + 1:4096 * 3 + 8] = b"\xff" * 7  # a b-tree page's header
+        path.write_bytes(bytes(data))
+    elif hostile == "newer":
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+        conn.close()
+    elif hostile == "foreign":
+        with sqlite3.connect(path) as conn:
+            conn.execute("DELETE FROM meta")
+            conn.execute("CREATE TABLE photos (x)")
+        conn.close()
+    elif hostile == "text":
+        path.write_text("hello\n")
+    else:
+        holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1]); "
+                                   "c.execute('SELECT COUNT(*) FROM records').fetchone(); print('open', flush=True); "
+                                   "time.sleep(60)", str(path)], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "open"
+        if hostile == "live run":  # the holder is the process that runs it
+            from attnbench.results.store import process_started
+            with sqlite3.connect(path) as conn:
+                conn.execute("UPDATE runs SET status='running', host=?, pid=?, pid_started=?",
+                             (socket.gethostname(), holder.pid, process_started(holder.pid)))
+            conn.close()
+    try:
+        before = _state(tmp_path)
+        res = attnbench("repair", "--db", str(path))
+        assert needle in _one_line(res)
+        assert _state(tmp_path) == before  # the file byte for byte, and no copy left beside it
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+
+
+def test_repair_that_fails_part_way_leaves_the_original_and_no_copy(good, tmp_path, monkeypatch):
+    from attnbench.results import repair as repairmod
+    path = _with_duplicates(good, tmp_path)
+    before = _state(tmp_path)
+    real = repairmod._build_copy
+
+    def then_fail(path, tmp, expected):
+        real(path, tmp, expected)
+        raise OSError("disk full")
+    monkeypatch.setattr(repairmod, "_build_copy", then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        repairmod.repair(path)
+    assert _state(tmp_path) == before
+
+    def and_meanwhile_a_writer(path, tmp, expected):  # a record lands in the original while the copy is made
+        real(path, tmp, expected)
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE runs SET command='changed meanwhile'")
+        conn.close()
+    monkeypatch.setattr(repairmod, "_build_copy", and_meanwhile_a_writer)
+    with pytest.raises(StoreError, match="written while it was being repaired"):
+        repairmod.repair(path)
+    with sqlite3.connect(path) as conn:  # the writer's change kept, the duplicates not removed behind its back
+        assert conn.execute("SELECT command FROM runs").fetchone()[0] == "changed meanwhile"
+        assert conn.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 2
+    conn.close()
+    assert not [p for p in tmp_path.iterdir() if ".repair-" in p.name]
+
+
+# ---- merge: all inputs checked first, one transaction ---------------------------------------------------
+def test_a_merge_that_meets_a_bad_input_changes_nothing(good, tmp_path):
+    out, first = _copy(good, tmp_path, "out.db"), _copy(good, tmp_path, "a.db")
+    with sqlite3.connect(first) as conn:
+        conn.execute("UPDATE records SET run_id='other'")
+        conn.execute("UPDATE runs SET run_id='other'")
+    conn.close()
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database\n")
+    before = digest(out)
+    for target in (out, tmp_path / "new.db"):
+        res = attnbench("merge", str(target), str(first), str(bad))
+        assert "not a SQLite database" in _one_line(res)
+    assert digest(out) == before and not (tmp_path / "new.db").exists()
+    res = attnbench("merge", str(out), str(first))
+    assert res.returncode == 0, res.stderr
+    with ResultStore(out, readonly=True) as store:
+        assert "other" in {r["run_id"] for r in store.runs()} and len(store.records()) == 2

@@ -100,8 +100,12 @@ def test_cases_a_cache_kernel_cannot_take_are_refused_with_the_reason():
     more = AttnSpec(batch=1, seqlens_q=(64,), seqlens_k=(16,), heads_q=4, head_dim=64, dtype="bf16")
     assert "more new queries than cached keys" in Fa2KVCache().extra_reason(more, "cuda")
     ok = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=4, head_dim=64, dtype="bf16")
-    assert "multiple of 256" in Fa2Paged(page_size=16).extra_reason(ok, "cuda")
+    small = Fa2Paged()
+    small.page_size = 16  # the constructor refuses it (--backend-opt fa2-paged.page_size=16); a case still says why
+    assert "multiple of 256" in small.extra_reason(ok, "cuda")
     assert Fa2Paged().extra_reason(ok, "cuda") is None
+    with pytest.raises(ValueError, match="multiple of 256"):
+        Fa2Paged(page_size=300)
 
 
 def test_fa3_cache_backends_are_narrowed_to_the_installed_build(fake, monkeypatch):

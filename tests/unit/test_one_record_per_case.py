@@ -63,10 +63,12 @@ def test_a_store_with_duplicates_is_reported_then_repaired(tmp_path, capsys):
         conn.execute("INSERT INTO records (run_id, case_id, backend, status, spec, created_at) SELECT run_id, "
                      "case_id, backend, status, spec, created_at FROM records")
         conn.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    conn.close()  # repair refuses a store another connection holds open
     with pytest.raises(DuplicateRecords, match="1 case of a run hold"):
         ResultStore(db)
     with sqlite3.connect(db) as conn:
         assert schema_version(conn) == 3  # unchanged
+    conn.close()
     with pytest.raises(SystemExit) as exit_info:
         main(["export", "--db", str(db), "--all-runs"])
     assert exit_info.value.code == 2 and "attnbench repair" in capsys.readouterr().err

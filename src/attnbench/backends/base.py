@@ -152,6 +152,12 @@ class Backend:
     """``prepare`` compiles code per shape that an on-disk cache keeps (torch.compile's, Triton's), so a worker
     process can compile the case ahead of the main process (``attnbench.precompile``)."""
 
+    option_ranges: dict[str, tuple[float, float]] = {}
+    """Accepted range (inclusive) of each numeric constructor option, checked when ``--backend-opt`` is parsed
+    (``backends/options.py``); an integer option not listed takes 0..2**31-1."""
+    option_types: dict[str, type] = {}
+    """Types of options the constructor takes through ``**kwargs`` (its annotations give the others')."""
+
     build_limits: tuple[str, ...] = ()
     """Start of the errors a trimmed build of the package raises for what it was built without (a head dim,
     FP8): such a case is ``unsupported`` by the installed build, not a kernel ``error``."""

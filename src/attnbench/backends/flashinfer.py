@@ -46,6 +46,7 @@ import torch
 
 from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
+from attnbench.backends.kvcache import MAX_PAGE_SIZE
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
 from attnbench.variants import alibi_label
@@ -212,6 +213,8 @@ class _FlashInferPaged(KernelBackend):
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
                                 backward=False, different_v_dim=False, min_compute_capability=(8, 0), softcap=True)
     wrapper = ""
+
+    option_ranges = {"page_size": (1, MAX_PAGE_SIZE)}
 
     def __init__(self, page_size: int = 16):
         self.page_size = int(page_size)

@@ -111,6 +111,8 @@ class FlexSparse(Backend):
     capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), max_head_dim=256, exact=False)
     default_sweep = False  # a sparsity study, not a dense kernel: only when asked for
 
+    option_ranges = {"sparsity": (0.0, MAX_SPARSITY), "block": (16, 2**30), "seed": (0, 2**63 - 1)}
+
     def __init__(self, sparsity: float = 0.5, pattern: str = "random", block: int = 128, seed: int = 0):
         if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= MAX_SPARSITY:
             raise ValueError(f"sparsity must be a number in [0, {MAX_SPARSITY}], got {sparsity!r}")

@@ -31,6 +31,10 @@ from attnbench.backends.kernel import KernelBackend, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import FP8_DTYPES, AttnSpec
 
+MAX_PAGE_SIZE = 65536
+"""Most tokens a page of a paged cache may hold (``--backend-opt NAME.page_size``): a page is a block of one
+request's cache, and a page of more than 64k tokens is a contiguous cache (the ``*-kvcache`` backends)."""
+
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, varlen=True, backward=False,
                      different_v_dim=False, min_compute_capability=(8, 0))
 
@@ -145,9 +149,13 @@ class Fa2Paged(Fa2KVCache):
     name = "fa2-paged"
     description = "flash-attn 2 flash_attn_with_kvcache, paged KV cache (256-token pages) + block table"
     min_page_multiple = 256
+    option_ranges = {"page_size": (256, MAX_PAGE_SIZE)}
 
     def __init__(self, page_size: int = 256):
         self.page_size = int(page_size)
+        if self.page_size % self.min_page_multiple:
+            raise ValueError(f"page_size must be a multiple of {self.min_page_multiple} (flash-attn 2's paged "
+                             f"kernel), got {self.page_size}")
 
 
 class Fa3KVCache(Fa3Build, _KVCacheBackend):
@@ -180,6 +188,7 @@ class Fa3Paged(Fa3KVCache):
     name = "fa3-paged"
     description = "FlashAttention-3 flash_attn_with_kvcache, paged KV cache (page_size tokens a page) + page table"
     table_arg = "page_table"
+    option_ranges = {"page_size": (1, MAX_PAGE_SIZE)}
 
     def __init__(self, page_size: int = 16):
         self.page_size = int(page_size)

@@ -93,6 +93,9 @@ class _Sage(KernelBackend):
         """Give the kernel its own K: only version 1 modifies K in place."""
         return self.smooths_k_in_place and self.version1
 
+    option_types = {"smooth_k": bool, "smooth_v": bool, "pv_accum_dtype": str, "qk_quant_gran": str}
+    """The kernel arguments attnbench knows (others go to the kernel unchecked: they differ between versions)."""
+
     def __init__(self, **options):
         self.options = options
         """Extra keyword arguments for the kernel (e.g. pv_accum_dtype=, qk_quant_gran=, smooth_k=)."""

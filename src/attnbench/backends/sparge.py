@@ -51,6 +51,10 @@ class _Sparge(KernelBackend):
                                 causal=False, backward=False, cross_lengths=False, different_v_dim=False,
                                 exact=False, min_compute_capability=(8, 9))
     knob_names: tuple[str, ...] = ()
+    option_ranges = {"topk": (0.0, 1.0), "simthreshd1": (-1.0, 1.0), "cdfthreshd": (0.0, 1.0),
+                     "pvthreshd": (0.0, 1e6)}
+    """topk and cdfthreshd are fractions, simthreshd1 a cosine similarity; pvthreshd a threshold on the PV
+    product's scale (the package uses 20 and 50; 1e6 is far past where it stops skipping anything)."""
     causal_refused: str | None = FP8_CAUSAL
     """Why causal cases are refused; None where the kernel applies the causal mask itself."""
 

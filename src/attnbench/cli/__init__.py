@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 
 import typer
@@ -22,6 +23,7 @@ from attnbench.cli import e2e as e2e_cmd
 from attnbench.cli import links as links_cmd
 from attnbench.cli import run as run_cmd
 from attnbench.cli import verify as verify_cmd
+from attnbench.results.files import FileRefused
 from attnbench.results.store import StoreError
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
@@ -127,10 +129,19 @@ def main(argv: list[str] | None = None) -> None:
         common.fail(where + " ".join(exc.format_message().split()), 2)
     except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C (and SIGTERM/SIGHUP, see entry) into Abort
         common.fail(entry.stopped(), entry.exit_status())
-    except (common.UserError, FileNotFoundError, StoreError) as exc:
+    except (common.UserError, FileNotFoundError, StoreError, FileRefused) as exc:
         if debug:
             raise
         common.fail(" ".join(str(exc).split()), 2)
+    except sqlite3.DatabaseError as exc:
+        if debug:
+            raise
+        if isinstance(exc, sqlite3.OperationalError):  # locked, disk full, I/O: not the file's content
+            common.fail(f"results database: {' '.join(str(exc).split())} (SQLite) (set ATTNBENCH_DEBUG=1 for "
+                        "details)", 1)
+        # damage where no check looked: a reader, or an old record of a big store
+        common.fail(f"a results database could not be read: {' '.join(str(exc).split())} (SQLite); the file is "
+                    "damaged: keep a copy and read what is left with export", 2)
     except Exception as exc:  # never a traceback for users; ATTNBENCH_DEBUG=1 shows it
         if debug:
             raise

@@ -29,13 +29,22 @@ def calibrate(
 ) -> None:
     """Measure dense bf16/fp16 matmul TFLOP/s and copy GB/s here; `run` then shows % of the measured peak."""
     dev = common.resolve_device(device)
-    for value, name in ((size, "--size"), (copy_mib, "--copy-mib"), (repeat, "--repeat")):
-        if value is not None and value < 1:
-            raise UserError(f"bad {name} {value}: expected a positive integer")
+    for value, name, high in ((size, "--size", 2**20), (copy_mib, "--copy-mib", 2**20),
+                              (repeat, "--repeat", common.MAX_REPEAT)):
+        if value is not None and not 1 <= value <= high:
+            raise UserError(f"bad {name} {value}: expected an integer in 1..{high}")
+    from attnbench import memory
+    free = memory.available_bytes(dev)
+    need = max(3 * (size or 0) ** 2 * 2, 2 * (copy_mib or 0) * 2**20)  # a, b, out in 16 bits; copy source + target
+    if free is not None and need > free:
+        asked = " ".join(f"{flag} {v}" for flag, v in (("--size", size), ("--copy-mib", copy_mib)) if v)
+        raise UserError(f"{asked}: needs {memory.format_bytes(need)}, {memory.format_bytes(free)} available on {dev} "
+                        "(not run): use a smaller --size / --copy-mib")
+    path = Path(db or DEFAULT_DB)
+    ResultStore.check_writable(common.check_db_path(path))  # before measuring, not after
     result = peaksmod.calibrate(dev, matmul_n=size, copy_bytes=copy_mib * 2**20 if copy_mib else None, repeat=repeat)
     env = envmod.collect(dev)
     env_id, name = envmod.env_id(env), envmod.device_name(dev)
-    path = Path(db or DEFAULT_DB)
     with ResultStore(path) as store:
         store.add_env(env_id, env)
         for kind, value in result["measured"].items():

@@ -174,15 +174,18 @@ def load_config(path: Path | None) -> dict:
     """YAML mapping of option names (as in the CLI, dashes or underscores) to values."""
     if path is None:
         return {}
+    from attnbench.results import files
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(files.read_text(path, files.MAX_CONFIG_BYTES, "--config"))
     except yaml.YAMLError as exc:
         raise UserError(f"--config {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise UserError(f"--config {path}: cannot read it as UTF-8 text ({type(exc).__name__}); "
-                        "expected a YAML file") from None
+    except files.FileRefused as exc:
+        raise UserError(str(exc)) from None
+    except RecursionError:  # deeply nested flow collections ([[[[...]]]]) overflow the parser's stack
+        raise UserError(f"--config {path}: nested too deeply to be a file of options; expected a mapping of option "
+                        "names to values") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -463,11 +466,16 @@ MAX_WAIT_S = 7 * 86400.0
 """Longest wait a user may set (--case-timeout, dist --timeout): a week; more overflows the timers underneath."""
 
 
-def check_output_path(path: Path) -> Path:
-    """--output's folder must exist (checked before running, not after)."""
+def check_output_path(path: Path, flag: str = "--output", stores: tuple[Path, ...] = ()) -> Path:
+    """--output's folder must exist, and the file may not be a database or the store the command writes
+    (``files.check_output``): checked before running, not after."""
+    from attnbench.results import files
     if path.is_dir() or not path.parent.is_dir():
-        raise UserError(f"bad --output {str(path)!r}: expected a file in an existing folder")
-    return path
+        raise UserError(f"bad {flag} {str(path)!r}: expected a file in an existing folder")
+    try:
+        return files.check_output(path, flag, stores=stores)
+    except files.FileRefused as exc:
+        raise UserError(str(exc)) from None
 
 
 def flag_name(name: str) -> str:

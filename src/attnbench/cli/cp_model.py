@@ -14,6 +14,8 @@ from attnbench.cli.common import UserError
 from attnbench.distributed.names import canonical
 
 RESULTS = Path("docs/results")
+MAX_HEADS, MAX_GPUS, MAX_TOKENS = 4096, 65536, 2**31 - 1
+"""Bounds of the predictions asked for (--q-heads, --gpus, --seq-lens): past them nothing is a real job."""
 DEFAULT_KERNELS = RESULTS / "h200-2026-11-24/cp-model/local_kernels_h200.csv"
 DEFAULT_FIT = RESULTS / "h200x2-2026-11-22/seed001_tables.csv"
 DEFAULT_CHECK = RESULTS / "h200x2-2026-11-24/cp_p4_fa3_128k.csv"
@@ -61,23 +63,37 @@ def cp_model(
     for path in (kernels_csv, fit_csv, check_csv, *([links] if links else [])):
         if not path.is_file():
             raise UserError(f"{path}: no such file (run from the repository root, or pass --kernels/--fit/--check)")
-    curves = cpm.KernelCurves.from_csv(kernels_csv)
-    kernel = canonical(kernel)
-    if kernel not in curves.kernels:
-        raise UserError(f"no one-GPU measurements of kernel {kernel!r} in {kernels_csv}; it has "
-                        f"{', '.join(curves.kernels)}")
     counts, lengths = _ints(gpus, "--gpus"), _ints(seq_lens, "--seq-lens")
     kv_heads = kv_heads or heads
-    if heads < 1 or kv_heads < 1 or heads % kv_heads:
-        raise UserError(f"bad --q-heads {heads} / --kv-heads {kv_heads}: positive, query heads a multiple of K/V heads")
-    fit_rows, check_rows = cpm.read_measured(fit_csv), cpm.read_measured(check_csv)
-    if not fit_rows:
-        raise UserError(f"{fit_csv}: no multi-GPU cp-<method>:<kernel> records to fit on")
-    base, free = cpm.Params(), tuple(cpm.GRID)
-    if links is not None:
-        base = _measured_links(links)
-        free = tuple(k for k in cpm.GRID if k not in cpm.LINK_PARAMS)
-    params = cpm.fit(curves, fit_rows, base, free)
+    if not (1 <= heads <= MAX_HEADS and 1 <= kv_heads <= heads) or heads % kv_heads:
+        raise UserError(f"bad --q-heads {heads} / --kv-heads {kv_heads}: in 1..{MAX_HEADS}, query heads a multiple "
+                        "of K/V heads")
+    for flag, values, high in (("--gpus", counts, MAX_GPUS), ("--seq-lens", lengths, MAX_TOKENS)):
+        if max(values) > high:
+            raise UserError(f"bad {flag} {max(values)}: at most {high:,}")
+    try:
+        curves = cpm.KernelCurves.from_csv(kernels_csv)
+        kernel = canonical(kernel)
+        if kernel not in curves.kernels:
+            raise UserError(f"no one-GPU measurements of kernel {kernel!r} in {kernels_csv}; it has "
+                            f"{', '.join(curves.kernels) or 'none'}")
+        fit_rows, check_rows = cpm.read_measured(fit_csv), cpm.read_measured(check_csv)
+        if not fit_rows:
+            raise UserError(f"{fit_csv}: no multi-GPU cp-<method>:<kernel> records to fit on")
+        base, free = cpm.Params(), tuple(cpm.GRID)
+        if links is not None:
+            base = _measured_links(links)
+            free = tuple(k for k in cpm.GRID if k not in cpm.LINK_PARAMS)
+        for rows, path in ((fit_rows, fit_csv), (check_rows, check_csv)):
+            _needs_curves(cpm.Model(curves, base), rows, path, kernels_csv)
+        wanted = [cpm.Measured("ring", kernel, n, cpm.Problem(1, 4096, heads, kv_heads, 128, causal, pass_), 1.0)
+                  for pass_ in cpm.MODEL_PASSES for n in (1, 2)]  # what every prediction reads
+        _needs_curves(cpm.Model(curves, base), wanted, Path(f"--kernel {kernel}"), kernels_csv)
+        params = cpm.fit(curves, fit_rows, base, free)
+    except UserError:
+        raise
+    except ValueError as exc:  # a row that is not a measurement, a fit with nothing to fit (FitFailed)
+        raise UserError(str(exc)) from None
     model = cpm.Model(curves, params)
     console = common.console
     if links is None:
@@ -90,6 +106,10 @@ def cp_model(
     console.print(f"links inside a node: {comm}; fitted on {len(fit_rows)} records of {fit_csv}: merge "
                   f"{params.merge_bytes:g} B/element, {params.step_us:g} us per step; between nodes: "
                   f"{params.inter.name}, {params.inter.gbs:g} GB/s, {params.inter.latency_us:g} us", highlight=False)
+    edge = cpm.at_grid_edge(params, free)
+    if edge:
+        console.print(f"note: {', '.join(f'{k} = {getattr(params, k):g}' for k in edge)} at the edge of the values "
+                      "tried: the records may want a value beyond it", highlight=False, markup=False)
     for title, rows in (("fit", fit_rows), ("check", check_rows)):
         _errors_table(title, model, rows)
     _predictions(model, kernel, counts, lengths, heads, kv_heads, causal)
@@ -105,12 +125,26 @@ def _measured_links(path: Path):
     import json
 
     from attnbench.distributed import model as cpm
+    from attnbench.results import files
+    text = files.read_text(path, files.MAX_LINKS_BYTES, "--links")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
         source = f"{doc.get('device', '?')} x {doc.get('world_size', '?')}, {doc.get('date', '?')}"
         return cpm.with_links(cpm.Params(), doc, source)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path}: not a file written by `attnbench links --output` ({exc})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise UserError(f"{path}: not a file written by `attnbench links --output`, or not a usable one ({exc})") from None
+
+
+def _needs_curves(model, rows, path: Path, kernels_csv: Path) -> None:
+    """UserError naming the one-GPU curve a record needs that --kernels lacks (before any fitting)."""
+    from attnbench.distributed.model import MissingCurve
+    for m in rows:
+        try:
+            model.predict_ms(m.method, m.kernel, m.problem, m.n)
+        except MissingCurve as exc:
+            raise UserError(f"{path}: {m.method}:{m.kernel} needs {exc}, which {kernels_csv} lacks") from None
+        except ValueError:  # a layout the model cannot place: errors() shows it as a failed prediction
+            pass
 
 
 def _errors_table(title: str, model, rows) -> None:

@@ -30,12 +30,15 @@ from attnbench.distributed.kernels import KernelUnavailable, get_kernel
 from attnbench.distributed.names import KERNELS, canonical
 from attnbench.distributed.ulysses import check_heads
 from attnbench.results import env as envmod
-from attnbench.results import export
+from attnbench.results import export, files
 from attnbench.results.record import Record
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.timing import TimingConfig
 
 SEP = "#" * 30
+MAX_TIMELINE_CALLS = 1000
+"""Most calls ``--timeline`` records: each keeps every rank's phases per step in memory, and a median over
+more calls says nothing new."""
 TABLE_COLUMNS = ("batch_size", "seq_len", "nheads", "head_size", "fwd_only", "throughput(iters/s)",
                  "latency(ms/iter)", "peak memory(MB/device)", "speed(TFLOPS)")
 
@@ -178,21 +181,26 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     validate(specs, methods, world, opts.get("ulysses_degree"))
     cpu = dev == "cpu"
     try:
-        timing = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (1 if cpu else 5),
-                              repeat=opts["repeat"] if opts.get("repeat") is not None else (3 if cpu else 20))
+        timing = TimingConfig(warmup=common.option_int(opts, "warmup", 0, common.MAX_REPEAT, default=1 if cpu else 5),
+                              repeat=common.option_int(opts, "repeat", 1, common.MAX_REPEAT, default=3 if cpu else 20))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     timeout = opts.get("timeout")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= common.MAX_WAIT_S:
         raise UserError(f"bad --timeout {common.shown(timeout)}: give the seconds a collective may wait, "
                         f"in (0, {common.MAX_WAIT_S:g}], like 600")
-    if (opts.get("timeline_calls") or 0) < 0:
-        raise UserError(f"bad --timeline {opts['timeline_calls']}: give a number of calls (0 for none)")
+    calls = opts.get("timeline_calls") or 0
+    if not 0 <= calls <= MAX_TIMELINE_CALLS:
+        raise UserError(f"bad --timeline {common.shown(calls)}: give a number of calls in 0..{MAX_TIMELINE_CALLS} "
+                        "(0 for none; the timeline is a median over them)")
+    db = common.check_db_path(Path(opts.get("db") or DEFAULT_DB))
     if opts.get("output") is not None:
         try:
             export.format_for(Path(opts["output"]))
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        files.check_output(Path(opts["output"]), "--output", stores=(db,))
+    ResultStore.check_writable(db)  # before any process group exists: every rank gives the same answer
     return {"opts": opts, "device": dev, "methods": methods, "specs": specs, "timing": timing}
 
 

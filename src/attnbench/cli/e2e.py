@@ -21,7 +21,7 @@ from attnbench.cli.run import resolve_backends
 from attnbench.models.bench import MODES, E2EConfig, model_names, run_e2e
 from attnbench.models.llama import ModelVariants
 from attnbench.results import env as envmod
-from attnbench.results import export
+from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.spec import FP8_DTYPES, normalize_dtype
@@ -81,6 +81,21 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def _build(cfg: E2EConfig):
+    """The model and its inputs; UserError when memory runs out while building it (the estimate errs low)."""
+    import torch
+
+    from attnbench.models.bench import build_workload
+    try:
+        return build_workload(cfg)
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)) and "alloc" not in text.lower():
+            raise
+        raise UserError(f"--model {cfg.model}: out of memory while building it on {cfg.device} ({text[:200]}); "
+                        "use --layers or a smaller --batch-size / --seq-len") from None
 
 
 KERNEL_ROWS = (("direct_copy_kernel_cuda (times)", "copy_kernels", ",d"), ("direct_copy_kernel_cuda (ms)", "copy_ms", ".1f"),
@@ -178,14 +193,23 @@ def e2e(
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
                        backend_opt, kernel_counts, skip_missing, model_variants(sinks, softcap, alibi, sliding_window))
+    path = common.check_db_path(Path(db or DEFAULT_DB))
     if output is not None:
         try:
             export.format_for(output)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    from attnbench.models import dit
+        files.check_output(output, "--output", stores=(path,))
+    from attnbench.models import dit, footprint
     if cfg.model in dit.PRESETS and (reason := dit.unavailable_reason(cfg.model)):
         raise UserError(f"--model {cfg.model}: {reason}")
+    try:
+        too_big = footprint.refusal(cfg)  # before anything is allocated
+    except ValueError as exc:  # a shape no attention call can take (more tokens than int32 offsets)
+        raise UserError(f"--model {cfg.model}: {exc}") from None
+    if too_big:
+        raise UserError(too_big)
+    ResultStore.check_writable(path)
     if cfg.device == "cpu":  # one thread per core other processes leave free, as `run` does
         import torch
 
@@ -194,14 +218,14 @@ def e2e(
     env = envmod.collect(cfg.device)
     env_id = envmod.env_id(env)
     run_id = new_run_id()
-    path = Path(db or DEFAULT_DB)
+    work = _build(cfg)  # before the run is recorded: a model that cannot be built leaves the store as it was
     with ResultStore(path) as store:
         store.add_env(env_id, env)
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]),
                         config=dataclasses.asdict(cfg), env_id=env_id, version=attnbench.__version__)
         status = "interrupted"
         try:
-            records = run_e2e(cfg, run_id=run_id, env_id=env_id, sink=store.write)
+            records = run_e2e(cfg, run_id=run_id, env_id=env_id, sink=store.write, workload=work)
             status = "done"
         finally:
             store.finish_run(run_id, status)

@@ -17,30 +17,41 @@ from rich.table import Table
 
 from attnbench.cli import common
 from attnbench.cli.common import UserError
+from attnbench.results.files import check_output, write_text_atomic
+
+MAX_MIB = 4096
+"""The largest message measured (sizes go up by 4x from 4 KiB to 4 GiB)."""
 
 
 def links(
     output: Annotated[Path | None, typer.Option("--output", help="Write the measurements and the fit to FILE.json.")] = None,
-    max_mib: Annotated[int, typer.Option("--max-mib", help="Largest message, MiB (sizes go up by 4x from 4 KiB).")] = 4096,
+    max_mib: Annotated[int, typer.Option("--max-mib", help="Largest message, MiB (sizes go up by 4x from 4 KiB, "
+                                         "to 4096 at most).")] = MAX_MIB,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed transfers per size (median).")] = 10,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a collective may wait for a peer.")] = 300.0,
 ) -> None:
     """Peer bandwidth and latency between the ranks' GPUs (ring send/recv, all-to-all, peer copy)."""
     import torch
-    if max_mib < 1 or repeat < 1 or timeout <= 0:
-        raise UserError("bad --max-mib / --repeat / --timeout: expected positive numbers")
+    for flag, value, high in (("--max-mib", max_mib, MAX_MIB), ("--repeat", repeat, common.MAX_REPEAT)):
+        if not 1 <= value <= high:
+            raise UserError(f"bad {flag} {value}: expected an integer in 1..{high}")
+    if not 0 < timeout <= common.MAX_WAIT_S:
+        raise UserError(f"bad --timeout {timeout:g}: give the seconds a collective may wait, in (0, {common.MAX_WAIT_S:g}]")
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise UserError("links measures transfers between ranks: run it under torchrun with 2 or more processes "
                         "(torchrun --nproc_per_node 2 -m attnbench links)")
-    if output is not None and output.suffix != ".json":
-        raise UserError(f"--output {output}: give a .json file")
+    if output is not None:
+        if output.suffix != ".json":
+            raise UserError(f"--output {output}: give a .json file")
+        check_output(output, "--output")
     from attnbench.distributed import bench
     from attnbench.distributed import links as lk
     ctx = bench.init_distributed(None, timeout)  # NCCL on GPUs; gloo on CPU (host memory, for tests)
     sizes = [s for s in lk.DEFAULT_SIZES if s <= max_mib * 2**20]
     rows = lk.measure(ctx.device, sizes, repeat=repeat)
     if ctx.rank == 0:
-        fitted = lk.fit(rows)
+        limits = lk.ceiling_for(ctx.device)
+        fitted = lk.fit(lk.mark_implausible(rows, limits), limits)
         _print(rows, fitted, ctx.world)
         if output is not None:
             from attnbench.results.env import device_name
@@ -49,8 +60,7 @@ def links(
                    "gpus_visible": torch.cuda.device_count() if cuda else 0,
                    "date": datetime.date.today().isoformat(), "torch": torch.__version__,
                    "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None, "rows": rows, "fit": fitted}
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(json.dumps(doc, indent=1))
+            write_text_atomic(output, json.dumps(doc, indent=1))
             common.console.print(f"written to {output}", highlight=False)
     import torch.distributed as torch_dist
     torch_dist.barrier()
@@ -68,12 +78,19 @@ def _print(rows: list[dict], fitted: dict, world: int) -> None:
         cells = []
         for kind in kinds:
             r = next((r for r in rows if r["kind"] == kind and r["bytes"] == size), None)
-            cells.append("-" if r is None else f"{r['gbs']:.1f} ({r['median_ms']:.3f})")
+            gbs = "-" if r is None else "implausible" if r.get("implausible") else f"{r['gbs']:.1f}"
+            cells.append("-" if r is None else f"{gbs} ({r['median_ms']:.3f})")
         table.add_row(_human(size), *cells)
     common.console.print(table)
+    for r in rows:
+        if r.get("implausible"):
+            common.console.print(f"{r['kind']} at {_human(r['bytes'])}: implausible: {r['implausible']}",
+                                 highlight=False, markup=False)
     for kind, f in fitted.items():
+        bandwidth = (f"{f['gbs']:.1f} GB/s (at {_human(f['to_bytes'])})" if f["gbs"] is not None else
+                     f"not fitted: {f['unfitted']}")
         common.console.print(f"{kind}: latency {f['latency_us']:.1f} us (at {_human(f['from_bytes'])}), bandwidth "
-                             f"{f['gbs']:.1f} GB/s (at {_human(f['to_bytes'])})", highlight=False)
+                             f"{bandwidth}", highlight=False, markup=False)
 
 
 def _human(n: float) -> str:

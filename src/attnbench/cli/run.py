@@ -195,13 +195,13 @@ def plan_from_options(opts: dict) -> RunPlan:
         check_variants(backends, specs)
     check_summary_options(opts, backends)
     output = text(opts, "output")
+    db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
     if output is not None:
         try:
             export.format_for(Path(output))
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        common.check_output_path(Path(output))
-    db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
+        common.check_output_path(Path(output), stores=(db,))
     ceilings = plausibility.ceilings(device, measured_peaks(db, device, copy=True))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
@@ -413,6 +413,8 @@ def run(
     else:  # from the flags or the config file
         plan, run_id, hint = sharding.apply(plan, common.option_text(plan.config, "shard"),
                                             common.option_text(plan.config, "run_id"))
+    if plan.output is not None:  # a shard writes its own files: the output still may not be its store
+        common.check_output_path(plan.output, stores=(plan.db,))
     quiet = common.option_bool(plan.config, "quiet") or sharding.rank() > 0  # one rank prints
     checker = None
     if common.option_bool(plan.config, "check", default=True):
@@ -420,7 +422,7 @@ def run(
         checker = AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in plan.specs))
     run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
     if plan.resume:  # show and export the whole run, not only the cases run now
-        with ResultStore(plan.db) as store:
+        with ResultStore(plan.db, readonly=True) as store:
             records = store.records(run_id)
     if plan.output is not None:
         export.write(records, plan.output)

@@ -11,8 +11,9 @@ import typer
 from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.results import export as exportmod
+from attnbench.results import files
 from attnbench.results.record import STATUSES
-from attnbench.results.store import DEFAULT_DB, ResultStore, repair_duplicates
+from attnbench.results.store import DEFAULT_DB, ResultStore
 from attnbench.spec import PASSES
 
 Runs = Annotated[list[str] | None, typer.Option(
@@ -112,12 +113,16 @@ def plot(
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
     if (why := plots.one_value(rows, x)) is not None:
         raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
-    written = []
+    outs = {}
     for item in ys:
         if output is None:
-            out = folder / f"{'+'.join(run_ids)}-{item}-vs-{x}"
+            outs[item] = folder / f"{'+'.join(run_ids)}-{item}-vs-{x}"
         else:
-            out = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
+            outs[item] = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
+        for path in plots.output_paths(outs[item]):  # all refused before any is drawn
+            files.check_output(path, "--output", stores=(store.path,))
+    written = []
+    for item, out in outs.items():
         try:
             written += plots.save(rows, x, item, out, logy=logy, title=title)
         except ValueError as exc:
@@ -141,14 +146,16 @@ def report(
     """Write one self-contained HTML report (environment, tables, plots, accuracy, skipped cases)."""
     from attnbench.report import html
 
+    if output is not None:  # refused before the report is built
+        files.check_output(output, "--output", stores=(Path(db or DEFAULT_DB),))
     with open_store(db) as store:
         run_ids = resolve_runs(store, run)
-        text = html.build(store, run_ids)
         if output is None:  # beside the store, as plots are, not into whatever folder the command ran in
             more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
-            output = store.path.parent / f"report-{run_ids[0]}{more}.html"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
+            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html", "--output",
+                                        stores=(store.path,))
+        text = html.build(store, run_ids)
+    files.write_text_atomic(output, text)
     common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",
                          highlight=False, markup=False)
 
@@ -176,6 +183,8 @@ def export(
         raise UserError("--format parquet needs an output file: -o FILE.parquet")
     if all_runs and run:
         raise UserError("--all-runs exports every run; drop --run (or drop --all-runs)")
+    if output is not None:
+        files.check_output(output, "-o", stores=(Path(db or DEFAULT_DB),))
     with open_store(db) as store:
         run_ids = [r["run_id"] for r in store.runs()] if all_runs else resolve_runs(store, run)
         rows = select_rows(store, run_ids, backend, None, status)
@@ -245,11 +254,11 @@ def runs(db: common.Db = None) -> None:
 
 def repair(db: common.Db = None) -> None:
     """Keep one record per case of each run (the first one written) in a store that holds more: stores
-    written by attnbench before the store itself forbade duplicates (concurrent writers, resumes of a live run)."""
-    path = Path(db or DEFAULT_DB)
-    if not path.is_file():
-        raise UserError(f"no results database at {path}")
-    removed = repair_duplicates(path)
-    ResultStore(path).close()  # now the schema upgrade (one record per case, enforced) goes through
-    common.console.print(f"removed {removed} duplicate record{'s' * (removed != 1)} from {path}" if removed
-                         else f"{path} holds one record per case already", highlight=False, markup=False)
+    written by attnbench before the store itself forbade duplicates (concurrent writers, resumes of a live run).
+    The file is checked first and replaced whole by a repaired copy; any refusal leaves it as it was."""
+    from attnbench.results import repair as repairmod
+    done = repairmod.repair(Path(db or DEFAULT_DB))
+    common.console.print(f"removed {done.removed} duplicate record{'s' * (done.removed != 1)} from {done.path} "
+                         f"({done.kept} kept: the first of each case)" if done.removed else
+                         f"{done.path} holds one record per case already; nothing changed", highlight=False,
+                         markup=False)

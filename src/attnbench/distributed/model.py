@@ -26,6 +26,7 @@ measured here).
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import math
@@ -92,25 +93,69 @@ class Problem:
         return 4.0 * self.batch * self.heads * self.head_dim * pairs * PASS_FLOP_FACTOR[self.pass_]
 
 
+class MissingCurve(KeyError):
+    """The kernel measurements lack the curve a prediction needs (a kernel, pass and mask)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+MODEL_PASSES = ("fwd", "fwd_bwd")
+"""Passes the model predicts (the backward alone is the fwd_bwd curve less the fwd one)."""
+
+
+def _rows(path: str | Path, what: str) -> list[dict]:
+    """The rows of a CSV file, read whole once it is known to be no bigger than such a file needs to be."""
+    from attnbench.results.files import MAX_TABLE_BYTES, read_text
+    return list(csv.DictReader(io.StringIO(read_text(Path(path), MAX_TABLE_BYTES, what))))
+
+
+def _number(row: dict, key: str, where: str, *, integer: bool = False, low: float = 0.0, high: float = math.inf):
+    """``row[key]`` as a finite number in (``low``, ``high``]; ValueError naming the row and the value."""
+    raw = row.get(key)
+    try:
+        value = int(raw) if integer else float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {key} {raw!r} is not {'an integer' if integer else 'a number'}") from None
+    if not (math.isfinite(value) and low < value <= high):
+        raise ValueError(f"{where}: {key} {raw!r} is not in ({low:g}, {high:g}]")
+    return value
+
+
+def _rate_bound(tflops: float, where: str) -> None:
+    """A kernel or a run faster than any GPU can be is a wrong measurement, not a point to fit on."""
+    from attnbench.plausibility import MARGIN, QUANTIZED_FACTOR, UNKNOWN_GPU_TFLOPS
+    ceiling = MARGIN * QUANTIZED_FACTOR * UNKNOWN_GPU_TFLOPS
+    if tflops > ceiling:
+        raise ValueError(f"{where}: {tflops:,.0f} TF/s is above what any GPU does ({ceiling:,.0f}): not a measurement")
+
+
 class KernelCurves:
     """TF/s of each local kernel against a block's work, from one-GPU measurements (a CSV with columns
-    kernel, batch, seq_len, heads, head_dim, causal, pass, median_ms)."""
+    kernel, batch, seq_len, heads, head_dim, causal, pass, median_ms). ValueError, naming the row, for a row
+    that is not a measurement (a column missing, a time that is not a positive finite number, a rate no GPU
+    reaches)."""
 
-    def __init__(self, rows: list[dict]):
+    def __init__(self, rows: list[dict], source: str = "kernel measurements"):
         self.points: dict[tuple, list[tuple[float, float]]] = {}
-        for r in rows:
-            p = Problem(int(r["batch"]), int(r["seq_len"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]),
-                        bool(int(r["causal"])), r["pass"])
+        for i, r in enumerate(rows, start=2):  # CSV line numbers (line 1 is the header)
+            where = f"{source} line {i}"
+            dims = [_number(r, k, where, integer=True, high=2**31 - 1) for k in ("batch", "seq_len", "heads", "head_dim")]
+            causal, pass_ = str(r.get("causal")), r.get("pass")
+            if causal not in ("0", "1") or pass_ not in MODEL_PASSES:
+                raise ValueError(f"{where}: causal {causal!r} / pass {pass_!r}: expected 0 or 1 / one of "
+                                 f"{', '.join(MODEL_PASSES)}")
+            p = Problem(dims[0], dims[1], dims[2], dims[2], dims[3], causal == "1", pass_)
             flops = p.flops()
-            self.points.setdefault((canonical(r["kernel"]), r["pass"], p.causal), []).append(
-                (flops, flops / (float(r["median_ms"]) * 1e-3)))
+            rate = flops / (_number(r, "median_ms", where) * 1e-3)
+            _rate_bound(rate / 1e12, where)
+            self.points.setdefault((canonical(str(r.get("kernel"))), pass_, p.causal), []).append((flops, rate))
         for pts in self.points.values():
             pts.sort()
 
     @classmethod
     def from_csv(cls, path: str | Path) -> KernelCurves:
-        with open(path, newline="") as f:
-            return cls(list(csv.DictReader(f)))
+        return cls(_rows(path, "kernel measurements"), str(path))
 
     @property
     def kernels(self) -> list[str]:
@@ -120,7 +165,7 @@ class KernelCurves:
         """FLOP/s at this much work: log-linear between measured points, flat outside them."""
         pts = self.points.get((kernel, pass_, causal))
         if not pts:
-            raise KeyError(f"no one-GPU measurements of kernel {kernel} {pass_} {'causal' if causal else 'full'}")
+            raise MissingCurve(f"no one-GPU measurements of kernel {kernel} {pass_} {'causal' if causal else 'full'}")
         if flops <= pts[0][0]:
             return pts[0][1]
         for (f0, r0), (f1, r1) in zip(pts, pts[1:]):
@@ -253,21 +298,30 @@ class Measured:
 
 
 def read_measured(path: str | Path) -> list[Measured]:
-    """cp-<method>:<kernel> records of an attnbench CSV export (ok rows with a world size > 1)."""
+    """cp-<method>:<kernel> records of an attnbench CSV export (ok rows with a world size > 1); ValueError,
+    naming the line, for such a row that does not hold a measurement."""
     out = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            backend = r.get("backend", "")
-            if r.get("status") != "ok" or not backend.startswith("cp-") or ":" not in backend:
-                continue
-            method, kernel = backend[3:].split(":", 1)
-            kernel = canonical(kernel)  # stored measurements may name kernels as dist did before (cudnn)
+    for i, r in enumerate(_rows(path, "multi-GPU records"), start=2):
+        backend = r.get("backend") or ""
+        if r.get("status") != "ok" or not backend.startswith("cp-") or ":" not in backend:
+            continue
+        where = f"{path} line {i}"
+        method, kernel = backend[3:].split(":", 1)
+        kernel = canonical(kernel)  # stored measurements may name kernels as dist did before (cudnn)
+        try:
             n = int(json.loads(r.get("info") or "{}").get("world_size", 1))
-            if n < 2 or method not in Model.METHODS:
-                continue
-            p = Problem(int(r["batch"]), int(r["seq_len"]), int(r["heads_q"]), int(r["heads_kv"]), int(r["head_dim"]),
-                        r["causal"] in ("1", "True", "true"), r["pass"])
-            out.append(Measured(method, kernel, n, p, float(r["tflops"])))
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"{where}: its info is not an attnbench record's (no world_size)") from None
+        if n < 2 or method not in Model.METHODS:
+            continue
+        dims = [_number(r, k, where, integer=True, high=2**31 - 1)
+                for k in ("batch", "seq_len", "heads_q", "heads_kv", "head_dim")]
+        if r.get("pass") not in MODEL_PASSES:
+            raise ValueError(f"{where}: pass {r.get('pass')!r}: expected one of {', '.join(MODEL_PASSES)}")
+        p = Problem(*dims, r.get("causal") in ("1", "True", "true"), r["pass"])
+        tflops = _number(r, "tflops", where)
+        _rate_bound(tflops, where)
+        out.append(Measured(method, kernel, n, p, tflops))
     return out
 
 
@@ -292,15 +346,31 @@ def errors(model: Model, rows: list[Measured]) -> list[float]:
 
 def with_links(base: Params, doc: dict, source: str) -> Params:
     """``base`` with the inside-a-node links measured by ``attnbench links`` (its JSON document): each
-    transfer's time read off the measured sizes."""
+    transfer's time read off the measured sizes. ValueError for a document that does not hold usable
+    measurements: a transfer whose bandwidth could not be fitted, a time or a size that is not a positive
+    finite number, a bandwidth above the device's memory bandwidth (``links.bandwidth_problem``)."""
+    from attnbench.distributed.links import bandwidth_problem, ceiling_for
+    from attnbench.distributed.links import fit as fit_links
+    limits = ceiling_for(str(doc.get("device") or ""))
     links = {}
     for kind in ("p2p", "a2a"):
         rows = sorted((r for r in doc.get("rows", []) if r["kind"] == kind), key=lambda r: r["counted_bytes"])
         if len(rows) < 2 or kind not in doc.get("fit", {}):
             raise ValueError(f"no {kind} measurements in the links file")
+        curve = tuple((_number(r, "counted_bytes", f"{kind} row"), _number(r, "median_ms", f"{kind} row"))
+                      for r in rows)
         f = doc["fit"][kind]
-        links[kind] = Link(f"NVLink {kind} (measured, {source})", f["gbs"], f["latency_us"],
-                           tuple((float(r["counted_bytes"]), float(r["median_ms"])) for r in rows))
+        unfitted = f.get("unfitted") if f.get("gbs") is None else fit_links(
+            [{"kind": kind, "bytes": b, "counted_bytes": b, "median_ms": ms} for b, ms in curve])[kind].get("unfitted")
+        if unfitted:  # the file's own fit, or its rows, leave no bandwidth to read off
+            raise ValueError(f"its {kind} bandwidth cannot be fitted ({unfitted}); measure again or use --fit-links")
+        gbs = _number(f, "gbs", f"{kind} fit")
+        latency = _number(f, "latency_us", f"{kind} fit", low=-1e-12)
+        why = bandwidth_problem(gbs, limits) or next(
+            (why for b, ms in curve if (why := bandwidth_problem(b / (ms * 1e-3) / 1e9, limits))), None)
+        if why:
+            raise ValueError(f"{kind}: {why}")
+        links[kind] = Link(f"NVLink {kind} (measured, {source})", gbs, latency, curve)
     return replace(base, p2p_link=links["p2p"], a2a_link=links["a2a"], p2p_gbs=links["p2p"].gbs,
                    a2a_gbs=links["a2a"].gbs)
 
@@ -312,14 +382,30 @@ GRID = {"a2a_gbs": [50, 100, 150, 200, 300, 400, 600],
 LINK_PARAMS = ("a2a_gbs", "p2p_gbs")
 
 
+class FitFailed(ValueError):
+    """No parameter value predicts the records (every prediction infinite, zero or undefined)."""
+
+
 def fit(curves: KernelCurves, rows: list[Measured], base: Params = Params(), free=tuple(GRID)) -> Params:
     """The ``free`` parameters minimising the mean squared log error over ``rows`` (a grid search); the
-    others keep their values in ``base``."""
+    others keep their values in ``base``. FitFailed when no value on the grid gives a finite error (there is
+    then nothing to report as fitted)."""
     grid = {k: v for k, v in GRID.items() if k in free}
-    best, best_loss = base, math.inf
+    best, best_loss = None, math.inf
     for values in itertools.product(*grid.values()):
         params = replace(base, **dict(zip(grid, values)))
-        loss = sum(math.log1p(e) ** 2 for e in errors(Model(curves, params), rows))
-        if loss < best_loss:
+        try:
+            loss = sum(math.log1p(e) ** 2 for e in errors(Model(curves, params), rows))
+        except (ValueError, ZeroDivisionError, OverflowError):  # a prediction of 0 or infinity: log undefined
+            continue
+        if loss < best_loss:  # NaN never is
             best, best_loss = params, loss
+    if best is None:
+        raise FitFailed(f"no value of {', '.join(grid)} on the grid predicts these {len(rows)} records (every "
+                        "error is infinite or undefined); nothing fitted")
     return best
+
+
+def at_grid_edge(params: Params, free=tuple(GRID)) -> list[str]:
+    """The fitted parameters that sit on the edge of the searched grid (the best value may lie beyond it)."""
+    return [k for k in free if k in GRID and getattr(params, k) in (GRID[k][0], GRID[k][-1])]

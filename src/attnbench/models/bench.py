@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench import metrics
+from attnbench import memory, metrics
 from attnbench.backends.base import BackendUnavailable
 from attnbench.models import dit, llama
 from attnbench.models.swap import AttnSwap, nvtx_range
@@ -272,6 +272,13 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     swap = None
     try:
         swap = AttnSwap(name, timed=True)
+        from attnbench.models.footprint import attention_spec
+        spec = attention_spec(cfg)
+        if memory.workspace_bytes(spec, swap.backend) > (memory.available_bytes(device) or float("inf")):
+            free = memory.format_bytes(memory.available_bytes(device))
+            return Record(spec=spec, status="oom", info={"e2e": e2e}, **base, reason=(
+                f"its attention needs {memory.format_bytes(memory.workspace_bytes(spec, swap.backend))} of "
+                f"workspace (the score matrix), {free} free (estimated; not run)")), None
         with swap:
             for _ in range(cfg.warmup):
                 work.step()

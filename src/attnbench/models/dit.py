@@ -45,6 +45,8 @@ class DitPreset:
     """Attention calls made by one transformer block."""
     channels_first: bool = False
     """Latent as (B, C, F, H, W) (Wan) instead of (B, F, C, H, W) (CogVideoX)."""
+    joint_text: bool = False
+    """The self-attention runs over the text and video tokens together (CogVideoX) instead of the video alone."""
     extra: dict = field(default_factory=dict)
     """Other forward keyword arguments."""
 
@@ -56,13 +58,13 @@ PRESETS: dict[str, DitPreset] = {
                     time_embed_dim=512, text_embed_dim=4096, num_layers=30, sample_width=90, sample_height=60,
                     sample_frames=49, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=226,
                     use_rotary_positional_embeddings=False),
-        latent=(13, 16, 60, 90), text_tokens=226, text_dim=4096),
+        latent=(13, 16, 60, 90), text_tokens=226, text_dim=4096, joint_text=True),
     "cogvideox-tiny": DitPreset(
         cls="CogVideoXTransformer3DModel",
         config=dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
                     text_embed_dim=12, num_layers=2, sample_width=8, sample_height=6, sample_frames=5, patch_size=2,
                     temporal_compression_ratio=4, max_text_seq_length=7),
-        latent=(2, 4, 6, 8), text_tokens=7, text_dim=12, dtype="fp32"),
+        latent=(2, 4, 6, 8), text_tokens=7, text_dim=12, dtype="fp32", joint_text=True),
     "wan-1.3b": DitPreset(
         cls="WanTransformer3DModel",
         config=dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
@@ -123,6 +125,15 @@ def _cast(model, dtype: torch.dtype):
             if buf is not None and buf.is_floating_point():
                 module._buffers[key] = buf.to(target)
     return model
+
+
+def self_attention_tokens(name: str) -> int:
+    """Tokens of one self-attention call of preset ``name``: the latent's patches (and the text, joint)."""
+    preset = PRESETS[name]
+    frames, _channels, height, width = preset.latent
+    patch = preset.config["patch_size"]
+    pt, ph, pw = patch if isinstance(patch, (tuple, list)) else (1, patch, patch)
+    return (frames // pt) * (height // ph) * (width // pw) + (preset.text_tokens if preset.joint_text else 0)
 
 
 def expected_calls(name: str, layers: int | None = None) -> int:

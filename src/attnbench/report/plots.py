@@ -404,10 +404,10 @@ def output_paths(out: Path) -> list[Path]:
 
 def save(rows: list[dict], x: str, y: str, out: Path, **kwargs) -> list[Path]:
     """Draw once and write every file ``output_paths(out)`` names; returns the paths written."""
+    from attnbench.results import files
     paths = output_paths(out)
     fig = figure(rows, x, y, **kwargs)
     for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        files.write_atomic(path, lambda tmp, path=path: fig.savefig(tmp, dpi=110, format=path.suffix[1:].lower()))
         log.info("wrote %s", path)
     return paths

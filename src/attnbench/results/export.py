@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+from attnbench.results import files
 from attnbench.results.record import COLUMNS, Record, clock_of, verdict_of
 
 # Columns written to CSV/JSON exports (raw samples and the full spec stay in the store). ``verdict`` is
@@ -54,25 +55,28 @@ def format_for(path: Path) -> str:
 
 
 def write(records: list[Record] | list[dict], path: Path, fmt: str | None = None) -> None:
-    """Write records (Record objects or store rows) to ``path`` as JSON, CSV or Parquet."""
+    """Write records (Record objects or store rows) to ``path`` as JSON, CSV or Parquet: the file is replaced
+    whole (``files.write_atomic``); FileRefused for a path that is a database or a store's side file."""
     rows = [r.to_row() if isinstance(r, Record) else r for r in records]
     fmt = fmt or format_for(path)
     items = export_rows(rows)
     if fmt == "parquet":
         _require_pyarrow()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt == "parquet":
-        _parquet_frame(items).to_parquet(path, index=False)
-    elif fmt == "json":
-        path.write_text(json.dumps(items, indent=1, default=str) + "\n")
-    elif fmt == "csv":
-        with path.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=EXPORT_COLUMNS)
-            writer.writeheader()
-            for item in items:
-                writer.writerow(_flat(item))
-    else:
+    if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+
+    def fill(tmp: Path) -> None:
+        if fmt == "parquet":
+            _parquet_frame(items).to_parquet(tmp, index=False)
+        elif fmt == "json":
+            tmp.write_text(json.dumps(items, indent=1, default=str) + "\n")
+        else:
+            with tmp.open("w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=EXPORT_COLUMNS)
+                writer.writeheader()
+                for item in items:
+                    writer.writerow(_flat(item))
+    files.write_atomic(path, fill)  # whole or not at all, never over a database
 
 
 def dumps(records: list[Record] | list[dict], fmt: str) -> str:

@@ -13,13 +13,14 @@ says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.results.record import COLUMNS
-from attnbench.results.store import ResultStore
+from attnbench.results.store import ADD_ENV, ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -67,49 +68,72 @@ def _clashing_runs(rows: list[dict], existing: set, cases: set, taken: set) -> d
 
 
 def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
-    """Copy every run, environment and record of ``inputs`` into ``out_path`` (created if needed)."""
-    out_resolved = Path(out_path).resolve()
+    """Copy every run, environment and record of ``inputs`` into ``out_path`` (created if needed).
+
+    All or nothing: every input is opened (and refused, if it is not a usable store) before the output is
+    touched, and everything is written in one transaction; an output created here is removed again when
+    the merge fails."""
+    out_path = Path(out_path)
+    out_resolved = out_path.resolve()
     for path in inputs:
         if Path(path).resolve() == out_resolved:
             raise ValueError(f"{path} is both an input and the output; write the merge to a new file")
+    created = not out_path.exists() or not out_path.stat().st_size
+    try:
+        with contextlib.ExitStack() as stack:
+            sources = [(path, stack.enter_context(ResultStore(path, readonly=True))) for path in inputs]
+            out = stack.enter_context(ResultStore(out_path))  # opened once every input is known to be good
+            out.conn.execute("BEGIN IMMEDIATE")
+            try:
+                summary = _copy_into(out, sources)
+                out.conn.commit()
+            except BaseException:
+                out.conn.rollback()
+                raise
+    except BaseException:
+        if created and out_path.exists():
+            for p in (out_path, *(out_path.with_name(out_path.name + s) for s in ("-wal", "-shm", "-journal"))):
+                p.unlink(missing_ok=True)
+        raise
+    return summary
+
+
+def _copy_into(out: ResultStore, sources: list[tuple[Path, ResultStore]]) -> MergeSummary:
+    """The merge itself, inside the caller's transaction on ``out``."""
     summary = MergeSummary()
     runs: dict[str, dict] = {}
     names = list(COLUMNS)
     cols = ", ".join(f'"{n}"' for n in names)
-    with ResultStore(out_path) as out:
-        for row in out.runs():
-            runs[row["run_id"]] = row
-        existing = {(r[0], r[1], r[2]) for r in out.conn.execute("SELECT run_id, case_id, created_at FROM records")}
-        cases = {(run_id, case) for run_id, case, _ in existing}
-        for path in inputs:
-            with ResultStore(path, readonly=True) as src:
-                for env_row in src.conn.execute("SELECT env_id, data FROM envs"):
-                    out.add_env(env_row[0], json.loads(env_row[1]))
-                rows = src.rows()
-                rename = _clashing_runs(rows, existing, cases, set(runs) | {r["run_id"] for r in src.runs()})
-                for run in src.runs():
-                    run = dict(run, run_id=rename.get(run["run_id"], run["run_id"]))
-                    summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
-                    runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run)
-            summary.renamed += [(str(path), old, new) for old, new in rename.items()]
-            fresh = []
-            for row in rows:
-                row = dict(row, run_id=rename.get(row["run_id"], row["run_id"]))
-                cases.add((row["run_id"], row["case_id"]))
-                key = (row["run_id"], row["case_id"], row["created_at"])
-                if key in existing:
-                    summary.duplicates += 1
-                    continue
-                existing.add(key)
-                fresh.append([row[n] for n in names])
-            with out.conn:
-                out.conn.executemany(f"INSERT INTO records ({cols}) VALUES ({', '.join('?' * len(names))})", fresh)
-            summary.records += len(fresh)
-            log.info("merged %d records from %s", len(fresh), path)
-        run_cols = ("run_id", "created_at", "finished_at", "status", "command", "config", "env_id",
-                    "attnbench_version")
-        with out.conn:
-            out.conn.executemany(
-                f"INSERT OR REPLACE INTO runs ({', '.join(run_cols)}) VALUES ({', '.join('?' * len(run_cols))})",
-                [[run.get(c) for c in run_cols] for run in runs.values()])
+    for row in out.runs():
+        runs[row["run_id"]] = row
+    existing = {(r[0], r[1], r[2]) for r in out.conn.execute("SELECT run_id, case_id, created_at FROM records")}
+    cases = {(run_id, case) for run_id, case, _ in existing}
+    for path, src in sources:
+        rows, src_runs = src.rows(), src.runs()
+        out.conn.executemany(ADD_ENV, [(env_id, json.dumps(json.loads(data), sort_keys=True))
+                                       for env_id, data in src.conn.execute("SELECT env_id, data FROM envs")])
+        rename = _clashing_runs(rows, existing, cases, set(runs) | {r["run_id"] for r in src_runs})
+        for run in src_runs:
+            run = dict(run, run_id=rename.get(run["run_id"], run["run_id"]))
+            summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
+            runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run)
+        summary.renamed += [(str(path), old, new) for old, new in rename.items()]
+        fresh = []
+        for row in rows:
+            row = dict(row, run_id=rename.get(row["run_id"], row["run_id"]))
+            cases.add((row["run_id"], row["case_id"]))
+            key = (row["run_id"], row["case_id"], row["created_at"])
+            if key in existing:
+                summary.duplicates += 1
+                continue
+            existing.add(key)
+            fresh.append([row[n] for n in names])
+        out.conn.executemany(f"INSERT INTO records ({cols}) VALUES ({', '.join('?' * len(names))})", fresh)
+        summary.records += len(fresh)
+        log.info("merged %d records from %s", len(fresh), path)
+    run_cols = ("run_id", "created_at", "finished_at", "status", "command", "config", "env_id",
+                "attnbench_version")
+    out.conn.executemany(
+        f"INSERT OR REPLACE INTO runs ({', '.join(run_cols)}) VALUES ({', '.join('?' * len(run_cols))})",
+        [[run.get(c) for c in run_cols] for run in runs.values()])
     return summary

@@ -14,6 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
+from attnbench.results import files
+from attnbench.results.integrity import REQUIRED_TABLES, file_stamp, foreign_tables, integrity_problem
 from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
 
 DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
@@ -66,6 +68,10 @@ def _v2_to_v3(conn: sqlite3.Connection) -> None:
     for name, kind in (("host", "TEXT"), ("pid", "INTEGER"), ("pid_started", "TEXT")):
         if name not in have:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+
+
+ADD_ENV = "INSERT OR IGNORE INTO envs VALUES (?, ?)"
+"""An environment (id, JSON) added once."""
 
 
 def duplicate_cases(conn: sqlite3.Connection) -> int:
@@ -147,21 +153,31 @@ class RunClaimed(StoreError):
     """A run id that this process may not write to (it exists, or another live process writes it)."""
 
 
-def repair_duplicates(path: str | Path) -> int:
-    """Delete all but the first record (lowest id) of each (run, case) in the store at ``path``; the number
-    deleted. Works on a store that cannot be opened (migrated) because of such duplicates."""
-    conn = sqlite3.connect(Path(path), timeout=30.0)
+_CHECKED: set[tuple] = set()
+"""``file_stamp`` of the stores found sound in this process (a store is checked once per state)."""
+def check_layout(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The schema version of the open database (None: empty), or StoreError when it is not an attnbench store
+    this version can use: another program's database, a schema version that is not a number or is newer,
+    the current version with tables missing."""
+    foreign = foreign_tables(conn)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
+        raise StoreError(f"{path} is a SQLite database of something else (tables: {shown}); "
+                         "attnbench leaves it alone: give another --db")
     try:
-        with conn:
-            cur = conn.execute("DELETE FROM records WHERE id NOT IN (SELECT MIN(id) FROM records "
-                               "GROUP BY run_id, case_id)")
-        return cur.rowcount
-    finally:
-        conn.close()
-
-
-REQUIRED_TABLES = frozenset({"meta", "records", "runs", "envs"})
-"""Tables a current store must hold (``peaks`` is made when first needed)."""
+        found = schema_version(conn)
+    except ValueError:
+        raise StoreError(f"{path}: its schema version is not a number; not an attnbench store "
+                         "this version can read") from None
+    if found is not None and found > SCHEMA_VERSION:
+        raise StoreError(f"{path} has schema version {found}; this attnbench reads up to "
+                         f"{SCHEMA_VERSION}: upgrade attnbench")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = ", ".join(sorted(REQUIRED_TABLES - tables))
+    if found == SCHEMA_VERSION and missing:
+        raise StoreError(f"{path} says schema version {found} but lacks table(s) {missing}: damaged; "
+                         "attnbench leaves it alone")
+    return found
 
 
 MAX_RUN_ID = 64
@@ -199,19 +215,25 @@ class ResultStore:
     A file that is not a usable attnbench store (damaged, foreign, newer, unreadable) raises StoreError before
     anything is written to it."""
 
-    def __init__(self, path: str | Path = DEFAULT_DB, *, create: bool = True, readonly: bool = False):
+    def __init__(self, path: str | Path = DEFAULT_DB, *, create: bool = True, readonly: bool = False,
+                 verify: bool | None = None):
         self.path = Path(path)
         self.readonly = readonly
+        self.verify = not readonly if verify is None else verify
+        """Check the file's integrity first (writers do; ``check_writable`` has a reader do it)."""
         if (readonly or not create) and not self.path.exists():
             raise FileNotFoundError(f"no results database at {self.path}")
         if self.path.exists() and not self.path.is_file():
             raise StoreError(f"{self.path} is not a regular file; give a results .db file")
+        owner = files.store_of_side_file(self.path)
+        if owner is not None and not readonly:
+            raise StoreError(f"{self.path} is a side file SQLite keeps beside {owner}; give the database itself "
+                             "(or another name)")
         if not self.path.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif self.path.stat().st_size:
-            with self.path.open("rb") as fh:
-                if fh.read(16) != b"SQLite format 3\x00":
-                    raise StoreError(f"{self.path} is not a SQLite database; give an attnbench .db file or a new path")
+            if not files.is_sqlite(self.path):
+                raise StoreError(f"{self.path} is not a SQLite database; give an attnbench .db file or a new path")
         self.conn = self._connect()
         self._dead: set[str] = set()
         try:
@@ -250,25 +272,51 @@ class ResultStore:
         return conn
 
     def _check(self) -> int | None:
-        """The file's schema version, or StoreError when it is not an attnbench store this version can use."""
+        """The file's schema version, or StoreError when it is not an attnbench store this version can use
+        (``check_layout``; for a writer: nor one SQLite finds damaged, ``integrity_problem``)."""
+        found = check_layout(self.conn, self.path)
         tables = {row[0] for row in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if tables and not tables & {"meta", "records", "runs"}:
-            shown = ", ".join(sorted(tables)[:5]) + (", …" if len(tables) > 5 else "")
-            raise StoreError(f"{self.path} is a SQLite database of something else (tables: {shown}); "
-                             "attnbench leaves it alone: give another --db")
-        try:
-            found = schema_version(self.conn)
-        except ValueError:
-            raise StoreError(f"{self.path}: its schema version is not a number; not an attnbench store "
-                             "this version can read") from None
-        if found is not None and found > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} has schema version {found}; this attnbench reads up to "
-                             f"{SCHEMA_VERSION}: upgrade attnbench")
-        missing = ", ".join(sorted(REQUIRED_TABLES - tables))
-        if found == SCHEMA_VERSION and missing:
-            raise StoreError(f"{self.path} says schema version {found} but lacks table(s) {missing}: damaged; "
-                             "attnbench leaves it alone")
+        if self.verify and tables:
+            self._check_integrity()
+        if found is not None and found < 4 and "case_id" in {r[1] for r in self.conn.execute("PRAGMA table_info(records)")}:
+            dup = duplicate_cases(self.conn)  # v4's migration would refuse them: say so before anything is written
+            if dup:
+                raise DuplicateRecords(f"{self.path}: {dup} case{'s' * (dup != 1)} of a run hold more than one "
+                                       "record; `attnbench repair --db FILE` keeps the first record of each")
         return found
+
+    def _check_integrity(self) -> None:
+        """Refuse to write to a store SQLite finds damaged (once per state of the file in a process)."""
+        stamp = file_stamp(self.path)
+        if stamp in _CHECKED:
+            return
+        problem = integrity_problem(self.conn, self.path.stat().st_size)
+        if problem:
+            raise StoreError(f"{self.path} is damaged (SQLite: {problem}); attnbench does not write to it: give "
+                             "another --db, or keep a copy and read what is left with export")
+        _CHECKED.add(stamp)
+
+    @staticmethod
+    def check_writable(path: str | Path) -> None:
+        """StoreError for anything a writer of ``path`` would refuse (a read-only file or folder, a file that is
+        not a usable store, a damaged one), found without creating or changing anything: commands call it
+        before their work starts."""
+        path = Path(path)
+        owner = files.store_of_side_file(path)
+        if owner is not None:
+            raise StoreError(f"{path} is a side file SQLite keeps beside {owner}; give the database itself "
+                             "(or another name)")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StoreError(f"{path}: its folder {folder} is not writable; this command writes the store "
+                             "(give another --db)")
+        if not path.exists() or not path.stat().st_size:
+            return
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise StoreError(f"{path} is read-only; this command writes the store (give another --db)")
+        ResultStore(path, readonly=True, verify=True).close()
 
     def _in_memory_copy(self) -> sqlite3.Connection:
         """A private copy of an older (or empty) store, for a reader to migrate without touching the file."""
@@ -337,7 +385,7 @@ class ResultStore:
     # ---- writing --------------------------------------------------------------------------------
     def add_env(self, env_id: str, data: dict) -> None:
         with self.conn:
-            self.conn.execute("INSERT OR IGNORE INTO envs VALUES (?, ?)", (env_id, json.dumps(data, sort_keys=True)))
+            self.conn.execute(ADD_ENV, (env_id, json.dumps(data, sort_keys=True)))
 
     def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str,
                   resume: bool = False) -> None:

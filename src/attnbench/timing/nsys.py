@@ -85,10 +85,11 @@ def parse_outputs(out_dir: str | Path, base_name: str, range_name: str = TIMED_R
     missing = [name for name, paths in found.items() if not paths]
     if missing:
         raise FileNotFoundError(f"nsys stats wrote no {', '.join(missing)} CSV in {out_dir}")
-    windows = timed_windows(found["nvtx_pushpop_trace"][0].read_text(), range_name)
+    from attnbench.results.files import MAX_TRACE_BYTES, read_text
+    windows = timed_windows(read_text(found["nvtx_pushpop_trace"][0], MAX_TRACE_BYTES, "nsys NVTX trace"), range_name)
     if not windows:
         raise ValueError(f"the NVTX trace has no range {range_name!r}")
-    return parse_gpu_trace(found["cuda_gpu_trace"][0].read_text(), windows)
+    return parse_gpu_trace(read_text(found["cuda_gpu_trace"][0], MAX_TRACE_BYTES, "nsys kernel trace"), windows)
 
 
 # ---- kernels per NVTX range, from the SQLite export of a profile (``nsys export --type sqlite``) -------------

@@ -57,7 +57,8 @@ def parse_outputs(out_dir: str | Path, range_name: str = TIMED_RANGE) -> list[Ke
     kernel_path, marker_path = find_outputs(out_dir)
     if marker_path is None:
         raise FileNotFoundError(f"rocprofv3 wrote no marker trace under {out_dir}; was --marker-trace given?")
-    windows = timed_window(marker_path.read_text(), range_name)
+    from attnbench.results.files import MAX_TRACE_BYTES, read_text
+    windows = timed_window(read_text(marker_path, MAX_TRACE_BYTES, "rocprofv3 marker trace"), range_name)
     if not windows:
         raise ValueError(f"the marker trace has no range {range_name!r}")
-    return parse_kernel_trace(kernel_path.read_text(), windows)
+    return parse_kernel_trace(read_text(kernel_path, MAX_TRACE_BYTES, "rocprofv3 kernel trace"), windows)

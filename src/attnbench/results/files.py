@@ -1,0 +1,152 @@
+"""The user's files: what attnbench writes replaces a file whole or not at all and never lands on a
+database; what it reads is bounded by size before it is parsed.
+
+- ``check_output``: an output path (``-o``, ``--output``) that is a SQLite database (a results store or
+  any other program's), a store's side file (``-wal``, ``-shm``, ``-journal``), the store the command
+  writes, or a folder is refused before any work starts.
+- ``write_atomic``: the new content goes to a temporary file beside the target, is flushed to disk and
+  then renamed over it (``os.replace``), so a failure or a kill part-way leaves the old file as it was.
+  An existing file keeps its permission bits; a symbolic link keeps pointing where it did and its target
+  is replaced; a device or a pipe (``-o /dev/stdout``) is written to directly.
+- ``read_text``: a file given as input is refused, with its size and the limit, when it is larger than
+  its kind of file ever needs to be (a config, a links file, a CSV of measurements, a profiler's trace).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+"""Files SQLite keeps beside a database ``X``: ``X-wal``, ``X-shm``, ``X-journal``."""
+
+MIB = 2**20
+MAX_CONFIG_BYTES = 1 * MIB
+"""A YAML config names options: a few hundred bytes in practice; a megabyte is thousands of values."""
+MAX_LINKS_BYTES = 16 * MIB
+"""An `attnbench links --output` file: about 30 KB for 11 sizes x 3 transfers."""
+MAX_TABLE_BYTES = 256 * MIB
+"""A CSV of measurements (cp-model's --kernels/--fit/--check): a whole store's export is a few MB."""
+MAX_TRACE_BYTES = 2048 * MIB
+"""A profiler's exported table (nsys / rocprof CSV) is read whole into memory: 2 GiB is tens of millions of kernels."""
+
+
+class FileRefused(ValueError):
+    """A path attnbench will not write to or read (a one-line answer for the user)."""
+
+
+def is_sqlite(path: Path) -> bool:
+    """Does ``path`` hold a SQLite database (by its first 16 bytes)?"""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+def store_of_side_file(path: Path) -> Path | None:
+    """The database ``path`` is a side file of (``X-wal`` -> ``X``) when that database exists, else None."""
+    for suffix in SIDE_SUFFIXES:
+        if path.name.endswith(suffix) and len(path.name) > len(suffix):
+            owner = path.with_name(path.name[: -len(suffix)])
+            if owner.is_file():
+                return owner
+    return None
+
+
+def _same(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(path: Path, flag: str, *, stores: tuple[Path, ...] = ()) -> Path:
+    """``path`` if attnbench may write a file there; FileRefused naming why not. ``stores`` are the results
+    files the same command writes (an output must not be one of them, nor one of their side files)."""
+    shown = f"{flag} {str(path)!r}"
+    if path.is_dir():
+        raise FileRefused(f"bad {shown}: it is a folder; give a file name")
+    for store in stores:
+        if _same(path, store) or any(_same(path, store.with_name(store.name + s)) for s in SIDE_SUFFIXES):
+            raise FileRefused(f"bad {shown}: it is the results store this command writes (--db); give another file")
+    if path.exists() and not path.is_file():
+        return path  # a device or a pipe (-o /dev/stdout): written through, nothing there to lose
+    if is_sqlite(path):
+        raise FileRefused(f"bad {shown}: it is a SQLite database (a results store?); attnbench does not write "
+                          "over it: give another file name")
+    owner = store_of_side_file(path)
+    if owner is not None:
+        raise FileRefused(f"bad {shown}: it is a side file of the database {str(owner)!r}, which would lose "
+                          "what is in it; give another file name")
+    return path
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(tmp)`` to fill a temporary file beside ``path``, flush it to disk and rename it over
+    ``path``: readers see the old file or the new one, never a part. ``path`` is checked first
+    (``check_output``); a failure removes the temporary file and leaves ``path`` as it was."""
+    check_output(path, "output")
+    if path.exists() and not path.is_file():
+        write(path)  # a device or a pipe (/dev/stdout): nothing to replace
+        return
+    target = Path(os.path.realpath(path))  # write through a symbolic link, as open() would
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        if target.exists():
+            shutil.copymode(target, tmp)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_folder(target.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path, limit: int, what: str) -> str:
+    """The text of ``path``, refused (FileRefused) when it is larger than ``limit`` bytes or not a regular
+    file, before anything is read."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefused(f"{what} {path}: not a regular file")
+    if info.st_size > limit:
+        raise FileRefused(f"{what} {path}: {info.st_size / MIB:,.1f} MiB, more than such a file ever needs "
+                          f"({limit / MIB:,.0f} MiB at most); is it the right file?")
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise FileRefused(f"{what} {path}: not UTF-8 text; expected a text file") from None
+    except OSError as exc:
+        raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None

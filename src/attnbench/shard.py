@@ -54,14 +54,33 @@ def parse(text: str) -> Shard:
     return Shard(index=int(m.group(1)), count=int(m.group(2)))
 
 
-def from_env(environ: dict | None = None) -> Shard | None:
-    """The shard torchrun describes (RANK / WORLD_SIZE / LOCAL_RANK), or None outside torchrun."""
+def env_int(name: str, default: int, environ: dict | None = None, *, low: int = 0) -> int:
+    """An integer that torchrun puts in the environment (RANK, WORLD_SIZE, LOCAL_RANK); ValueError naming the
+    variable when it is not one, or below ``low``."""
     env = os.environ if environ is None else environ
-    world = int(env.get("WORLD_SIZE", "1") or 1)
+    text = env.get(name)
+    if text is None or not str(text).strip():
+        return default
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value < low:
+        raise ValueError(f"bad {name}={str(text)[:40]!r} in the environment: torchrun sets it to an integer "
+                         f">= {low}; unset it, or run under torchrun")
+    return value
+
+
+def from_env(environ: dict | None = None) -> Shard | None:
+    """The shard torchrun describes (RANK / WORLD_SIZE / LOCAL_RANK), or None outside torchrun; ValueError for
+    values that are not torchrun's."""
+    world = env_int("WORLD_SIZE", 1, environ, low=1)
     if world <= 1:
         return None
-    rank = int(env.get("RANK", env.get("LOCAL_RANK", "0")))
-    return Shard(index=rank, count=world, local_rank=int(env.get("LOCAL_RANK", rank)))
+    rank = env_int("RANK", env_int("LOCAL_RANK", 0, environ), environ)
+    if rank >= world:
+        raise ValueError(f"bad RANK={rank} in the environment: WORLD_SIZE is {world}, so ranks are 0..{world - 1}")
+    return Shard(index=rank, count=world, local_rank=env_int("LOCAL_RANK", rank, environ))
 
 
 def _cost(spec: AttnSpec) -> float:

@@ -159,3 +159,19 @@ def test_flags_show_no_value_type_in_help():
         assert res.returncode == 0
         flags = [line for line in res.stdout.splitlines() if re.search(r"--(help|json|all-runs|quiet)\b", line)]
         assert flags and not any("<bool>" in line for line in flags), flags
+
+
+@pytest.mark.parametrize("command, env, needle", [
+    (["dist", "--device", "cpu", "--seq-lens", "64"], {"WORLD_SIZE": "abc"}, "bad WORLD_SIZE='abc'"),
+    (["dist", "--device", "cpu"], {"RANK": "x", "WORLD_SIZE": "2"}, "bad RANK='x'"),
+    (["links", "--output", "LINKS"], {"WORLD_SIZE": "-3"}, "bad WORLD_SIZE='-3'"),
+    (["run", "--device", "cpu"], {"WORLD_SIZE": "2", "RANK": "5"}, "ranks are 0..1"),
+])
+def test_torchrun_variables_that_are_not_torchrun_s_are_one_line(tmp_path, command, env, needle):
+    full = dict(os.environ, PYTHONPATH=SRC, **env)
+    out = tmp_path / ("l.json" if command[0] == "links" else "r.db")
+    args = [str(out) if a == "LINKS" else a for a in command] + ([] if command[0] == "links" else ["--db", str(out)])
+    res = subprocess.run([sys.executable, "-m", "attnbench", *args], capture_output=True, text=True, env=full,
+                         timeout=300)
+    assert res.returncode == 2 and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not out.exists()

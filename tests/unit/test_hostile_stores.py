@@ -272,7 +272,7 @@ def test_a_store_damaged_inside_is_refused_before_a_run_writes(good, tmp_path):
     path = _damage_index(good, tmp_path)
     before = digest(path)
     res = attnbench("run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", str(path))
-    assert "is damaged (SQLite:" in _one_line(res) and "does not write to it" in res.stderr
+    assert "is damaged (SQLite:" in _one_line(res) and "leaves it as it is" in res.stderr
     res = attnbench("e2e", "--model", "llama-tiny", "--device", "cpu", "--db", str(path))
     assert "is damaged" in _one_line(res)
     res = attnbench("export", "--db", str(path), "-o", str(tmp_path / "x.csv"))  # a reader meets the damage
@@ -439,3 +439,20 @@ def test_a_merge_that_meets_a_bad_input_changes_nothing(good, tmp_path):
     assert res.returncode == 0, res.stderr
     with ResultStore(out, readonly=True) as store:
         assert "other" in {r["run_id"] for r in store.runs()} and len(store.records()) == 2
+
+
+def test_damage_that_hides_the_store_is_called_damage_not_another_program(good, tmp_path):
+    """A broken meta index made the schema row unreadable: the store read as "a database of something else"."""
+    path = _copy(good, tmp_path, "meta.db")
+    conn = sqlite3.connect(path)
+    page = conn.execute("SELECT rootpage FROM sqlite_master WHERE name='sqlite_autoindex_meta_1'").fetchone()[0]
+    size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    data = bytearray(path.read_bytes())
+    data[(page - 1) * size + 8:(page - 1) * size + 14] = b"\x00\x07" * 3  # cell pointers out of range
+    path.write_bytes(bytes(data))
+    before = digest(path)
+    for args in (("run", *TINY, "--seq-lens", "17", "--backends", "naive"), ("show",), ("repair",)):
+        res = attnbench(*args, "--db", str(path))
+        assert res.returncode == 2 and "is damaged (SQLite:" in _one_line(res) and "something else" not in res.stderr
+    assert digest(path) == before

@@ -39,12 +39,15 @@ def store(tmp_path_factory):
     return db
 
 
-@pytest.mark.parametrize("args", [["runs"], ["show", "--table"], ["show"], ["compare", "a", "b"]])
-def test_tables_of_a_store_fit_100_columns_when_piped(store, args):
+@pytest.mark.parametrize("args, at_least", [(["runs"], 60), (["show", "--table"], 60), (["show"], 0),
+                                             (["compare", "a", "b"], 60)])
+def test_tables_of_a_store_fit_100_columns_when_piped(store, args, at_least):
+    # at_least: wide tables use the width they are given (not rich's 80); the summary of two backends is narrower
+    # than 60 columns unless a footnote (a busy CPU's) widens it, so it is held to the upper bound alone
     for columns in ("100", None):  # $COLUMNS, or none at all: 100, not rich's 80 or 200
         res = piped(*args, "--db", store, columns=columns)
         assert res.returncode == 0, res.stderr
-        assert 60 < widest(res.stdout) <= 100, res.stdout
+        assert at_least < widest(res.stdout) <= 100, res.stdout
 
 
 def test_backends_fit_and_say_how_to_install_what_is_missing():

@@ -152,6 +152,15 @@ def fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
+def env_int(name: str, default: int, *, low: int = 0) -> int:
+    """RANK, WORLD_SIZE or LOCAL_RANK from the environment (torchrun's); UserError when it is not an integer."""
+    from attnbench.shard import env_int as read
+    try:
+        return read(name, default, low=low)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def resolve_device(device: str | None) -> str:
     """Validate ``--device`` (cpu, cuda, cuda:N); default cuda when available."""
     if device is None:

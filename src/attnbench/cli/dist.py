@@ -117,7 +117,7 @@ def dist(
 ) -> None:
     """Context-parallel attention over the ranks of a torchrun job (or --nproc N here): per-rank diffs,
     per-device speed."""
-    rank_env = int(os.environ.get("RANK", "0"))
+    rank_env = common.env_int("RANK", 0)
     if rank_env and os.environ.get("TORCHELASTIC_RUN_ID"):
         # torchrun stops the other ranks when one fails: rank 0 or the rank that failed says why, the rest end
         # without a word (each printed 'stopped by SIGTERM', or a traceback when stopped while exiting)
@@ -141,7 +141,7 @@ def dist(
             raise
         _quiet_exit(2, exc)
     except Exception as exc:
-        rank = int(os.environ.get("RANK", "0"))
+        rank = rank_env
         if os.environ.get("ATTNBENCH_DEBUG"):
             raise
         common.fail(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}", 1)
@@ -177,7 +177,7 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     opts.setdefault("pass_", None)
     opts["pass_"] = opts["pass_"] or ["fwd", "fwd_bwd"]
     specs = common.build_sweep(opts, dev).specs()
-    world = world or int(os.environ.get("WORLD_SIZE", "1"))
+    world = world or common.env_int("WORLD_SIZE", 1, low=1)
     validate(specs, methods, world, opts.get("ulysses_degree"))
     cpu = dev == "cpu"
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -37,7 +36,7 @@ def links(
             raise UserError(f"bad {flag} {value}: expected an integer in 1..{high}")
     if not 0 < timeout <= common.MAX_WAIT_S:
         raise UserError(f"bad --timeout {timeout:g}: give the seconds a collective may wait, in (0, {common.MAX_WAIT_S:g}]")
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+    if common.env_int("WORLD_SIZE", 1, low=1) < 2:
         raise UserError("links measures transfers between ranks: run it under torchrun with 2 or more processes "
                         "(torchrun --nproc_per_node 2 -m attnbench links)")
     if output is not None:

@@ -78,6 +78,9 @@ def merge_hint(db_template, part: shardmod.Shard | None) -> str | None:
 
 
 def rank() -> int:
-    """This process's rank under torchrun (0 otherwise)."""
-    part = shardmod.from_env()
+    """This process's rank under torchrun (0 otherwise); UserError for values that are not torchrun's."""
+    try:
+        part = shardmod.from_env()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     return 0 if part is None else part.index

@@ -111,8 +111,6 @@ def plot(
         folder = store.path.parent / "plots"
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
-    if (why := plots.one_value(rows, x)) is not None:
-        raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     outs = {}
     for item in ys:
         if output is None:
@@ -121,6 +119,8 @@ def plot(
             outs[item] = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
         for path in plots.output_paths(outs[item]):  # all refused before any is drawn
             files.check_output(path, "--output", stores=(store.path,))
+    if (why := plots.one_value(rows, x)) is not None:
+        raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     written = []
     for item, out in outs.items():
         try:

@@ -84,6 +84,11 @@ class StoreError(Exception):
     """A store this process cannot use as asked (a one-line answer for the user)."""
 
 
+def damaged(path: Path, problem: str) -> str:
+    """The one line for a store SQLite finds damaged, for writers and readers alike."""
+    return f"{path} is damaged (SQLite: {problem}); attnbench leaves it as it is: give another --db"
+
+
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
     """One line for an SQLite error met while opening a store."""
     text = str(exc)
@@ -160,6 +165,10 @@ def check_layout(conn: sqlite3.Connection, path: Path) -> int | None:
     this version can use: another program's database, a schema version that is not a number or is newer,
     the current version with tables missing."""
     foreign = foreign_tables(conn)
+    if foreign and set(foreign) & REQUIRED_TABLES:  # a store whose damage hides what it is (its meta index, say)
+        problem = integrity_problem(conn, path.stat().st_size)
+        if problem:
+            raise StoreError(damaged(path, problem))
     if foreign:
         shown = ", ".join(foreign[:5]) + (", …" if len(foreign) > 5 else "")
         raise StoreError(f"{path} is a SQLite database of something else (tables: {shown}); "
@@ -292,8 +301,7 @@ class ResultStore:
             return
         problem = integrity_problem(self.conn, self.path.stat().st_size)
         if problem:
-            raise StoreError(f"{self.path} is damaged (SQLite: {problem}); attnbench does not write to it: give "
-                             "another --db, or keep a copy and read what is left with export")
+            raise StoreError(damaged(self.path, problem))
         _CHECKED.add(stamp)
 
     @staticmethod

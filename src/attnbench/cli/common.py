@@ -288,6 +288,16 @@ def parse_windows(value) -> tuple[tuple[int, int] | None, ...] | None:
     return tuple(dict.fromkeys(parse_window(v) for v in values))
 
 
+def _number(value) -> float:
+    """``value`` as a float (a YAML number or a string like '50'); NaN for anything else (true, 'x', a list)."""
+    if isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def parse_softcaps(value) -> tuple[float | None, ...] | None:
     """``--softcap`` values: each a finite number > 0, or none; None if unset."""
     if value is None:
@@ -297,10 +307,7 @@ def parse_softcaps(value) -> tuple[float | None, ...] | None:
         if isinstance(item, str) and item.strip().lower() == "none":
             out.append(None)
             continue
-        try:
-            cap = float(item) if not isinstance(item, bool) else math.nan
-        except (TypeError, ValueError):
-            cap = math.nan
+        cap = _number(item)
         if not (math.isfinite(cap) and cap > 0):
             raise UserError(f"bad --softcap {shown(item)}: give a finite number > 0 (Gemma 2 uses 50), or none")
         out.append(cap)
@@ -334,10 +341,7 @@ def parse_slopes(value) -> tuple[float, ...] | None:
         items = text.replace(",", " ").replace("[", " ").replace("]", " ").split()
     slopes = []
     for item in items:
-        try:
-            slope = float(item) if not isinstance(item, bool) else math.nan
-        except (TypeError, ValueError):
-            slope = math.nan
+        slope = _number(item)
         if not math.isfinite(slope):
             raise UserError(f"{where}: {shown(item)} is not a finite number; give one slope per query head")
         slopes.append(slope)
@@ -350,10 +354,7 @@ def parse_scale(value) -> float | None:
     """``--softmax-scale``: a finite number > 0; None if unset."""
     if value is None:
         return None
-    try:
-        scale = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        scale = math.nan
+    scale = _number(value)
     if not (math.isfinite(scale) and scale > 0):
         raise UserError(f"bad --softmax-scale {shown(value)}: give a finite number > 0, e.g. 0.0833 for 1/sqrt(144)")
     return scale

@@ -8,7 +8,12 @@ memory; that real OOM is caught by the runner as before). For one call of a case
 - grads (bwd and fwd_bwd): dq, dk, dv, the size of q, k, v;
 - workspace: what the backend allocates beyond that. Backends that materialise the score matrix
   (``naive``, ``sdpa-math``) need Hq·Sq·Sk·bytes per sequence (B·Hq·Sq·Sk for a dense batch: one
-  batched matmul); for a backward pass ×3 (scores, probabilities and their gradient live together).
+  batched matmul), times the score-sized tensors alive at once (``SCORE_COPIES``, measured): ``naive``
+  2 in a forward (scores and probabilities; 2.1 seen) and 3 in a backward (3.2 seen); ``sdpa-math``
+  computes fp16/bf16 inputs in fp32 (ATen's math path upcasts them) and holds 3 fp32 copies in a forward
+  (2.5 seen) and 4 in a backward (3.1 seen) — peak RSS on a CPU, bf16, H = 8, S = 4096, causal. On a CPU
+  an out-of-memory is no exception but the kernel's OOM killer ending the process, so these are not
+  rounded down.
   A varlen forward needs only the largest sequence's scores (they are freed one by one); a varlen
   backward keeps every sequence's. Fused kernels need O(inputs) and get no workspace. A backend can
   declare its own by defining ``workspace_bytes(spec) -> int``.
@@ -29,8 +34,13 @@ from attnbench.spec import AttnSpec
 
 SCORE_MATERIALIZING = ("naive", "sdpa-math")
 """Backends whose default workspace is the full score matrix (unless they define workspace_bytes)."""
+SCORE_COPIES = {"naive": (2, 3), "sdpa-math": (3, 4)}
+"""Score-sized tensors alive at once (forward, backward), per backend: see the module doc."""
+FP32_SCORES = ("sdpa-math",)
+"""Backends that compute 16-bit inputs' scores in fp32."""
 BACKWARD_SCORE_COPIES = 3
-"""Score-sized tensors alive at once in a backward: scores, probabilities, their gradient."""
+"""Score-sized tensors alive at once in a backward of another materialising backend: scores, probabilities,
+their gradient."""
 LSE_BYTES = 4
 
 
@@ -62,8 +72,9 @@ def _tokens(spec: AttnSpec) -> tuple[int, int]:
     return sum(s for s, _ in seqs), sum(s for _, s in seqs)
 
 
-def score_bytes(spec: AttnSpec, elem: int | None = None) -> int:
-    """Bytes of the score matrices one call materialises (see module doc)."""
+def score_bytes(spec: AttnSpec, elem: int | None = None, copies: tuple[int, int] = (1, BACKWARD_SCORE_COPIES)) -> int:
+    """Bytes of the score matrices one call materialises (see module doc); ``copies``: score-sized tensors
+    alive at once in a forward and in a backward."""
     elem = elem or spec.torch_dtype.itemsize
     per_seq = [spec.heads_q * sq * sk * elem for sq, sk in spec.sequences]
     backward = spec.pass_ != "fwd"
@@ -71,7 +82,7 @@ def score_bytes(spec: AttnSpec, elem: int | None = None) -> int:
         scores = sum(per_seq)  # one batched matmul holds every sequence's scores
     else:
         scores = sum(per_seq) if backward else max(per_seq)
-    return scores * (BACKWARD_SCORE_COPIES if backward else 1)
+    return scores * copies[1 if backward else 0]
 
 
 def workspace_bytes(spec: AttnSpec, backend) -> int:
@@ -79,13 +90,15 @@ def workspace_bytes(spec: AttnSpec, backend) -> int:
     declared = getattr(backend, "workspace_bytes", None)
     if callable(declared):
         return int(declared(spec))
-    if getattr(backend, "name", "") not in SCORE_MATERIALIZING:
+    name = getattr(backend, "name", "")
+    if name not in SCORE_MATERIALIZING:
         return 0
     extra = 0
     if spec.gqa:  # K and V are expanded to the query heads first
         _, tk = _tokens(spec)
         extra = tk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
-    return score_bytes(spec) + extra
+    elem = 4 if name in FP32_SCORES and spec.torch_dtype.itemsize < 4 else spec.torch_dtype.itemsize
+    return score_bytes(spec, elem, SCORE_COPIES[name]) + extra
 
 
 def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:

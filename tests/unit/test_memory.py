@@ -27,11 +27,14 @@ def test_naive_scores_dominate_and_scale_with_pass():
     spec = AttnSpec(batch=2, seqlens_q=(4096,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
     naive = registry.get("naive")
     est = memory.estimate(spec, naive)
-    assert est.workspace == 2 * 16 * 4096 * 4096 * 2  # B*H*Sq*Sk*bytes
+    scores = 2 * 16 * 4096 * 4096 * 2  # B*H*Sq*Sk*bytes
+    assert est.workspace == 2 * scores  # scores and probabilities live together
     assert est.inputs == 4 * 2 * 4096 * 16 * 128 * 2  # q, k, v, dout
     assert est.grads == 0
     bwd = memory.estimate(spec.replace(pass_="fwd_bwd"), naive)
-    assert bwd.workspace == 3 * est.workspace and bwd.grads == 3 * 2 * 4096 * 16 * 128 * 2
+    assert bwd.workspace == 3 * scores and bwd.grads == 3 * 2 * 4096 * 16 * 128 * 2
+    math = memory.estimate(spec, registry.get("sdpa-math"))  # bf16 computed in fp32: 3 fp32 copies
+    assert math.workspace == 3 * 2 * scores
     fused = memory.estimate(spec, registry.get("sdpa-flash"))
     assert fused.workspace == 0 and fused.total < est.total / 5
 
@@ -120,7 +123,7 @@ def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
 
 
 def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_numbers(tmp_path):
-    """B=8, S=32k, H=32 bf16 naive needs 512 GiB of scores: no machine running the tests has that free."""
+    """B=8, S=32k, H=32 bf16 naive needs 2 x 512 GiB of scores: no machine running the tests has that free."""
     import subprocess
     import sys
     res = subprocess.run([sys.executable, "-m", "attnbench", "run", "--device", "cpu", "--backends", "naive",
@@ -129,7 +132,7 @@ def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_n
                           "--output", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     (row,) = json.loads((tmp_path / "r.json").read_text())
-    assert row["status"] == "oom" and row["reason"].startswith("needs 512.") and "GiB free" in row["reason"]
+    assert row["status"] == "oom" and row["reason"].startswith("needs 1024.") and "GiB free" in row["reason"]
 
 
 def test_an_oom_inside_an_sdpa_kernel_probe_is_an_oom_record_not_unsupported(monkeypatch):

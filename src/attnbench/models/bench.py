@@ -272,13 +272,16 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     swap = None
     try:
         swap = AttnSwap(name, timed=True)
-        from attnbench.models.footprint import attention_spec
+        from attnbench.models.footprint import attention_spec, estimate
         spec = attention_spec(cfg)
-        if memory.workspace_bytes(spec, swap.backend) > (memory.available_bytes(device) or float("inf")):
+        # what this backend's step adds to what is allocated now (the model, the first backend's output)
+        need = memory.workspace_bytes(spec, swap.backend) + estimate(cfg).activations
+        if need > (memory.available_bytes(device) or float("inf")):
             free = memory.format_bytes(memory.available_bytes(device))
             return Record(spec=spec, status="oom", info={"e2e": e2e}, **base, reason=(
-                f"its attention needs {memory.format_bytes(memory.workspace_bytes(spec, swap.backend))} of "
-                f"workspace (the score matrix), {free} free (estimated; not run)")), None
+                f"a step needs about {memory.format_bytes(need)} beyond the model (its attention's score "
+                f"matrices {memory.format_bytes(memory.workspace_bytes(spec, swap.backend))}, activations), "
+                f"{free} free (estimated; not run)")), None
         with swap:
             for _ in range(cfg.warmup):
                 work.step()

@@ -182,3 +182,14 @@ def test_an_impossible_share_or_a_busy_step_is_marked_in_the_table():
     notes = table_notes([base, busy])
     assert notes[0].startswith("? other processes used the CPU") and notes[1].startswith("! not a share")
     assert notes[2] == "CPU: 1 thread of 2 cores"
+
+
+def test_deviation_in_slices_equals_the_whole(monkeypatch):
+    from attnbench.models import bench
+    out, ref = torch.randn(3, 1001, dtype=torch.bfloat16), torch.randn(3, 1001, dtype=torch.bfloat16)
+    a, b = out.double().flatten(), ref.double().flatten()
+    want = ((a @ b) / (a.norm() * b.norm())).item(), ((a - b).abs().sum() / b.abs().sum()).item()
+    monkeypatch.setattr(bench, "DEVIATION_CHUNK", 97)  # many slices, the last one partial
+    got = bench.deviation(out, ref)
+    assert got == pytest.approx(want, rel=1e-6)
+    assert bench.deviation(ref, ref) == pytest.approx((1.0, 0.0), abs=1e-12)

@@ -239,7 +239,7 @@ class FlexBackend(Backend):
             if sinks is None:
                 out = fn(q, k, v, **kwargs).transpose(1, 2)
                 return out[0] if inputs.varlen else out
-            out, lse = with_sinks(*flex_with_lse(fn, q, k, v, kwargs), sinks)
+            out, lse = rescale_for_sinks(*flex_with_lse(fn, q, k, v, kwargs), sinks)
             out = out.transpose(1, 2)
             return (out[0], lse[0]) if inputs.varlen else (out, lse)
 
@@ -270,7 +270,7 @@ def flex_with_lse(fn, q, k, v, kwargs: dict):
     return fn(q, k, v, return_lse=True, **kwargs)
 
 
-def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rescale_for_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention sinks from a kernel's (B, H, S, D) output and natural-log (B, H, S) LSE: each row rescaled by
     ``sigmoid(lse − sink) = exp(lse − logaddexp(lse, sink))``; returns (out, LSE with the sink)."""
     total = torch.logaddexp(lse.float(), sinks.float().view(1, -1, 1))

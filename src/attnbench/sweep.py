@@ -202,7 +202,7 @@ class Sweep:
     def with_variants(self, spec: AttnSpec, setting: dict) -> AttnSpec:
         """``spec`` with one of ``variant_settings()`` (and the sweep's scale) applied."""
         alibi = self.slopes_for(spec.heads_q) if setting["alibi"] else None
-        return spec.replace(**{**setting, "alibi": alibi}, scale=self.scale if self.scale is not None else spec.scale)
+        return spec.replace(**{**setting, "alibi": alibi}, scale=self.scale)
 
     def specs(self) -> list[AttnSpec]:
         """Every case, shape-major (cases sharing inputs are adjacent), validated."""

@@ -173,7 +173,6 @@ class FlashInfer(KernelBackend):
                                    "template": self.backend}
         return Prepared(fn=closure, info=info)
 
-
     def _sinks(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
         """The sink wrapper over pages of one token (the module docstring); only ``run`` is timed."""
         mod = importlib.import_module(self.package)

@@ -73,14 +73,11 @@ class SdpaBackend(Backend):
                 if groups > 1 and not native_gqa:
                     k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
                 if sink_key:
-                    k, v = (F.pad(t, (0, 0, 0, 1)) for t in (k, v))
+                    k, v = sink_keys(k, v)
                 return q, k, v
 
             def forward(q, k, v, sinks=None):
-                attn_mask = mask
-                if sinks is not None:  # rebuilt each call from the sinks, so their gradient flows
-                    column = sinks.to(mask.dtype).view(-1, 1, 1).expand(-1, mask.shape[1], 1)
-                    attn_mask = torch.cat([mask.expand(column.shape[0], -1, -1), column], dim=-1)
+                attn_mask = mask if sinks is None else with_sink_column(mask, sinks)
                 with sdpa_kernel([backend]):
                     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                          scale=spec.softmax_scale, **gqa_kw)
@@ -101,7 +98,7 @@ class SdpaBackend(Backend):
 
 def variant_bias(spec: AttnSpec, device) -> torch.Tensor:
     """The float mask of a case with ALiBi or sinks, in the case's dtype: (Hq or 1, Sq, Sk), -inf where the mask
-    drops a pair, the ALiBi bias (formed in fp32) elsewhere. Sinks add a column per call (``forward``)."""
+    drops a pair, the ALiBi bias (formed in fp32) elsewhere. Sinks add a column per call (``with_sink_column``)."""
     sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
     bias = torch.zeros(1, sq, sk, dtype=torch.float32, device=device)
     if spec.alibi is not None:
@@ -111,6 +108,18 @@ def variant_bias(spec: AttnSpec, device) -> torch.Tensor:
     if keep is not None:
         bias = bias.masked_fill(~keep, float("-inf"))
     return bias.to(spec.torch_dtype)
+
+
+def sink_keys(k_bhsd: torch.Tensor, v_bhsd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V (B, H, S, D) with one more key and value of zeros: its score is whatever its mask column holds."""
+    return F.pad(k_bhsd, (0, 0, 0, 1)), F.pad(v_bhsd, (0, 0, 0, 1))
+
+
+def with_sink_column(bias: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``variant_bias``'s (Hq or 1, Sq, Sk) mask with a last column holding each head's sink, (Hq, Sq, Sk + 1):
+    built from the sinks at each call, so their gradient flows through the mask."""
+    column = sinks.to(bias.dtype).view(-1, 1, 1).expand(-1, bias.shape[1], 1)
+    return torch.cat([bias.expand(column.shape[0], -1, -1), column], dim=-1)
 
 
 def _probe(forward, pre, inputs: AttnInputs, name: str, sinks=None) -> None:

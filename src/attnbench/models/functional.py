@@ -90,7 +90,7 @@ def _sdpa(kernel: str, spec: AttnSpec) -> BshdFn:
     sinks go in as the float mask of ``backends.sdpa.variant_bias`` (the math kernel's capabilities)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attnbench.backends.sdpa import variant_bias
+    from attnbench.backends.sdpa import sink_keys, variant_bias, with_sink_column
     backend = getattr(SDPBackend, kernel)
     groups = spec.heads_q // spec.heads_kv
     sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
@@ -100,11 +100,10 @@ def _sdpa(kernel: str, spec: AttnSpec) -> BshdFn:
 
     def mask_for(q, sinks):
         if biased:  # built at the first call, on its device; a sink column per call (its gradient flows)
-            bias = state.setdefault("bias", variant_bias(spec, q.device))
-            if sinks is None:
-                return bias
-            column = sinks.to(bias.dtype).view(-1, 1, 1).expand(-1, sq, 1)
-            return torch.cat([bias.expand(column.shape[0], -1, -1), column], dim=-1)
+            if "bias" not in state:  # not setdefault: its argument would be built at every call
+                state["bias"] = variant_bias(spec, q.device)
+            bias = state["bias"]
+            return bias if sinks is None else with_sink_column(bias, sinks)
         if spec.causal and sq != sk:
             from torch.nn.attention.bias import causal_lower_right
             return causal_lower_right(sq, sk)
@@ -114,8 +113,8 @@ def _sdpa(kernel: str, spec: AttnSpec) -> BshdFn:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if groups > 1 and not native_gqa:
             k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
-        if sinks is not None:  # one more key and value of zeros, whose mask column holds the sink
-            k, v = (F.pad(t, (0, 0, 0, 1)) for t in (k, v))
+        if sinks is not None:
+            k, v = sink_keys(k, v)
         kw = {"enable_gqa": True} if native_gqa and groups > 1 else {}
         with sdpa_kernel([backend]):
             out = ORIGINAL_SDPA(q, k, v, attn_mask=mask_for(q, sinks), is_causal=is_causal, scale=spec.softmax_scale,

@@ -66,8 +66,9 @@ def dense_mask_mod(sq: int, sk: int, left: int, right: int):
     return mask_mod
 
 
-def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, device):
-    """mask_mod over packed documents: same document, and the band inside it at its own alignment."""
+def document_positions(seqs: tuple[tuple[int, int], ...], device):
+    """Over packed documents: (the document of each query, of each key, and ``rel(q_idx, kv_idx)``, the key's
+    position minus the query's lower-right aligned position inside the query's document)."""
     lq = torch.tensor([s for s, _ in seqs], device=device)
     lk = torch.tensor([s for _, s in seqs], device=device)
     doc_q = torch.repeat_interleave(torch.arange(len(seqs), device=device), lq)
@@ -75,10 +76,18 @@ def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, 
     start_q, start_k = torch.cumsum(lq, 0) - lq, torch.cumsum(lk, 0) - lk
     offset = lk - lq
 
+    def rel(q_idx, kv_idx):
+        d = doc_q[q_idx]
+        return (kv_idx - start_k[d]) - (q_idx - start_q[d]) - offset[d]
+    return doc_q, doc_k, rel
+
+
+def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, device):
+    """mask_mod over packed documents: same document, and the band inside it at its own alignment."""
+    doc_q, doc_k, rel = document_positions(seqs, device)
+
     def mask_mod(b, h, q_idx, kv_idx):
-        dq = doc_q[q_idx]
-        rel = (kv_idx - start_k[dq]) - (q_idx - start_q[dq]) - offset[dq]
-        return (dq == doc_k[kv_idx]) & band(rel, left, right)
+        return (doc_q[q_idx] == doc_k[kv_idx]) & band(rel(q_idx, kv_idx), left, right)
     return mask_mod
 
 
@@ -99,21 +108,13 @@ def variant_score_mod(spec: AttnSpec, device):
 
 
 def _relative_position(spec: AttnSpec, device):
-    """(q_idx, kv_idx) -> key position minus aligned query position, as float32, for dense or packed inputs."""
+    """(q_idx, kv_idx) -> key position minus aligned query position, as float32, for dense or packed inputs
+    (pairs across packed documents are masked: any finite value does for them)."""
     if not spec.is_varlen:
         offset = spec.seqlens_k[0] - spec.seqlens_q[0]
         return lambda q_idx, kv_idx: (kv_idx - q_idx - offset).to(torch.float32)
-    seqs = spec.sequences
-    lq = torch.tensor([s for s, _ in seqs], device=device)
-    lk = torch.tensor([s for _, s in seqs], device=device)
-    doc_q = torch.repeat_interleave(torch.arange(len(seqs), device=device), lq)
-    start_q, start_k = torch.cumsum(lq, 0) - lq, torch.cumsum(lk, 0) - lk
-    offset = lk - lq
-
-    def position(q_idx, kv_idx):  # pairs across documents are masked: any finite value does
-        d = doc_q[q_idx]
-        return ((kv_idx - start_k[d]) - (q_idx - start_q[d]) - offset[d]).to(torch.float32)
-    return position
+    _, _, rel = document_positions(tuple(spec.sequences), device)
+    return lambda q_idx, kv_idx: rel(q_idx, kv_idx).to(torch.float32)
 
 
 def sta_mask_mod(tm, heads: int, device):

@@ -67,8 +67,8 @@ def dense_mask_mod(sq: int, sk: int, left: int, right: int):
 
 
 def document_positions(seqs: tuple[tuple[int, int], ...], device):
-    """Over packed documents: (the document of each query, of each key, and ``rel(q_idx, kv_idx)``, the key's
-    position minus the query's lower-right aligned position inside the query's document)."""
+    """Over packed documents: (the document of each query, of each key, and ``rel(d, q_idx, kv_idx)``, the key's
+    position minus the query's lower-right aligned position inside the query's document ``d = doc_q[q_idx]``)."""
     lq = torch.tensor([s for s, _ in seqs], device=device)
     lk = torch.tensor([s for _, s in seqs], device=device)
     doc_q = torch.repeat_interleave(torch.arange(len(seqs), device=device), lq)
@@ -76,8 +76,7 @@ def document_positions(seqs: tuple[tuple[int, int], ...], device):
     start_q, start_k = torch.cumsum(lq, 0) - lq, torch.cumsum(lk, 0) - lk
     offset = lk - lq
 
-    def rel(q_idx, kv_idx):
-        d = doc_q[q_idx]
+    def rel(d, q_idx, kv_idx):
         return (kv_idx - start_k[d]) - (q_idx - start_q[d]) - offset[d]
     return doc_q, doc_k, rel
 
@@ -87,7 +86,8 @@ def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, 
     doc_q, doc_k, rel = document_positions(seqs, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (doc_q[q_idx] == doc_k[kv_idx]) & band(rel(q_idx, kv_idx), left, right)
+        d = doc_q[q_idx]
+        return (d == doc_k[kv_idx]) & band(rel(d, q_idx, kv_idx), left, right)
     return mask_mod
 
 
@@ -113,8 +113,8 @@ def _relative_position(spec: AttnSpec, device):
     if not spec.is_varlen:
         offset = spec.seqlens_k[0] - spec.seqlens_q[0]
         return lambda q_idx, kv_idx: (kv_idx - q_idx - offset).to(torch.float32)
-    _, _, rel = document_positions(tuple(spec.sequences), device)
-    return lambda q_idx, kv_idx: rel(q_idx, kv_idx).to(torch.float32)
+    doc_q, _, rel = document_positions(tuple(spec.sequences), device)
+    return lambda q_idx, kv_idx: rel(doc_q[q_idx], q_idx, kv_idx).to(torch.float32)
 
 
 def sta_mask_mod(tm, heads: int, device):

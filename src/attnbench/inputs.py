@@ -11,7 +11,13 @@ FP8 cases (``spec.FP8_DTYPES``) draw the bf16 inputs of the same seed and quanti
 (``quantize``): each tensor, or each KV head (with the queries of its GQA group), is divided by
 ``amax / 448`` so that its largest magnitude lands on e4m3's largest finite value, and that factor is kept
 as the float32 descale. The bf16 inputs stay in ``unquantized``: the accuracy check measures the kernel
-against the exact attention of the dequantized inputs and against that of the bf16 ones.
+against the exact attention of the dequantized inputs and against that of the bf16 ones. A case with an fp8
+KV cache (``spec.kv_dtype``) quantizes k and v alone (q's descale is 1).
+
+A case with a shared prefix (``spec.shared_prefix`` = P) stores the prefix once, as a server's paged cache
+does: ``prefix_k``/``prefix_v`` (P, Hkv, D), drawn after the other tensors, and ``k``/``v`` pack each request's
+own keys (its keys after the prefix) with ``cu_seqlens_k`` over those. ``expanded()`` gives the same
+attention with every request's keys written out (prefix first), for the kernels that take no prefix.
 """
 
 from __future__ import annotations
@@ -89,10 +95,31 @@ class AttnInputs:
     """FP8 only: the bf16 inputs that were quantized."""
     sinks: torch.Tensor | None = None
     """Cases with attention sinks: float32 (Hq,) sink logits (``variants.draw_sinks``); None otherwise."""
+    prefix_k: torch.Tensor | None = None
+    """Cases with a shared prefix: its keys, (P, Hkv, D), once for every request (module doc)."""
+    prefix_v: torch.Tensor | None = None
+    """Its values, (P, Hkv, Dv)."""
 
     @property
     def varlen(self) -> bool:
         return self.cu_seqlens_q is not None
+
+    @property
+    def prefix_len(self) -> int:
+        return 0 if self.prefix_k is None else self.prefix_k.shape[0]
+
+    def expanded(self) -> AttnInputs:
+        """The same case with each request's keys written out, prefix first (no ``prefix_k``); ``self`` when
+        there is no prefix."""
+        if self.prefix_k is None:
+            return self
+        own_k, own_v = split_varlen(self.k, self.cu_seqlens_k), split_varlen(self.v, self.cu_seqlens_k)
+        k = torch.cat([t for own in own_k for t in (self.prefix_k, own)])
+        v = torch.cat([t for own in own_v for t in (self.prefix_v, own)])
+        lengths = [self.prefix_len + own.shape[0] for own in own_k]
+        unquantized = None if self.unquantized is None else self.unquantized.expanded()
+        return dataclasses.replace(self, k=k, v=v, cu_seqlens_k=cu_seqlens(lengths, self.k.device), prefix_k=None,
+                                   prefix_v=None, unquantized=unquantized)
 
     def leaves(self, requires_grad: bool) -> AttnInputs:
         """Fresh leaf tensors sharing storage, with ``requires_grad`` set (for one backend's graph)."""
@@ -114,6 +141,9 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
     """Draw q, k, v and dout from N(0, 1) (or ``dist``) with a fixed seed, on ``device`` in ``spec.dtype``."""
     if spec.is_fp8:
         return quantize(make_inputs(spec.replace(dtype="bf16"), device, seed, dist), per_head=spec.dtype == "fp8-head")
+    if spec.kv_dtype is not None:
+        return quantize(make_inputs(spec.replace(kv_dtype=None), device, seed, dist),
+                        per_head=spec.kv_dtype == "fp8-head", kv_only=True)
     device = torch.device(device)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
@@ -132,14 +162,18 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
         return draw_sinks(spec.heads_q, spec.seqlens_k, gen, device) if spec.sinks else None
 
     if spec.is_varlen:
-        seqs = spec.sequences
-        tq, tk = sum(s for s, _ in seqs), sum(s for _, s in seqs)
-        return AttnInputs(
-            q=randn(tq, spec.heads_q, spec.head_dim), k=randn(tk, spec.heads_kv, spec.head_dim),
-            v=randn(tk, spec.heads_kv, spec.head_dim_v), dout=randn(tq, spec.heads_q, spec.head_dim_v),
-            cu_seqlens_q=cu_seqlens([s for s, _ in seqs], device),
-            cu_seqlens_k=cu_seqlens([s for _, s in seqs], device),
+        seqs, prefix = spec.sequences, spec.shared_prefix
+        own = [s - prefix for _, s in seqs]  # each request's keys after the shared prefix (all of them without)
+        tq = sum(s for s, _ in seqs)
+        inputs = AttnInputs(
+            q=randn(tq, spec.heads_q, spec.head_dim), k=randn(sum(own), spec.heads_kv, spec.head_dim),
+            v=randn(sum(own), spec.heads_kv, spec.head_dim_v), dout=randn(tq, spec.heads_q, spec.head_dim_v),
+            cu_seqlens_q=cu_seqlens([s for s, _ in seqs], device), cu_seqlens_k=cu_seqlens(own, device),
             max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed, sinks=sinks())
+        if prefix:  # drawn last, so the requests' own tensors are those of the same seed's other cases
+            inputs = dataclasses.replace(inputs, prefix_k=randn(prefix, spec.heads_kv, spec.head_dim),
+                                         prefix_v=randn(prefix, spec.heads_kv, spec.head_dim_v))
+        return inputs
 
     b, sq, sk = spec.batch, spec.seqlens_q[0], spec.seqlens_k[0]
 
@@ -159,21 +193,26 @@ def _by_kv_head(t: torch.Tensor, hkv: int) -> torch.Tensor:
     return t.unflatten(-2, (hkv, t.shape[-2] // hkv))
 
 
-def quantize(inputs: AttnInputs, *, per_head: bool) -> AttnInputs:
-    """``inputs`` with q, k and v in e4m3 and their descales (see the module doc); dout stays as it is."""
+def quantize(inputs: AttnInputs, *, per_head: bool, kv_only: bool = False) -> AttnInputs:
+    """``inputs`` with q, k and v (k and v alone with ``kv_only``: q's descale is 1) in e4m3 and their
+    descales (see the module doc); dout stays as it is. A shared prefix shares its tensor's descale."""
     hkv = inputs.k.shape[-2]
-    stored, descales = [], []
-    for t in (inputs.q, inputs.k, inputs.v):
-        grouped = _by_kv_head(t.float(), hkv)
+    stored, descales = {}, []
+    for name, t, prefix in (("q", inputs.q, None), ("k", inputs.k, inputs.prefix_k), ("v", inputs.v, inputs.prefix_v)):
+        if kv_only and name == "q":
+            descales.append(torch.ones(hkv, dtype=torch.float32, device=t.device))
+            continue
+        parts = [_by_kv_head(x.float(), hkv) for x in (t, prefix) if x is not None]
         if per_head:
-            amax = grouped.abs().movedim(-3, 0).reshape(hkv, -1).amax(dim=1)
+            amax = torch.stack([x.abs().movedim(-3, 0).reshape(hkv, -1).amax(dim=1) for x in parts]).amax(dim=0)
         else:
-            amax = grouped.abs().amax().expand(hkv)
+            amax = torch.stack([x.abs().amax() for x in parts]).amax().expand(hkv)
         descale = (amax.clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX).contiguous()
-        stored.append((grouped / descale[:, None, None]).flatten(-3, -2).to(torch.float8_e4m3fn))
+        stored[name], *rest = ((x / descale[:, None, None]).flatten(-3, -2).to(torch.float8_e4m3fn) for x in parts)
+        if rest:
+            stored["prefix_" + name] = rest[0]
         descales.append(descale)
-    q, k, v = stored
-    return dataclasses.replace(inputs, q=q, k=k, v=v, descale=tuple(descales), unquantized=inputs)
+    return dataclasses.replace(inputs, **stored, descale=tuple(descales), unquantized=inputs)
 
 
 def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnInputs:
@@ -183,10 +222,26 @@ def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnI
     hkv = inputs.k.shape[-2]
 
     def value(t, descale):
+        if t is None:
+            return None
         grouped = _by_kv_head(t.to(dtype), hkv)
         return (grouped * descale.to(dtype)[:, None, None]).flatten(-3, -2)
-    q, k, v = (value(t, d) for t, d in zip((inputs.q, inputs.k, inputs.v), inputs.descale, strict=True))
-    return dataclasses.replace(inputs, q=q, k=k, v=v, descale=None, unquantized=None)
+    dq, dk, dv = inputs.descale
+    return dataclasses.replace(inputs, q=value(inputs.q, dq), k=value(inputs.k, dk), v=value(inputs.v, dv),
+                               prefix_k=value(inputs.prefix_k, dk), prefix_v=value(inputs.prefix_v, dv),
+                               descale=None, unquantized=None)
+
+
+def kv_dequantizer(inputs: AttnInputs, dtype: torch.dtype):
+    """``(k, v) -> (k, v)`` in ``dtype``: an fp8 KV cache (e4m3 stored x descale) made values again, as a kernel
+    without fp8 support must before it reads them; the identity for other inputs."""
+    if inputs.descale is None or inputs.k.dtype != torch.float8_e4m3fn or inputs.q.dtype == torch.float8_e4m3fn:
+        return lambda k, v: (k, v)
+    _, dk, dv = inputs.descale
+
+    def dequantize(k, v):
+        return tuple((t.to(dtype) * d.to(dtype)[:, None]) for t, d in ((k, dk), (v, dv)))
+    return dequantize
 
 
 def split_varlen(packed: torch.Tensor, cu: torch.Tensor) -> list[torch.Tensor]:

@@ -55,7 +55,7 @@ def _compile_case(spec: AttnSpec, backend: Backend, device: str, seed: int, inpu
     start = time.perf_counter()
     dev = torch.device(device)
     inputs = make_inputs(spec, dev, seed, inputs_dist)
-    backend.prepare(spec, inputs)
+    backend.prepare_case(spec, inputs)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return time.perf_counter() - start

@@ -315,7 +315,7 @@ class Runner:
             torch.cuda.synchronize(self.device)
             baseline = torch.cuda.memory_allocated(self.device)
         with self.clock.phase("prepare", wall), nvtx_range("prepare", self.device):
-            prepared = backend.prepare(spec, inputs)
+            prepared = backend.prepare_case(spec, inputs)
             info.update(prepared.info)
             poison = getattr(self.checker, "poison", None) if check else None
             if cuda and poison is not None:

@@ -9,7 +9,8 @@ Causal masks are aligned to the lower right (flash-attn >= 2.1): query ``i`` of 
 ``(left, right)`` keeps keys in ``[i + sk - sq - left, i + sk - sq + right]``; -1 means unbounded.
 
 The variants of today's models (attention sinks, logit softcap, ALiBi) are fields of the case too; their
-definitions are in ``attnbench.variants``.
+definitions are in ``attnbench.variants``. So are the features of a serving step (``attnbench.serving``): the
+page size of the KV cache, a prefix every request shares, a tree of speculative tokens and an FP8 KV cache.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.serving import check_tree, describe, tree_label
 from attnbench.sta import TileMask
 from attnbench.variants import alibi_label
 
@@ -43,6 +45,12 @@ LAYOUTS = ("bshd", "bhsd")
 MAX_HEAD_DIM = 512
 MAX_TOKENS = 2**31 - 1
 """Most tokens in one case (batch x summed lengths): kernels and cu_seqlens use int32 offsets."""
+MAX_PAGE_SIZE = 65536
+"""Most tokens a page of a paged KV cache may hold: a page of more than 64k tokens is a contiguous cache."""
+KV_DTYPES = FP8_DTYPES
+"""KV caches stored in e4m3 with float32 descales (per tensor, or per KV head), under queries of ``dtype``."""
+LABEL_SEQUENCES = 8
+"""A grouped case of more sequences than this is labelled by runs (``serving.describe``), not one by one."""
 
 
 def normalize_dtype(name: str) -> str:
@@ -92,6 +100,18 @@ class AttnSpec:
     """Logit softcap c (Gemma 2): scaled scores s become c·tanh(s/c); None = none."""
     alibi: tuple[float, ...] | None = None
     """ALiBi slopes, one per query head (``variants.alibi_slopes`` for the standard ones); None = no ALiBi."""
+    page_size: int | None = None
+    """Tokens a page of the KV cache holds, for the kernels that read a paged cache (they skip a case without
+    one, or use their own default where a case names none); the others skip a case that sets it."""
+    shared_prefix: int = 0
+    """The first ``shared_prefix`` keys of every sequence are the same tokens, stored once (one system prompt
+    for a batch of requests); they are cached tokens, never new ones."""
+    tree: tuple[int, ...] | None = None
+    """Speculative decoding with a tree of draft tokens: each new token's parent among the new tokens (-1:
+    the last cached one); every sequence has ``len(tree)`` new tokens (``serving.tree_keep``)."""
+    kv_dtype: str | None = None
+    """KV cache in fp8 / fp8-head (e4m3 with descales) under queries of ``dtype``; None = keys and values in
+    ``dtype``."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -111,6 +131,10 @@ class AttnSpec:
             set_(self, "alibi", tuple(float(x) if _number(x) else x for x in self.alibi))
         if _number(self.softcap):
             set_(self, "softcap", float(self.softcap))
+        if self.tree is not None:
+            set_(self, "tree", tuple(self.tree))
+        if self.kv_dtype is not None:
+            set_(self, "kv_dtype", normalize_dtype(self.kv_dtype))
         self._validate()
 
     def _validate(self) -> None:
@@ -141,6 +165,7 @@ class AttnSpec:
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"scale must be positive, got {self.scale!r}")
         self._validate_variants()
+        self._validate_serving()
         if self.sta is not None:
             if self.is_varlen or self.causal or self.has_window or self.seqlens_q != self.seqlens_k:
                 raise ValueError("a sliding tile mask takes one dense self-attention sequence, without causal or "
@@ -164,6 +189,40 @@ class AttnSpec:
         if self.sta is not None and self.variants:
             raise ValueError("a sliding tile mask does not combine with sinks, softcap or ALiBi")
 
+    def _validate_serving(self) -> None:
+        if self.page_size is not None and (isinstance(self.page_size, bool) or not isinstance(self.page_size, int)
+                                           or not 1 <= self.page_size <= MAX_PAGE_SIZE):
+            raise ValueError(f"page size must be an integer in 1..{MAX_PAGE_SIZE}, got {self.page_size!r}")
+        prefix = self.shared_prefix
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+            raise ValueError(f"shared prefix must be a whole number of tokens, got {prefix!r}")
+        if prefix:
+            if not self.is_varlen:
+                raise ValueError("a shared prefix needs a batch of several requests (--batch)")
+            short = [(sq, sk) for sq, sk in zip(self.seqlens_q, self.seqlens_k) if sk - sq < prefix]
+            if short:
+                sq, sk = short[0]
+                raise ValueError(f"a shared prefix of {prefix} tokens is cached, but a request with {sq} new "
+                                 f"tokens over {sk} keys has only {sk - sq} cached")
+        if self.tree is not None:
+            check_tree(self.tree)
+            if set(self.seqlens_q) != {len(self.tree)}:
+                raise ValueError(f"a tree of {len(self.tree)} tokens needs {len(self.tree)} new tokens in every "
+                                 f"request, not {sorted(set(self.seqlens_q))}")
+            if not self.causal or self.has_window:
+                raise ValueError("a tree mask replaces the causal mask among the new tokens: give causal, no window")
+        if self.kv_dtype is not None:
+            if self.kv_dtype not in KV_DTYPES:
+                raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+            if self.dtype not in ("fp16", "bf16"):
+                raise ValueError(f"an fp8 KV cache takes fp16 or bf16 queries, not {self.dtype}")
+        if self.serving_features and self.pass_ != "fwd":
+            raise ValueError(f"{', '.join(self.serving_features)} are inference features: forward only "
+                             f"(not {self.pass_})")
+        if (self.shared_prefix or self.tree is not None or self.kv_dtype) and (self.variants or self.sta is not None):
+            raise ValueError("sinks, softcap, ALiBi and tile masks do not combine with shared prefixes, trees or "
+                             "fp8 KV caches")
+
     # ---- derived properties -------------------------------------------------------------------
     @property
     def is_varlen(self) -> bool:
@@ -177,6 +236,11 @@ class AttnSpec:
     @property
     def is_fp8(self) -> bool:
         return self.dtype in FP8_DTYPES
+
+    @property
+    def quantized(self) -> bool:
+        """fp8 inputs or an fp8 KV cache: judged against the dequantized values, approximately."""
+        return self.is_fp8 or self.kv_dtype is not None
 
     @property
     def out_dtype(self) -> torch.dtype:
@@ -199,6 +263,19 @@ class AttnSpec:
                                            ("alibi", self.alibi is not None)) if on)
 
     @property
+    def serving_features(self) -> tuple[str, ...]:
+        """Names of the serving features the case has (page size, shared prefix, tree, fp8 KV cache)."""
+        return tuple(name for name, on in (("page size", self.page_size is not None),
+                                           ("shared prefix", self.shared_prefix > 0),
+                                           ("tree", self.tree is not None), ("fp8 KV cache", self.kv_dtype is not None))
+                     if on)
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """Element type of the stored keys and values."""
+        return DTYPES[self.kv_dtype] if self.kv_dtype is not None else self.torch_dtype
+
+    @property
     def gqa(self) -> bool:
         return self.heads_kv != self.heads_q
 
@@ -213,11 +290,13 @@ class AttnSpec:
     def shape_key(self) -> tuple:
         """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
         return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
-                self.head_dim_v, self.dtype, self.layout, self.sinks)
+                self.head_dim_v, self.dtype, self.layout, self.sinks, self.shared_prefix, self.kv_dtype)
 
     def label(self) -> str:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
-        if self.is_varlen:
+        if len(self.seqlens_q) > LABEL_SEQUENCES:
+            seq = "reqs[" + describe(self.seqlens_q, self.seqlens_k) + "]"
+        elif self.is_varlen:
             seq = "varlen[" + ",".join(map(str, self.seqlens_q)) + "]"
             if self.seqlens_k != self.seqlens_q:
                 seq += "/[" + ",".join(map(str, self.seqlens_k)) + "]"
@@ -238,6 +317,14 @@ class AttnSpec:
             parts.append(f"softcap{self.softcap:g}")
         if self.alibi is not None:
             parts.append(alibi_label(self.alibi))
+        if self.shared_prefix:
+            parts.append(f"prefix{self.shared_prefix}")
+        if self.tree is not None:
+            parts.append(tree_label(self.tree))
+        if self.kv_dtype is not None:
+            parts.append(f"kv-{self.kv_dtype}")
+        if self.page_size is not None:
+            parts.append(f"page{self.page_size}")
         return " ".join(parts)
 
     def to_dict(self) -> dict:
@@ -256,14 +343,16 @@ class AttnSpec:
     @classmethod
     def from_dict(cls, data: dict) -> AttnSpec:
         data = dict(data)
-        for key in ("seqlens_q", "seqlens_k", "window", "alibi"):
+        for key in ("seqlens_q", "seqlens_k", "window", "alibi", "tree"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
         return cls(**data)
 
 
-VARIANT_DEFAULTS = {"sinks": False, "softcap": None, "alibi": None}
-"""The variant fields and their 'off' values, left out of ``to_dict`` when off."""
+VARIANT_DEFAULTS = {"sinks": False, "softcap": None, "alibi": None,
+                    "page_size": None, "shared_prefix": 0, "tree": None, "kv_dtype": None}
+"""The fields added after the first records (model variants, serving features) and their 'off' values, left out
+of ``to_dict`` when off."""
 
 
 def _number(value) -> bool:

@@ -127,9 +127,9 @@ class AccuracyChecker:
 
     def _compute(self, spec: AttnSpec, inputs: AttnInputs, grads: bool) -> Expected:
         device = inputs.q.device
-        dtype = compute_dtype_for(device, spec.out_dtype if spec.is_fp8 else inputs.q.dtype)
+        dtype = compute_dtype_for(device, spec.out_dtype if spec.quantized else inputs.q.dtype)
         label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax"
-        if spec.is_fp8:  # judged approximately against the dequantized inputs; no fp8 math to compare with
+        if spec.quantized:  # judged approximately against the dequantized inputs; no fp8 math to compare with
             ref = reference_attention(spec, dequantized(inputs, dtype), grads=grads, dtype=dtype, blocks=self.blocks)
             unquantized = reference_attention(spec, inputs.unquantized, grads=grads, dtype=dtype, blocks=self.blocks)
             return Expected(reference=ref, baseline={}, label=f"{label}, dequantized inputs", grads=grads,

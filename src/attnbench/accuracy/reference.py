@@ -13,7 +13,11 @@ row axis, so dK and dV are summed over the group by the matmul itself.
 
 Masks follow ``spec.py``: lower-right aligned causal, windows ``(left, right)`` with -1 unbounded, and a
 sliding tile mask (``spec.sta``, one window per head) on top; key blocks a mask hides entirely are skipped.
-Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients.
+Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients. A tree of speculative tokens
+(``spec.tree``) replaces the causal mask among each sequence's new tokens by ``serving.tree_keep``.
+
+A serving batch is a grouped case like any other, computed a request at a time; a shared prefix
+(``inputs.prefix_k``) is put in front of each request's own keys, one request at a time.
 
 The variants of ``attnbench.variants`` are one term each: a score block gets the softcap (in place; its
 derivative ``1 − tanh²`` multiplies dS in the backward) and the ALiBi bias (no effect on the gradients
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.inputs import AttnInputs
+from attnbench.serving import tree_keep
 from attnbench.spec import AttnSpec
 from attnbench.variants import relative_positions
 
@@ -173,13 +178,15 @@ class _Geom:
     softcap: float | None = None
     slopes: torch.Tensor | None = None
     """ALiBi slopes as (1, Hkv, G, 1, 1) in the compute dtype (the score blocks' head order), or None."""
+    tree: torch.Tensor | None = None
+    """(Sq, Sq) bool ``serving.tree_keep`` of a speculative tree among the new tokens, or None."""
 
     @property
     def modified(self) -> bool:
         return self.softcap is not None or self.slopes is not None
 
 
-def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype) -> _Geom:
+def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree=None) -> _Geom:
     hq, hkv = q.shape[2], k.shape[2]
     left, right = mask_bounds(causal, window)
     slopes = None
@@ -187,18 +194,31 @@ def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype) -> _Geo
         slopes = torch.as_tensor(alibi, dtype=dtype, device=q.device).view(1, hkv, hq // hkv, 1, 1)
     return _Geom(sq=q.shape[1], sk=k.shape[1], left=left, right=right, groups=hq // hkv,
                  scale=q.shape[-1] ** -0.5 if scale is None else scale, tiles=_tiles(tile_mask, hq, q.device),
-                 softcap=softcap, slopes=slopes)
+                 softcap=softcap, slopes=slopes, tree=None if tree is None else tree_keep(tree, q.device))
 
 
 def _keep(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None | bool:
     """The mask of rows [a, b) x keys [c, d): None = all kept, False = none kept (skip the block), else a
     bool (rows, keys) tensor, or (Hq, rows, keys) for a sliding tile mask (each head its own window)."""
+    if geom.tree is not None:
+        return _tree_block(a, b, c, d, geom, device)
     if geom.tiles is None:
         return block_keep(a, b, c, d, geom.sq, geom.sk, geom.left, geom.right, device)
     tm, tile_keep = geom.tiles
     keep = tm.block(a, b, c, d, tile_keep.shape[0], device, tile_keep=tile_keep)
     if not keep.any():
         return False
+    return None if keep.all() else keep
+
+
+def _tree_block(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None:
+    """Rows [a, b) x keys [c, d) under a tree: every cached key, and the new tokens the tree keeps."""
+    cached = geom.sk - geom.sq
+    if d <= cached:
+        return None
+    keep = torch.ones(b - a, d - c, dtype=torch.bool, device=device)
+    lo = max(c, cached)
+    keep[:, lo - c:] = geom.tree[a:b, lo - cached:d - cached]
     return None if keep.all() else keep
 
 
@@ -257,15 +277,17 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
                       window: tuple[int, int] | None = None, scale: float | None = None,
                       dtype: torch.dtype | None = None, blocks: BlockSizes | None = None,
                       tile_mask=None, softcap: float | None = None, alibi: tuple[float, ...] | None = None,
-                      sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      sinks: torch.Tensor | None = None, tree: tuple[int, ...] | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``; ``tile_mask`` is a
     sliding tile mask (``attnbench.sta.TileMask``) applied on top; ``softcap``, ``alibi`` (Hq slopes) and
-    ``sinks`` (Hq logits) are the variants of ``attnbench.variants`` (the LSE includes the sink)."""
+    ``sinks`` (Hq logits) are the variants of ``attnbench.variants`` (the LSE includes the sink); ``tree`` is a
+    speculative tree's parents (``serving``), with ``causal``."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, _ = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype)
+    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree)
     out = torch.zeros(bsz * hkv, geom.groups, sq, dv, dtype=dtype, device=q.device)
     lse = torch.full((bsz * hkv, geom.groups, sq), -math.inf, dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
@@ -327,14 +349,14 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        scale: float | None = None, dtype: torch.dtype | None = None,
                        blocks: BlockSizes | None = None, tile_mask=None, softcap: float | None = None,
                        alibi: tuple[float, ...] | None = None, sinks: torch.Tensor | None = None,
-                       ) -> tuple[torch.Tensor, ...]:
+                       tree: tuple[int, ...] | None = None) -> tuple[torch.Tensor, ...]:
     """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``; with ``sinks``
     also d(sinks), (Hq,)."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype)
+    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree)
     groups = geom.groups
     # Rows with no key have lse = -inf; +inf makes exp(s - lse) = 0 there instead of NaN.
     lse_g = torch.where(torch.isinf(lse), torch.full_like(lse, math.inf), lse).to(dtype)
@@ -410,7 +432,7 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
     dtype = dtype or compute_dtype_for(inputs.q.device, inputs.q.dtype)
     kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks,
               tile_mask=spec.sta, softcap=spec.softcap, alibi=spec.alibi,
-              sinks=inputs.sinks.detach() if spec.sinks else None)
+              sinks=inputs.sinks.detach() if spec.sinks else None, tree=spec.tree)
     if not inputs.varlen:
         return _dense_case(inputs.q, inputs.k, inputs.v, inputs.dout, grads, kw)
     q, k, v = inputs.q, inputs.k, inputs.v
@@ -420,10 +442,15 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
         ref.dq, ref.dk, ref.dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
         if spec.sinks:
             ref.dsinks = torch.zeros(inputs.sinks.shape, dtype=dtype, device=q.device)
+    if grads and inputs.prefix_k is not None:
+        raise ValueError("a shared prefix is forward only: no reference gradients")
     cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
     for i in range(len(cu_q) - 1):
         (a, b), (c, d) = cu_q[i:i + 2], cu_k[i:i + 2]
-        part = _dense_case(q[None, a:b], k[None, c:d], v[None, c:d], inputs.dout[None, a:b], grads, kw)
+        k_i, v_i = k[None, c:d], v[None, c:d]
+        if inputs.prefix_k is not None:  # this request's keys: the shared prefix, then its own
+            k_i, v_i = (torch.cat([pre, own[0]])[None] for pre, own in ((inputs.prefix_k, k_i), (inputs.prefix_v, v_i)))
+        part = _dense_case(q[None, a:b], k_i, v_i, inputs.dout[None, a:b], grads, kw)
         ref.out[a:b], ref.lse[:, a:b] = part.out[0], part.lse[0]
         if grads:
             ref.dq[a:b], ref.dk[c:d], ref.dv[c:d] = part.dq[0], part.dk[0], part.dv[0]

@@ -65,6 +65,15 @@ class Capabilities:
     """Logit softcap (``spec.softcap``)."""
     alibi: bool = False
     """ALiBi with any slopes (``spec.alibi``); a backend limited to some slopes says so in ``extra_reason``."""
+    paged: bool = False
+    """Reads a paged KV cache: runs the cases that set a page size (``spec.page_size``); others skip them."""
+    shared_prefix: bool = False
+    """Takes a shared prefix stored once (``inputs.prefix_k``); the others get each request's keys written out
+    (``inputs.expanded``), which is the same attention."""
+    tree: bool = False
+    """A tree mask of speculative tokens (``spec.tree``)."""
+    kv_fp8: bool = False
+    """An fp8 KV cache under fp16/bf16 queries (``spec.kv_dtype``)."""
 
 
 @dataclass(kw_only=True)
@@ -117,6 +126,9 @@ def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.d
         (spec.sinks and not caps.sinks, "attention sinks not supported"),
         (spec.softcap is not None and not caps.softcap, "logit softcap not supported"),
         (spec.alibi is not None and not caps.alibi, "ALiBi not supported"),
+        (spec.page_size is not None and not caps.paged, "no paged KV cache (the case sets a page size)"),
+        (spec.tree is not None and not caps.tree, "no tree mask"),
+        (spec.kv_dtype is not None and not caps.kv_fp8, "no fp8 KV cache"),
         (spec.pass_ != "fwd" and not caps.backward, "forward only (no backward)"),
         (spec.seqlens_q != spec.seqlens_k and not caps.cross_lengths, "query and key lengths must match"),
         (spec.head_dim_v != spec.head_dim and not caps.different_v_dim, "value head size must equal q/k head size"),
@@ -201,13 +213,20 @@ class Backend:
         """Backend-specific limits that the capabilities cannot express."""
         return None
 
+    def prepare_case(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        """``prepare`` on the inputs this backend takes: a shared prefix written out into every request's keys
+        for a backend that takes none (``Capabilities.shared_prefix``)."""
+        if inputs.prefix_k is not None and not self.capabilities.shared_prefix:
+            inputs = inputs.expanded()
+        return self.prepare(spec, inputs)
+
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def judged_exactly(self, spec: AttnSpec) -> bool:
         """Whether ``spec``'s result is held to exactness: not for approximate backends (``exact=False``)
         nor for fp8 inputs, which every kernel rounds by design (the verdict and the plausibility ceiling)."""
-        return self.capabilities.exact and not spec.is_fp8
+        return self.capabilities.exact and not spec.quantized
 
     def base_info(self) -> dict:
         return {"backend": self.name, "package": self.package or "torch", "version": self.version(),

@@ -2,7 +2,9 @@
 
 Materialises the full (B, H, Sq, Sk) score matrix in the input dtype, as a hand-written model would.
 GQA repeats K/V heads; varlen loops over the sequences. Rows whose mask keeps no key output zeros
-(flash-attn's convention) instead of NaN.
+(flash-attn's convention) instead of NaN. A serving batch runs a request at a time; a tree of speculative
+tokens is part of the boolean mask; an fp8 KV cache is dequantized inside the call (as a kernel without fp8
+support would have to).
 
 The variants of today's models (``attnbench.variants``) are written as a model would: softcap and an fp32 ALiBi
 bias on the score matrix, and the sinks as one more softmax column per row that is dropped afterwards.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure, expand_kv_heads
-from attnbench.inputs import AttnInputs
+from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
 from attnbench.variants import modify_scores, relative_positions, with_sinks
@@ -72,8 +74,8 @@ class _Mask:
     empty_rows: torch.Tensor | None
 
     @staticmethod
-    def build(sq: int, sk: int, causal: bool, window, device) -> _Mask:
-        keep = keep_mask(sq, sk, causal, window, device=device)
+    def build(sq: int, sk: int, causal: bool, window, device, tree=None) -> _Mask:
+        keep = keep_mask(sq, sk, causal, window, device=device, tree=tree)
         if keep is None:
             return _Mask(None, None)
         has_key = keep.any(dim=1, keepdim=True)
@@ -103,29 +105,33 @@ class Terms:
 class NaiveBackend(Backend):
     name = "naive"
     description = "matmul-softmax-matmul in PyTorch, full score matrix, scale folded into Q (the write-ups' 'Pytorch')"
-    capabilities = Capabilities(varlen=True, window=True, tile_mask=True, sinks=True, softcap=True, alibi=True)
+    capabilities = Capabilities(varlen=True, window=True, tile_mask=True, sinks=True, softcap=True, alibi=True,
+                                tree=True, kv_fp8=True)
     scale_scores = False
     """Apply the softmax scale to the S×S scores instead of Q (``naive-scale-scores``)."""
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         # Masks are built here, once: a hand-written model would keep them as buffers.
         kwargs = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, scale_scores=self.scale_scores)
-        dev = inputs.q.device
+        dev, kv = inputs.q.device, kv_dequantizer(inputs, spec.torch_dtype)
         if not inputs.varlen:
             sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
-            mask, terms = _Mask.build(sq, sk, spec.causal, spec.window, dev), Terms.build(spec, sq, sk, dev)
+            mask = _Mask.build(sq, sk, spec.causal, spec.window, dev, spec.tree)
+            terms = Terms.build(spec, sq, sk, dev)
             if spec.sta is not None:  # (Hq, S, S), each head its own window; every query attends some key
                 mask = _Mask(~spec.sta.dense(spec.heads_q, dev), None)
 
             def forward(q, k, v, sinks=None):
-                return naive_attention(q, k, v, mask=mask, terms=terms, sinks=sinks, **kwargs)
+                return naive_attention(q, *kv(k, v), mask=mask, terms=terms, sinks=sinks, **kwargs)
         else:
             cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
             bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
-            masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev) for (qs, qe), (ks, ke) in bounds]
+            masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev, spec.tree)
+                     for (qs, qe), (ks, ke) in bounds]
             terms = [Terms.build(spec, qe - qs, ke - ks, dev) for (qs, qe), (ks, ke) in bounds]
 
             def forward(q, k, v, sinks=None):
+                k, v = kv(k, v)
                 outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, terms=t, sinks=sinks,
                                         **kwargs)[0]
                         for ((qs, qe), (ks, ke)), m, t in zip(bounds, masks, terms, strict=True)]

@@ -10,6 +10,10 @@ with torch's own explanation.
 case's dtype with the ALiBi bias and -inf where the causal mask or window drops a pair, and, for sinks, one
 more key and value of zeros whose column of the mask holds each head's sink (rebuilt each call from the
 sinks, so their gradient flows). A softcap cannot be expressed as a mask.
+
+``sdpa-math`` also runs grouped cases (serving batches) the way a server without a varlen kernel would: one
+SDPA call per request, its boolean mask (lower-right causal, window or speculative tree) built in ``prepare``,
+an fp8 KV cache dequantized inside the call.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from attnbench.backends.base import (
     autograd_closure,
     expand_kv_heads,
 )
-from attnbench.inputs import AttnInputs
+from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
 from attnbench.variants import alibi_bias, relative_positions
@@ -96,10 +100,11 @@ class SdpaBackend(Backend):
         return attempt(native_gqa=False)
 
 
-def variant_bias(spec: AttnSpec, device) -> torch.Tensor:
+def variant_bias(spec: AttnSpec, device, sq: int | None = None, sk: int | None = None) -> torch.Tensor:
     """The float mask of a case with ALiBi or sinks, in the case's dtype: (Hq or 1, Sq, Sk), -inf where the mask
-    drops a pair, the ALiBi bias (formed in fp32) elsewhere. Sinks add a column per call (``with_sink_column``)."""
-    sq, sk = spec.seqlens_q[0], spec.seqlens_k[0]
+    drops a pair, the ALiBi bias (formed in fp32) elsewhere. Sinks add a column per call (``with_sink_column``).
+    ``sq``, ``sk``: one sequence's lengths (default: the first)."""
+    sq, sk = sq or spec.seqlens_q[0], sk or spec.seqlens_k[0]
     bias = torch.zeros(1, sq, sk, dtype=torch.float32, device=device)
     if spec.alibi is not None:
         slopes = torch.tensor(spec.alibi, dtype=torch.float32, device=device).view(-1, 1, 1)
@@ -141,7 +146,52 @@ class SdpaMath(SdpaBackend):
     name = "sdpa-math"
     description = "SDPA math kernel (reference composite implementation); ALiBi and sinks as a float mask"
     sdpa_backend_name = "MATH"
-    capabilities = Capabilities(window=True, sinks=True, alibi=True)
+    capabilities = Capabilities(window=True, sinks=True, alibi=True, varlen=True, tree=True, kv_fp8=True)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        if not inputs.varlen and inputs.descale is None:
+            return super().prepare(spec, inputs)
+        return self._per_request(spec, inputs)
+
+    def _per_request(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        """One SDPA call per sequence (a grouped case, or an fp8 KV cache), masks built here."""
+        from torch.nn.attention import sdpa_kernel
+        backend, dev, groups = self._sdpa_backend(), inputs.q.device, spec.heads_q // spec.heads_kv
+        kv = kv_dequantizer(inputs, spec.torch_dtype)
+        if inputs.varlen:
+            cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+            bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
+        else:  # dense: each batch row is a sequence
+            bounds = [((b, b + 1), (b, b + 1)) for b in range(spec.batch)]
+        masks = []
+        for (qs, qe), (ks, ke) in bounds:
+            sq, sk = (qe - qs, ke - ks) if inputs.varlen else (spec.seqlens_q[0], spec.seqlens_k[0])
+            if spec.sinks or spec.alibi is not None:
+                masks.append(variant_bias(spec, dev, sq, sk))
+            else:
+                masks.append(keep_mask(sq, sk, spec.causal, spec.window, device=dev, tree=spec.tree))
+
+        def one(q, k, v, mask, sinks):  # (1, S, H, D) each
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            if groups > 1:
+                k, v = expand_kv_heads(k, groups, 1), expand_kv_heads(v, groups, 1)
+            if sinks is not None:
+                k, v = sink_keys(k, v)
+                mask = with_sink_column(mask, sinks)
+            with sdpa_kernel([backend]):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.softmax_scale)
+            return out.transpose(1, 2)
+
+        def forward(q, k, v, sinks=None):
+            k, v = kv(k, v)
+            if not inputs.varlen:
+                return torch.cat([one(q[b:b + 1], k[b:b + 1], v[b:b + 1], m, sinks)
+                                  for b, m in zip(range(spec.batch), masks, strict=True)])
+            outs = [one(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], m, sinks)[0]
+                    for ((qs, qe), (ks, ke)), m in zip(bounds, masks, strict=True)]
+            return torch.cat(outs, dim=0)
+        info = self.base_info() | {"kernel": "sdpa:MATH per sequence", "gqa": "expanded" if groups > 1 else "none"}
+        return Prepared(fn=autograd_closure(spec, inputs, forward), info=info)
 
 
 class SdpaFlash(SdpaBackend):

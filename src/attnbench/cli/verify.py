@@ -137,7 +137,7 @@ def print_record(record: Record) -> None:
         return
     verdict = acc["verdict"]
     kind = "" if acc.get("exact", True) else \
-        " (fp8 inputs, judged approximately)" if record.spec.is_fp8 else " (approximate backend)"
+        " (fp8 inputs, judged approximately)" if record.spec.quantized else " (approximate backend)"
     out.print(f"[bold]{escape(head)}[/]: [{VERDICT_STYLE.get(verdict, 'white')}]{verdict.upper()}[/]{kind}")
     tensors = acc.get("tensors", {})
     # Seed 001's order: Output max, Output mean, dQ/dK/dV max, dQ/dK/dV mean (then LSE).

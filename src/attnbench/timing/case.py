@@ -50,7 +50,7 @@ def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext) -> tuple[l
     l2 = l2_bytes(ctx.device)
     copies, cold = copies_for(metrics.bytes_moved(spec), l2, max_copies=ctx.config.graph_max_copies,
                               copy_bytes=copy_bytes, free_bytes=free)
-    fns = [prepared.fn] + [backend.prepare(spec, clone_inputs(inputs)).fn for _ in range(copies - 1)]
+    fns = [prepared.fn] + [backend.prepare_case(spec, clone_inputs(inputs)).fn for _ in range(copies - 1)]
     info = {"graph_cold": cold}
     if not cold:
         info["graph_note"] = (f"{copies} input copies x {metrics.bytes_moved(spec) / 2**20:.1f} MiB per call do not "

@@ -33,7 +33,7 @@ def run_job(job: dict) -> list[dict]:
         spec = AttnSpec.from_dict(case["spec"])
         backend = registry.get(case["backend"])
         inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
-        prepared = backend.prepare(spec, inputs)
+        prepared = backend.prepare_case(spec, inputs)
         for _ in range(max(1, job.get("warmup", 1))):
             prepared.fn()
         torch.cuda.synchronize(device)

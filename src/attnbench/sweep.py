@@ -11,6 +11,7 @@ import itertools
 import re
 from dataclasses import dataclass, fields
 
+from attnbench.serving import Batch
 from attnbench.spec import PASSES, AttnSpec, normalize_dtype
 from attnbench.variants import alibi_slopes
 
@@ -149,6 +150,16 @@ class Sweep:
     """ALiBi off and/or on."""
     alibi_slopes: tuple[float, ...] | None = None
     """ALiBi slopes, one per query head; None = the standard slopes of each case's head count."""
+    batches: tuple[Batch, ...] | None = None
+    """Serving batches (``attnbench.serving``), one case each; they replace batch sizes and sequence lengths."""
+    page_sizes: tuple[int | None, ...] = (None,)
+    """KV cache page sizes, None = no page size (contiguous keys; paged kernels use their own default)."""
+    shared_prefixes: tuple[int, ...] = (0,)
+    """Shared prefix lengths (0 = none)."""
+    trees: tuple[tuple[int, ...] | None, ...] = (None,)
+    """Speculative trees (parents of the new tokens), None = none."""
+    kv_dtypes: tuple[str | None, ...] = (None,)
+    """KV cache dtypes, None = that of the queries."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -156,7 +167,7 @@ class Sweep:
             if isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))
         for name in ("batch_sizes", "seq_lens", "q_heads", "head_sizes", "dtypes", "causal", "passes", "windows",
-                     "sinks", "softcaps", "alibi"):
+                     "sinks", "softcaps", "alibi", "page_sizes", "shared_prefixes", "trees", "kv_dtypes"):
             if not getattr(self, name):
                 raise ValueError(f"{name.replace('_', '-')} is empty; give at least one value")
         object.__setattr__(self, "dtypes", tuple(normalize_dtype(d) for d in self.dtypes))
@@ -185,9 +196,15 @@ class Sweep:
     def count(self) -> int:
         """Number of cases, computed without expanding them."""
         head_sizes = len(self.emb_dims) if self.emb_dims is not None else len(self.head_sizes)
-        return (len(self.dtypes) * len(self.batch_sizes) * len(self.q_heads) * len(self.seq_lens)
+        shapes = len(self.batches) if self.batches is not None else len(self.batch_sizes) * len(self.seq_lens)
+        return (len(self.dtypes) * shapes * len(self.q_heads)
                 * len(self.kv_heads or (1,)) * head_sizes * len(self.causal) * len(self.passes)
-                * len(self.variant_settings()))
+                * len(self.variant_settings()) * len(self.serving_settings()))
+
+    def serving_settings(self) -> list[dict]:
+        """Every combination of the page size, shared prefix, tree and KV dtype axes, as AttnSpec fields."""
+        return [{"page_size": p, "shared_prefix": s, "tree": t, "kv_dtype": k}
+                for p, s, t, k in itertools.product(self.page_sizes, self.shared_prefixes, self.trees, self.kv_dtypes)]
 
     def variant_settings(self) -> list[dict]:
         """Every combination of the window, sinks, softcap and ALiBi axes, as AttnSpec fields (ALiBi as
@@ -210,14 +227,23 @@ class Sweep:
             raise ValueError(f"the sweep has {n} cases, more than the {MAX_CASES} allowed: "
                              "give fewer values per axis or split it into several runs")
         out = []
-        pairs = list(zip(self.seq_lens, self.kv_seq_lens or self.seq_lens, strict=True))
-        for dtype, batch, hq, (seqs, keys) in itertools.product(self.dtypes, self.batch_sizes, self.q_heads, pairs):
+        if self.batches is not None:
+            shapes = [(1, (b.seqlens_q, b.seqlens_k)) for b in self.batches]
+        else:
+            pairs = list(zip(self.seq_lens, self.kv_seq_lens or self.seq_lens, strict=True))
+            shapes = list(itertools.product(self.batch_sizes, pairs))
+        for dtype, (batch, (seqs, keys)), hq in itertools.product(self.dtypes, shapes, self.q_heads):
             for hkv, d in itertools.product(self.kv_heads or (hq,), self._head_sizes(hq)):
-                for setting in self.variant_settings():
+                for setting, serving in itertools.product(self.variant_settings(), self.serving_settings()):
+                    if serving["tree"] is not None and set(seqs) != {len(serving["tree"])}:
+                        continue  # a tree is for the batches whose requests each have that many new tokens
                     for causal, pass_ in itertools.product(self.causal, self.passes):
                         base = AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv,
                                         head_dim=d, dtype=dtype, causal=causal, layout=self.layout, pass_=pass_)
-                        out.append(self.with_variants(base, setting))
+                        out.append(self.with_variants(base, setting).replace(**serving))
+        if not out and self.trees != (None,):
+            raise ValueError(f"no case has {' or '.join(str(len(t)) for t in self.trees if t)} new tokens in every "
+                             "request, as the tree needs")
         return list(dict.fromkeys(out))  # a value given twice on an axis is one case, in first-seen order
 
 

@@ -404,6 +404,10 @@ def build_sweep(opts: dict, device: str) -> Sweep:
     """Turn merged option values into a Sweep; missing axes come from the device's default sweep."""
     base = GPU_DEFAULT if device.startswith("cuda") else CPU_DEFAULT
     try:
+        serving = serving_axes(opts)
+        batches = serving.pop("batches")
+        if batches is not None:
+            base = SERVING_DEFAULT
         seq = axis_values(opts, "seq_lens", groups=True)
         kv_seq = axis_values(opts, "kv_seq_lens", groups=True)
         emb = axis_values(opts, "emb_dim")
@@ -424,7 +428,13 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         if kv_seq:
             keys = parse_seq_lens([str(s) for s in kv_seq], "--kv-seq-lens")
             seq_lens, kv_seq_lens = pair_seq_lens(seq_lens, keys)
+        if batches is not None:
+            given = [flag for flag, value in (("--seq-lens", seq), ("--kv-seq-lens", kv_seq), ("--batch-size", batch))
+                     if value]
+            if given:
+                raise UserError(f"--batch / --batch-trace give each request's lengths: drop {', '.join(given)}")
         return Sweep(
+            batches=batches, **serving,
             batch_sizes=tuple(parse_int_list(batch, "batch size")) if batch else base.batch_sizes,
             seq_lens=tuple(seq_lens), kv_seq_lens=tuple(kv_seq_lens) if kv_seq_lens else None,
             q_heads=q_heads,
@@ -446,6 +456,62 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+SERVING_DEFAULT = Sweep(q_heads=(32,), kv_heads=None, head_sizes=(128,), dtypes=("bf16",), causal=(True,),
+                        passes=("fwd",))
+"""The axes a serving batch takes when not given: causal, forward, bf16, 32 heads of 128 (a Llama-style 8B)."""
+
+
+def serving_axes(opts: dict) -> dict:
+    """--batch, --batch-trace, --page-size, --shared-prefix, --tree, --kv-dtype -> Sweep fields (the batches
+    None when neither batch option is given)."""
+    from attnbench import serving
+    from attnbench.spec import normalize_dtype
+    seed = opts.get("seed") or 0
+    texts, trace = axis_values(opts, "batch"), option_text(opts, "batch_trace")
+    batches = None
+    if texts or trace:
+        try:
+            batches = [serving.parse_batch(str(t), seed=seed) for t in texts or ()]
+            if trace:
+                batches += serving.read_trace(trace)
+        except ValueError as exc:
+            raise UserError(f"bad --batch: {exc}" if texts and not trace else str(exc)) from None
+    out: dict = {"batches": tuple(batches) if batches is not None else None}
+    pages = axis_values(opts, "page_size")
+    if pages:
+        out["page_sizes"] = tuple(dict.fromkeys(
+            None if str(p).lower() == "none" else n for p in pages
+            for n in ([None] if str(p).lower() == "none" else parse_int_list(str(p), "--page-size"))))
+    prefixes = axis_values(opts, "shared_prefix")
+    if prefixes:
+        out["shared_prefixes"] = tuple(dict.fromkeys(0 if str(p) == "0" else parse_int(str(p), "--shared-prefix")
+                                                     for p in prefixes))
+    trees = axis_values(opts, "tree", groups=True)
+    if trees:
+        try:
+            out["trees"] = tuple(dict.fromkeys(None if str(t).lower() == "none" else serving.parse_tree(str(t))
+                                               for t in trees))
+        except ValueError as exc:
+            raise UserError(f"bad --tree: {exc}") from None
+    kv = axis_values(opts, "kv_dtype")
+    if kv:
+        values = []
+        for name in kv:
+            key = str(name).lower()
+            if key in ("same", "none"):
+                values.append(None)
+                continue
+            try:
+                key = normalize_dtype(key)
+            except ValueError:
+                key = None
+            if key not in ("fp8", "fp8-head"):
+                raise UserError(f"bad --kv-dtype {shown(str(name))}: fp8, fp8-head or same")
+            values.append(key)
+        out["kv_dtypes"] = tuple(dict.fromkeys(values))
+    return out
 
 
 def positive_int(value, name: str) -> int:
@@ -575,6 +641,25 @@ AlibiSlopes = Annotated[Path | None, typer.Option(
 Preset = Annotated[str | None, typer.Option(
     "--preset", metavar="MODEL", rich_help_panel="Model variants",
     help="A model's attention layers (heads, head size, variants, windows); see attnbench presets.")]
+BatchSpec = Annotated[list[str] | None, typer.Option(
+    "--batch", metavar="REQUESTS", rich_help_panel="Serving batches",
+    help="One inference step's requests, each value a case: 2q2k_32q1kv1k (2 prefills of 2k, 32 decodes over 1k "
+         "keys), 128q1kv1k..32k (keys drawn with --seed), 4q1kv[1k,8k]. Keys count the new tokens.")]
+BatchTrace = Annotated[Path | None, typer.Option(
+    "--batch-trace", metavar="FILE", rich_help_panel="Serving batches",
+    help="Replay the batches of a JSON/JSONL trace (each line: {\"requests\": [[new, keys], ...]}) as a sweep.")]
+PageSize = Annotated[list[str] | None, typer.Option(
+    "--page-size", metavar="N", rich_help_panel="Serving batches",
+    help="Tokens a KV cache page holds (an axis: 1 16 64; none = no pages); cases with one run on paged kernels.")]
+SharedPrefix = Annotated[list[str] | None, typer.Option(
+    "--shared-prefix", metavar="N", rich_help_panel="Serving batches",
+    help="The first N keys of every request are one shared prefix, stored once (an axis; 0 = none).")]
+Tree = Annotated[list[str] | None, typer.Option(
+    "--tree", metavar="PARENTS", rich_help_panel="Serving batches",
+    help="Speculative tree: each new token's parent among the new tokens, -1 = the cache, e.g. -1,0,0,1 (or none).")]
+KvDtype = Annotated[list[str] | None, typer.Option(
+    "--kv-dtype", metavar="DTYPE", rich_help_panel="Serving batches",
+    help="KV cache element type: fp8 / fp8-head (e4m3, a descale per tensor / per KV head) or same (= --dtype).")]
 Passes = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="fwd, bwd, fwd_bwd (repeatable).", rich_help_panel="Shape")]
 SeqLens = Annotated[list[str] | None, typer.Option(
     "--seq-lens", metavar="LENS", rich_help_panel="Shape",

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
+from attnbench.serving import describe, tree_label
+from attnbench.spec import LABEL_SEQUENCES
 from attnbench.variants import alibi_label
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
@@ -37,15 +39,22 @@ def axes(r: Record) -> dict[str, str]:
     """The case's position on every axis, as short labels."""
     s = r.spec
     seq = str(s.seqlens_q[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_q))
+    many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
+    if many:
+        seq = describe(s.seqlens_q, s.seqlens_k)
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",
            "seq": seq, "heads": f"h{s.heads_q}" + (f"/{s.heads_kv}" if s.gqa else ""),
            "head_dim": f"d{s.head_dim}" + (f"/{s.head_dim_v}" if s.head_dim_v != s.head_dim else "")}
-    if s.seqlens_k != s.seqlens_q:
+    if s.seqlens_k != s.seqlens_q and not many:
         out["keys"] = "keys " + (str(s.seqlens_k[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_k)))
     out["window"] = f"window {s.window[0]},{s.window[1]}" if s.has_window else "no window"
     out["sinks"] = "sinks" if s.sinks else "no sinks"
     out["softcap"] = f"softcap {s.softcap:g}" if s.softcap is not None else "no softcap"
     out["alibi"] = alibi_label(s.alibi) if s.alibi is not None else "no alibi"
+    out["prefix"] = f"prefix {s.shared_prefix}" if s.shared_prefix else "no prefix"
+    out["tree"] = tree_label(s.tree) if s.tree is not None else "no tree"
+    out["kv"] = f"kv {s.kv_dtype}" if s.kv_dtype is not None else "kv " + s.dtype + " "  # a space: unshown fixed
+    out["page"] = f"page {s.page_size}" if s.page_size is not None else "no pages"
     if s.sta is not None:
         out["mask"] = s.sta.label()
     if s.layout != "bshd":
@@ -53,13 +62,13 @@ def axes(r: Record) -> dict[str, str]:
     return out
 
 
-SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "sinks", "softcap", "alibi", "layout",
-               "mask", "pass")
+SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "sinks", "softcap", "alibi", "page",
+               "prefix", "tree", "kv", "layout", "mask", "pass")
 """Which varying axis becomes the rows: the one with most values, ties broken in this order."""
 LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "sinks", "softcap", "alibi",
-               "layout", "pass")
+               "prefix", "tree", "kv", "page", "layout", "pass")
 """The order of the fixed axes in the header (that of a case label)."""
-UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi"}
+UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi", "no prefix", "no tree", "no pages"}
 """Values of an axis every case shares that the header leaves out (they are the default)."""
 ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
 
@@ -183,7 +192,8 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     row_axis = max(varying, key=lambda k: (len(values[k]), -SWEEP_ORDER.index(k))) if varying else "seq"
     group_axes = [k for k in SWEEP_ORDER if k in varying and k != row_axis]
     fixed = [next(iter(values[k])) for k in LABEL_ORDER if k in values and k not in varying and k != row_axis
-             and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED]
+             and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED
+             and not next(iter(values[k])).endswith(" ")]
     by_case = {(_group_key(pos[id(r)], group_axes), pos[id(r)].get(row_axis, ""), r.backend): r for r in records}
     base_of = {}
     if metric == "speedup":

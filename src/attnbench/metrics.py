@@ -20,6 +20,10 @@ Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_
 O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV. Each tensor
 counts at its own element size: with fp8 inputs Q, K and V are one byte an element and O (bf16) two.
 Sinks add their fp32 logits (read) and, in the backward, their gradient (written): 4 bytes a head each.
+
+Serving batches: a shared prefix is read once (the minimal traffic; a kernel that reads it once per request
+moves more, and shows a lower rate), and an fp8 KV cache counts one byte an element (its descales are a few
+bytes). ``kv_bytes`` is the KV cache read alone, the figure a decode-dominated batch is judged by.
 """
 
 from __future__ import annotations
@@ -76,18 +80,29 @@ def flops(spec: AttnSpec, pass_: str | None = None, convention: str = "exact") -
 def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
     """Minimal bytes read and written by one call of ``pass_`` (see module doc)."""
     pass_ = pass_ or spec.pass_
-    elem, out_elem = spec.torch_dtype.itemsize, spec.out_dtype.itemsize
+    elem, out_elem, kv_elem = spec.torch_dtype.itemsize, spec.out_dtype.itemsize, spec.kv_torch_dtype.itemsize
     tq = sum(sq for sq, _ in spec.sequences)
-    tk = sum(sk for _, sk in spec.sequences)
+    tk = kv_tokens(spec)
     q = tq * spec.heads_q * spec.head_dim * elem
-    k = tk * spec.heads_kv * spec.head_dim * elem
-    v = tk * spec.heads_kv * spec.head_dim_v * elem
+    k = tk * spec.heads_kv * spec.head_dim * kv_elem
+    v = tk * spec.heads_kv * spec.head_dim_v * kv_elem
     o = tq * spec.heads_q * spec.head_dim_v * out_elem
     lse = tq * spec.heads_q * LSE_BYTES
     sinks = spec.heads_q * LSE_BYTES if spec.sinks else 0
     fwd = q + k + v + o + lse + sinks
     bwd = (q + k + v + o + o + lse + sinks) + (q + k + v + sinks)  # read q,k,v,o,do,lse; write dq,dk,dv
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[pass_]
+
+
+def kv_tokens(spec: AttnSpec) -> int:
+    """Distinct key/value tokens of a case: every sequence's keys, a shared prefix counted once."""
+    tk = sum(sk for _, sk in spec.sequences)
+    return tk - (len(spec.sequences) - 1) * spec.shared_prefix
+
+
+def kv_bytes(spec: AttnSpec) -> int:
+    """Bytes of the distinct keys and values a forward reads (a serving step's KV cache read)."""
+    return kv_tokens(spec) * spec.heads_kv * (spec.head_dim + spec.head_dim_v) * spec.kv_torch_dtype.itemsize
 
 
 def tflops_per_s(flop: float, ms: float | None) -> float | None:

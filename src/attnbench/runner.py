@@ -328,7 +328,7 @@ class Runner:
                 handed = torch.cuda.memory_allocated(self.device)
                 info["prepare_mem_bytes"] = handed - baseline
                 torch.cuda.reset_peak_memory_stats(self.device)
-            outputs = prepared.fn()
+            outputs = prepared.checked_call()
             if cuda:
                 torch.cuda.synchronize(self.device)
         self._count_compile(info, wall)
@@ -373,6 +373,9 @@ class Runner:
             status, reason = "nan", f"non-finite values in {bad}"
         elif accuracy is not None and accuracy.get("verdict") == "fail":
             status, reason = "mismatch", accuracy.get("reason", "accuracy check failed")
+            if "worst_request" in accuracy:  # a serving batch: which request is furthest off
+                w = accuracy["worst_request"]
+                reason += f"; worst request {w['index']} ({w['new']} new, {w['keys']} keys): out max_abs {w['max_abs']:.3g}"
         elif impossible:  # the time stays on record; no speed is derived from it
             status, reason = "implausible", f"{stats['median_ms']:.4g} ms: {impossible}"
             rates = dict.fromkeys(rates)
@@ -385,8 +388,8 @@ class Runner:
         later, from a stale cache or a race, fails here), and the two are compared bit for bit. A first
         call that returns the very bits of the checked call (in other memory) has its verdict, so only
         one that differs is compared with the reference again."""
-        first = prepared.fn()
-        second = prepared.fn()
+        first = prepared.checked_call()
+        second = prepared.checked_call()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         accuracy = dict(accuracy, repeat=repeat_agreement(first, second))

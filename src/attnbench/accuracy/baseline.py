@@ -20,6 +20,7 @@ from attnbench.accuracy.reference import block_keep, mask_bounds
 from attnbench.backends.base import expand_kv_heads
 from attnbench.backends.naive import Terms
 from attnbench.inputs import AttnInputs
+from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
 from attnbench.variants import modify_scores, with_sinks
 
@@ -66,6 +67,8 @@ def _dense(spec: AttnSpec, q, k, v, dout, grads: bool, max_elems: int, sinks=Non
     for a in range(0, sq, rows):
         b = min(sq, a + rows)
         keep = block_keep(a, b, 0, sk, sq, sk, left, right, q.device)
+        if spec.tree is not None:
+            keep = keep_mask(sq, sk, True, device=q.device, tree=spec.tree)[a:b]
         if spec.sta is not None:  # (Hq, rows, keys): each head its own window
             keep = spec.sta.block(a, b, 0, sk, hq, q.device, tile_keep=tile_keep)
         q_leaf = q[:, a:b].detach().requires_grad_(grads)
@@ -103,8 +106,11 @@ def math_baseline(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = True,
     parts = []
     for i in range(len(cu_q) - 1):
         (a, b), (c, d) = cu_q[i:i + 2], cu_k[i:i + 2]
-        parts.append(_dense(spec, inputs.q[None, a:b], inputs.k[None, c:d], inputs.v[None, c:d],
-                            inputs.dout[None, a:b], grads, max_elems, sinks))
+        k, v = inputs.k[c:d], inputs.v[c:d]
+        if inputs.prefix_k is not None:  # this request's keys: the shared prefix, then its own
+            k, v = torch.cat([inputs.prefix_k, k]), torch.cat([inputs.prefix_v, v])
+        parts.append(_dense(spec, inputs.q[None, a:b], k[None], v[None], inputs.dout[None, a:b], grads, max_elems,
+                            sinks))
     result = {"out": torch.cat([p["out"][0] for p in parts]), "lse": torch.cat([p["lse"][0] for p in parts], dim=1)}
     if grads:
         for name in ("dq", "dk", "dv"):

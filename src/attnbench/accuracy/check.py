@@ -70,6 +70,20 @@ class Expected:
     """FP8 cases: the exact reference of the bf16 inputs before quantization."""
 
 
+def worst_request(spec: AttnSpec, inputs: AttnInputs, out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """The sequence (a serving batch's request) whose output is furthest from the reference: its index, new
+    tokens, keys and largest absolute error."""
+    if inputs.varlen:
+        bounds = inputs.cu_seqlens_q.tolist()
+        errors = [float((out[a:b].double() - ref[a:b].double()).abs().max()) if b > a else 0.0
+                  for a, b in zip(bounds[:-1], bounds[1:])]
+    else:
+        errors = (out.double() - ref.double()).abs().flatten(1).amax(dim=1).tolist()
+    i = max(range(len(errors)), key=lambda j: (errors[j] != errors[j], errors[j]))  # NaN counts as worst
+    sq, sk = spec.sequences[i]
+    return {"index": i, "new": sq, "keys": sk, "max_abs": errors[i]}
+
+
 class AccuracyChecker:
     """Callable ``runner.Checker``: exact reference, math baseline, metrics and verdict per case."""
 
@@ -105,6 +119,8 @@ class AccuracyChecker:
             result["worst"] = verdict["worst"]
         if "reason" in verdict:
             result["reason"] = verdict["reason"]
+        if len(spec.sequences) > 1 and "out" in got and got["out"].shape == expected.reference.out.shape:
+            result["worst_request"] = worst_request(spec, inputs, got["out"], expected.reference.out)
         if expected.unquantized is not None:
             result["unquantized"] = {"reference": f"{expected.label} of the bf16 inputs before quantization",
                                      "tensors": compare(got, expected.unquantized.tensors())}

@@ -100,6 +100,14 @@ class Prepared:
     """Zero-argument call of the kernel (the timed region)."""
     info: dict = field(default_factory=dict)
     """What actually runs: kernel, package version, whether preprocessing is timed, etc."""
+    finish: Callable[[Outputs], Outputs] | None = None
+    """Untimed: a call's outputs in the case's layout, in memory of their own, for kernels that return pieces
+    (a mixed batch's prefill and decode parts) or write into buffers reused by every call."""
+
+    def checked_call(self) -> Outputs:
+        """One call, its outputs as the check reads them (``finish`` applied)."""
+        out = self.fn()
+        return out if self.finish is None else self.finish(out)
 
 
 def device_type(device: str | torch.device) -> str:

@@ -40,15 +40,16 @@ processes while other cases are timed, and never inside a timed call.
 from __future__ import annotations
 
 import importlib
+import math
 import time
+from dataclasses import replace
 
 import torch
 
 from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
-from attnbench.backends.kvcache import MAX_PAGE_SIZE
-from attnbench.inputs import AttnInputs
-from attnbench.spec import AttnSpec
+from attnbench.inputs import AttnInputs, cu_seqlens
+from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
 from attnbench.variants import alibi_label
 
 WORKSPACE_BYTES = 128 << 20
@@ -199,24 +200,32 @@ class FlashInfer(KernelBackend):
 
 
 class _FlashInferPaged(KernelBackend):
-    """FlashInfer over a paged KV cache (``kvcache.build_cache``: pages handed out in a shuffled order), NHD
-    layout, the page metadata FlashInfer takes: ``indptr`` (N+1) into ``indices`` (every request's pages in
-    order) and ``last_page_len`` (tokens in each request's last page). ``plan`` runs in ``prepare``; only
-    ``run(q, (k_cache, v_cache))`` is timed. FlashInfer's LSE is base 2 by default and is not returned, so
-    the check judges the output alone."""
+    """FlashInfer over a paged KV cache (``kvcache.build_cache``: pages handed out in a shuffled order, a shared
+    prefix's full pages shared by every request), NHD layout, the page metadata FlashInfer takes: ``indptr``
+    (N+1) into ``indices`` (every request's pages in order) and ``last_page_len`` (tokens in each request's last
+    page). ``plan`` runs in ``prepare`` and its milliseconds are recorded (``info["plan_ms"]``: a server pays
+    them every step); only ``run`` is timed, into an output buffer allocated once (FlashInfer's own allocation
+    zero-fills it at every call). An fp8 KV cache (one descale per tensor) takes bf16/fp16 queries: FlashInfer
+    folds the key descale into the softmax scale and multiplies the output by the value descale. The record's
+    ``info["template_ran"]`` is the template FlashInfer chose at ``plan`` (``fa2`` or ``fa3``; its ``auto``
+    takes fa2 for fp8 caches under 16-bit queries and for custom masks)."""
 
     package = "flashinfer"
     distribution = "flashinfer-python"
     default_sweep = False
     compiles_ahead = True
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(64, 128, 256), varlen=True,
-                                backward=False, different_v_dim=False, min_compute_capability=(8, 0), softcap=True)
+                                backward=False, different_v_dim=False, min_compute_capability=(8, 0), softcap=True,
+                                paged=True, shared_prefix=True, kv_fp8=True)
     wrapper = ""
 
     option_ranges = {"page_size": (1, MAX_PAGE_SIZE)}
 
     def __init__(self, page_size: int = 16):
         self.page_size = int(page_size)
+
+    def page(self, spec: AttnSpec) -> int:
+        return spec.page_size or self.page_size
 
     def wrapper_kwargs(self) -> dict:
         return {}
@@ -226,6 +235,8 @@ class _FlashInferPaged(KernelBackend):
             return f"page size must be positive, got {self.page_size}"
         if any(sq > sk for sq, sk in zip(spec.seqlens_q, spec.seqlens_k)):
             return "more new queries than cached keys"
+        if spec.kv_dtype == "fp8-head":
+            return "FlashInfer takes one descale per K and V tensor (fp8), not one per head"
         return None
 
     def unavailable_reason(self) -> str | None:
@@ -234,24 +245,54 @@ class _FlashInferPaged(KernelBackend):
             return f"{self.package} has no {self.wrapper}"
         return reason
 
-    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        from attnbench.backends.kvcache import build_cache
+    def scales(self, inputs: AttnInputs) -> dict:
+        """``k_scale``/``v_scale`` of an fp8 cache, as the floats FlashInfer takes; {} otherwise."""
+        if inputs.descale is None:
+            return {}
+        return {"k_scale": float(inputs.descale[1][0]), "v_scale": float(inputs.descale[2][0])}
 
-        mod, p = importlib.import_module(self.package), packed(spec, inputs)
-        cache = build_cache(p.flatten(inputs.k), p.flatten(inputs.v), p.seqlens_k, self.page_size, seed=inputs.seed)
-        indptr, indices, last_page_len = page_metadata(cache.block_table, p.seqlens_k, self.page_size)
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
+    def paged_cache(self, spec: AttnSpec, inputs: AttnInputs):
+        from attnbench.backends.kvcache import build_cache
+        p = packed(spec, inputs)
+        prefix = None if inputs.prefix_k is None else (inputs.prefix_k, inputs.prefix_v)
+        cache = build_cache(p.flatten(inputs.k), p.flatten(inputs.v), p.seqlens_k, self.page(spec), seed=inputs.seed,
+                            prefix=prefix)
+        return p, cache
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        mod = importlib.import_module(self.package)
+        p, cache = self.paged_cache(spec, inputs)
+        page = self.page(spec)
+        indptr, indices, last_page_len = page_metadata(cache.block_table, p.seqlens_k, page)
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
         wrapper = getattr(mod, self.wrapper)(workspace, "NHD", **self.wrapper_kwargs())
+        start = time.perf_counter()
         self.plan(wrapper, spec, p, indptr, indices, last_page_len)
+        torch.cuda.synchronize(inputs.q.device)
+        plan_ms = (time.perf_counter() - start) * 1e3
         q, kv = p.flatten(inputs.q).contiguous(), (cache.k_cache, cache.v_cache)
+        out = q.new_empty(*q.shape[:-1], spec.head_dim_v)
+        scales = self.scales(inputs)
 
         def call() -> Outputs:
             with torch.no_grad():
-                out = wrapper.run(q, kv)
-            return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[-2:])))
+                wrapper.run(q, kv, out=out, **scales)
+            return Outputs(out=out)
         info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
-                                   "cache": f"paged, {self.page_size} tokens a page"} | self.wrapper_kwargs()
-        return first_call(Prepared(fn=call, info=info), inputs.q.device)
+                                   "cache": f"paged, {page} tokens a page", "template_ran": template_of(wrapper),
+                                   "shared_pages": cache.shared_pages} | self.wrapper_kwargs()
+        prepared = Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out.clone())))
+        first_call(prepared, inputs.q.device)  # the JIT build, if any, happens at plan or at this first run
+        prepared.info["plan_ms"] = round(plan_ms, 4)
+        return prepared
+
+
+def template_of(wrapper) -> str:
+    """The template a FlashInfer wrapper runs (its ``_backend`` after ``plan``; the CUDA-core decode kernel for a
+    decode wrapper without tensor cores, whatever ``_backend`` says)."""
+    if getattr(wrapper, "use_tensor_cores", True) is False:
+        return "cuda-core decode"
+    return str(getattr(wrapper, "_backend", "unknown"))
 
 
 class FlashInferDecode(_FlashInferPaged):
@@ -276,21 +317,185 @@ class FlashInferDecode(_FlashInferPaged):
 
     def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
         # one query that sees every cached key: causal or not is the same attention
-        wrapper.plan(indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim, self.page_size,
-                     sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype,
+        wrapper.plan(indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim, self.page(spec),
+                     sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype, kv_data_type=spec.kv_torch_dtype,
                      logits_soft_cap=spec.softcap)
 
 
 class FlashInferPaged(_FlashInferPaged):
     name = "flashinfer-paged"
-    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper (new queries over a paged KV cache)"
+    description = "FlashInfer BatchPrefillWithPagedKVCacheWrapper (new queries over a paged KV cache, mixed batches)"
     function = "BatchPrefillWithPagedKVCacheWrapper"
     wrapper = "BatchPrefillWithPagedKVCacheWrapper"
+    capabilities = replace(_FlashInferPaged.capabilities, tree=True)
+
+    def wrapper_kwargs(self) -> dict:
+        return {}
 
     def plan(self, wrapper, spec: AttnSpec, p, indptr, indices, last_page_len) -> None:
+        mask = {}
+        if spec.tree is not None:  # every request's (new, keys) mask, flattened row-major, one after another
+            from attnbench.masks import keep_mask
+            device = indptr.device
+            mask["custom_mask"] = torch.cat([keep_mask(sq, sk, True, device=device, tree=spec.tree).flatten()
+                                             for sq, sk in zip(p.seqlens_q, p.seqlens_k, strict=True)])
         wrapper.plan(p.cu_seqlens_q, indptr, indices, last_page_len, spec.heads_q, spec.heads_kv, spec.head_dim,
-                     self.page_size, causal=spec.causal, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
-                     kv_data_type=spec.torch_dtype, logits_soft_cap=spec.softcap)
+                     self.page(spec), causal=spec.causal, sm_scale=spec.softmax_scale, q_data_type=spec.torch_dtype,
+                     kv_data_type=spec.kv_torch_dtype, o_data_type=spec.torch_dtype, logits_soft_cap=spec.softcap,
+                     **mask)
+
+
+class FlashInferPOD(_FlashInferPaged):
+    """The prefill requests (more than one new token) and the decode requests (one) of a mixed batch in one
+    kernel launch: ``BatchPODWithPagedKVCacheWrapper``, its FA2-style POD kernel. Both parts read the same paged
+    cache through their own page tables; the queries of each part are gathered in ``prepare`` and the outputs
+    put back in request order untimed (``finish``)."""
+
+    name = "flashinfer-pod"
+    description = "FlashInfer BatchPODWithPagedKVCacheWrapper (a mixed batch's prefills and decodes in one launch)"
+    function = "BatchPODWithPagedKVCacheWrapper"
+    wrapper = "BatchPODWithPagedKVCacheWrapper"
+    capabilities = replace(_FlashInferPaged.capabilities, softcap=False, kv_fp8=False)
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if 1 not in spec.seqlens_q or set(spec.seqlens_q) == {1}:
+            return "POD takes a mixed batch: requests with one new token and requests with more"
+        if not spec.causal:
+            return "POD's decode part has no mask: the batch must be causal"
+        return super().extra_reason(spec, device)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        mod, device = importlib.import_module(self.package), inputs.q.device
+        p, cache = self.paged_cache(spec, inputs)
+        page = self.page(spec)
+        parts = {"p": [i for i, sq in enumerate(p.seqlens_q) if sq > 1], "d": [i for i, sq in enumerate(p.seqlens_q) if sq == 1]}
+        q_all, offsets = p.flatten(inputs.q), p.cu_seqlens_q.tolist()
+        rows = {k: torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in idx]).to(device) for k, idx in parts.items()}
+        q = {k: q_all[r].contiguous() for k, r in rows.items()}
+        meta = {}
+        for k, idx in parts.items():
+            lens_q, lens_k = [p.seqlens_q[i] for i in idx], [p.seqlens_k[i] for i in idx]
+            meta[k] = (cu_seqlens(lens_q, device), *page_metadata(cache.block_table[idx], lens_k, page))
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        wrapper = mod.BatchPODWithPagedKVCacheWrapper(workspace, "NHD")
+        start = time.perf_counter()
+        wrapper.plan(*meta["p"], *meta["d"], spec.heads_q, spec.heads_kv, spec.head_dim, page,
+                     q_data_type=spec.torch_dtype, kv_data_type=spec.torch_dtype, sm_scale=spec.softmax_scale)
+        torch.cuda.synchronize(device)
+        plan_ms = (time.perf_counter() - start) * 1e3
+        kv = (cache.k_cache, cache.v_cache)
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                out_p, out_d = wrapper.run(q["p"], kv, q["d"], kv, causal_p=True)
+            return Outputs(out=(out_p, out_d))
+
+        def finish(o: Outputs) -> Outputs:
+            out = q_all.new_empty(q_all.shape[0], spec.heads_q, spec.head_dim_v)
+            out[rows["p"]], out[rows["d"]] = o.out
+            return Outputs(out=p.unflatten(out))
+        info = self.base_info() | {"kernel": "flashinfer.BatchPODWithPagedKVCacheWrapper.run",
+                                   "gqa": "native" if spec.gqa else "none", "cache": f"paged, {page} tokens a page",
+                                   "template_ran": "fa2 (POD)", "prefill_requests": len(parts["p"]),
+                                   "decode_requests": len(parts["d"]), "shared_pages": cache.shared_pages}
+        prepared = first_call(Prepared(fn=call, info=info, finish=finish), device)
+        prepared.info["plan_ms"] = round(plan_ms, 4)
+        return prepared
+
+
+class FlashInferPersistent(_FlashInferPaged):
+    """FlashInfer's persistent ``BatchAttention``: one launch for any mix of prefill and decode requests, its
+    own scheduler splitting the work into two tile sizes; ``plan`` takes each request's key count. It returns
+    the LSE (base 2, turned into the natural log for the check, untimed)."""
+
+    name = "flashinfer-persistent"
+    description = "FlashInfer BatchAttention (persistent kernel: any mix of prefill and decode in one launch)"
+    function = "BatchAttention"
+    wrapper = "BatchAttention"
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        mod, device = importlib.import_module(self.package), inputs.q.device
+        p, cache = self.paged_cache(spec, inputs)
+        page = self.page(spec)
+        indptr, indices, _ = page_metadata(cache.block_table, p.seqlens_k, page)
+        wrapper = mod.BatchAttention("NHD", device=str(device))
+        kv_lens = torch.tensor(p.seqlens_k, dtype=torch.int32, device=device)
+        start = time.perf_counter()
+        wrapper.plan(p.cu_seqlens_q, indptr, indices, kv_lens, spec.heads_q, spec.heads_kv, spec.head_dim,
+                     spec.head_dim_v, page, causal=spec.causal, sm_scale=spec.softmax_scale,
+                     logits_soft_cap=spec.softcap, q_data_type=spec.torch_dtype, kv_data_type=spec.kv_torch_dtype)
+        plan_ms = (time.perf_counter() - start) * 1e3
+        q, kv = p.flatten(inputs.q).contiguous(), (cache.k_cache, cache.v_cache)
+        out = q.new_empty(*q.shape[:-1], spec.head_dim_v)
+        lse = torch.empty(q.shape[0], spec.heads_q, dtype=torch.float32, device=device)
+        scales = self.scales(inputs)
+        cap = {"logits_soft_cap": spec.softcap} if spec.softcap is not None else {}
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                wrapper.run(q, kv, out=out, lse=lse, **scales, **cap)
+            return Outputs(out=out, lse=lse)
+
+        def finish(o: Outputs) -> Outputs:  # LSE base 2, (T, H) -> natural log, (H, T)
+            return Outputs(out=p.unflatten(o.out.clone()), lse=p.unflatten_lse((o.lse * math.log(2)).t().contiguous()))
+        info = self.base_info() | {"kernel": "flashinfer.BatchAttention.run", "gqa": "native" if spec.gqa else "none",
+                                   "cache": f"paged, {page} tokens a page", "template_ran": "persistent (fa2-style)",
+                                   "shared_pages": cache.shared_pages, "indices_kept": indices.shape[0]}
+        prepared = first_call(Prepared(fn=call, info=info, finish=finish), device)
+        prepared.info["plan_ms"] = round(plan_ms, 4)
+        return prepared
+
+
+class FlashInferCascade(_FlashInferPaged):
+    """A shared prefix read once for the whole batch: ``MultiLevelCascadeAttentionWrapper`` with two levels, the
+    prefix's shared pages attended by every query at once (level 0), each request's own pages (level 1, causal),
+    the two merged by their LSEs inside ``run``. Needs a shared prefix of at least one full page."""
+
+    name = "flashinfer-cascade"
+    description = "FlashInfer MultiLevelCascadeAttentionWrapper (a shared prefix read once, merged by LSE)"
+    function = "MultiLevelCascadeAttentionWrapper"
+    wrapper = "MultiLevelCascadeAttentionWrapper"
+    capabilities = replace(_FlashInferPaged.capabilities, kv_fp8=False)
+
+    def extra_reason(self, spec: AttnSpec, device) -> str | None:
+        if spec.shared_prefix < self.page(spec):
+            return f"cascade needs a shared prefix of at least one page ({self.page(spec)} tokens)"
+        return super().extra_reason(spec, device)
+
+    def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
+        mod, device = importlib.import_module(self.package), inputs.q.device
+        p, cache = self.paged_cache(spec, inputs)
+        page, shared = self.page(spec), cache.shared_pages
+        table = cache.block_table
+        own = [sk - shared * page for sk in p.seqlens_k]
+        _, indices_own, last_own = page_metadata(table[:, shared:], own, page)
+        indptr_own = cu_seqlens([-(-n // page) for n in own], device)
+        total_q = sum(p.seqlens_q)
+        levels = ([torch.tensor([0, total_q], dtype=torch.int32, device=device), p.cu_seqlens_q],
+                  [torch.tensor([0, shared], dtype=torch.int32, device=device), indptr_own],
+                  [table[0, :shared].contiguous(), indices_own],
+                  [torch.tensor([page], dtype=torch.int32, device=device), last_own])
+        workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        wrapper = mod.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
+        start = time.perf_counter()
+        wrapper.plan(*levels, spec.heads_q, spec.heads_kv, spec.head_dim, page, causal=spec.causal,
+                     sm_scale=spec.softmax_scale, logits_soft_cap=spec.softcap, q_data_type=spec.torch_dtype,
+                     kv_data_type=spec.torch_dtype)
+        torch.cuda.synchronize(device)
+        plan_ms = (time.perf_counter() - start) * 1e3
+        q, kv = p.flatten(inputs.q).contiguous(), (cache.k_cache, cache.v_cache)
+
+        def call() -> Outputs:
+            with torch.no_grad():
+                return Outputs(out=wrapper.run(q, kv))
+        info = self.base_info() | {"kernel": "flashinfer.MultiLevelCascadeAttentionWrapper.run",
+                                   "gqa": "native" if spec.gqa else "none", "cache": f"paged, {page} tokens a page",
+                                   "template_ran": template_of(wrapper._batch_prefill_wrappers[0])
+                                   if hasattr(wrapper, "_batch_prefill_wrappers") else "unknown",
+                                   "shared_pages": shared}
+        prepared = first_call(Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out))), device)
+        prepared.info["plan_ms"] = round(plan_ms, 4)
+        return prepared
 
 
 def page_metadata(block_table: torch.Tensor, seqlens_k, page_size: int):

@@ -37,6 +37,7 @@ import torch
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure
 from attnbench.backends.kernel import effective_window
 from attnbench.inputs import AttnInputs
+from attnbench.serving import tree_keep
 from attnbench.spec import AttnSpec
 from attnbench.variants import modify_scores
 
@@ -91,6 +92,32 @@ def document_mask_mod(seqs: tuple[tuple[int, int], ...], left: int, right: int, 
     return mask_mod
 
 
+def serving_mask_mod(seqs: tuple[tuple[int, int], ...], prefix: int, tree, device):
+    """mask_mod of a serving batch over packed keys laid out as [shared prefix, request 0's own keys, ...]: every
+    query sees the prefix, and inside its own request the keys up to its lower-right aligned position, or, with a
+    ``tree``, its cached keys and its ancestors among the new tokens."""
+    own = tuple((sq, sk - prefix) for sq, sk in seqs)
+    doc_q, doc_k, rel = document_positions(own, device)
+    keep_new = None if tree is None else tree_keep(tree, device)
+    n = 0 if tree is None else len(tree)
+    lq = torch.tensor([s for s, _ in own], device=device)
+    start_q = torch.cumsum(lq, 0) - lq
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_prefix = kv_idx < prefix
+        own_kv = (kv_idx - prefix).clamp(min=0)
+        d = doc_q[q_idx]
+        position = rel(d, q_idx, own_kv)  # key minus aligned query position: <= 0 is causal
+        if keep_new is None:
+            inside = position <= 0
+        else:  # new token i sees key j of the new tokens (position j - i) if j is i or an ancestor
+            i = q_idx - start_q[d]
+            j = (i + position).clamp(0, n - 1)
+            inside = (i + position < 0) | keep_new[i.clamp(0, n - 1), j]
+        return in_prefix | ((d == doc_k[own_kv]) & ~in_prefix & inside)
+    return mask_mod
+
+
 def variant_score_mod(spec: AttnSpec, device):
     """FlexAttention ``score_mod`` of the case's softcap and ALiBi (None without either): the definitions of
     ``attnbench.variants`` applied to the scaled score, ALiBi on positions within each sequence (a packed
@@ -133,11 +160,18 @@ def sta_mask_mod(tm, heads: int, device):
 
 @functools.lru_cache(maxsize=32)
 def block_mask(seqs: tuple[tuple[int, int], ...], varlen: bool, window: tuple[int, int], device: str,
-               sta=None, heads: int = 1):
+               sta=None, heads: int = 1, prefix: int = 0, tree: tuple[int, ...] | None = None):
     """Cached BlockMask for the sequences (one (Sq, Sk) pair when dense), or None for no mask; ``sta``: a
-    sliding tile mask of ``heads`` query heads (one block mask per head when the heads' windows differ)."""
+    sliding tile mask of ``heads`` query heads (one block mask per head when the heads' windows differ);
+    ``prefix``, ``tree``: a serving batch's shared prefix (stored once, before the requests' own keys) and
+    speculative tree (``serving_mask_mod``)."""
     from torch.nn.attention.flex_attention import create_block_mask
     left, right = window
+    if prefix or tree is not None:
+        q_len, kv_len = sum(s for s, _ in seqs), prefix + sum(s - prefix for _, s in seqs)
+        with _unlimited_recompiles():
+            return create_block_mask(serving_mask_mod(seqs, prefix, tree, device), None, None, q_len, kv_len,
+                                     device=device, _compile=torch.device(device).type == "cuda")
     if sta is not None:
         (q_len, kv_len), = seqs
         with _unlimited_recompiles():
@@ -195,7 +229,7 @@ class FlexBackend(Backend):
     name = "flex"
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
     capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True, sinks=True, softcap=True,
-                                alibi=True)
+                                alibi=True, shared_prefix=True, tree=True)
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):
@@ -216,6 +250,8 @@ class FlexBackend(Backend):
             return "dtype fp64 not supported by the compiled CUDA kernel (fp16/bf16/fp32)"
         if dev == "cuda" and min(spec.head_dim, spec.head_dim_v) < FLEX_MIN_HEAD_DIM:
             return flex_head_dim_reason()
+        if (spec.shared_prefix or spec.tree is not None) and (spec.has_window or not spec.is_varlen):
+            return "a shared prefix or tree takes a batch of requests (grouped) without a window here"
         if dev == "cpu" and spec.pass_ != "fwd":
             return f"FlexAttention has no backward on CPU (torch {torch.__version__})"
         if dev == "cpu" and self.compile and self.compile_backend == "inductor" and _cxx_compiler() is None:
@@ -226,12 +262,14 @@ class FlexBackend(Backend):
         from torch.nn.attention.flex_attention import flex_attention
         device = inputs.q.device
         bm = block_mask(tuple(spec.sequences) if inputs.varlen else (spec.sequences[0],), inputs.varlen,
-                        effective_window(spec), str(device), spec.sta, spec.heads_q)
+                        effective_window(spec), str(device), spec.sta, spec.heads_q, inputs.prefix_len, spec.tree)
         fn = compiled_flex(self.compile_backend, self.mode) if self.compile else flex_attention
         kwargs = {"block_mask": bm, "scale": spec.softmax_scale, "enable_gqa": spec.gqa,
                   "score_mod": variant_score_mod(spec, device)}
 
         def pre(q, k, v):
+            if inputs.prefix_k is not None:  # the keys as FlexAttention reads them: the prefix once, then the rest
+                k, v = torch.cat([inputs.prefix_k, k]), torch.cat([inputs.prefix_v, v])
             if inputs.varlen:  # (T, H, D) -> (1, H, T, D)
                 return tuple(t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
             return tuple(t.transpose(1, 2) for t in (q, k, v))
@@ -284,4 +322,7 @@ def _mask_label(spec: AttnSpec, bm) -> str:
     if spec.sta is not None:
         return f"STA block mask {tuple(bm.shape[-2:])}, {bm.sparsity():.1f}% of blocks skipped"
     kind = "document" if spec.is_varlen else ("window" if spec.has_window else "causal")
+    if spec.shared_prefix or spec.tree is not None:
+        kind = " + ".join(k for k, on in (("prefix", spec.shared_prefix), ("document", True),
+                                           ("tree", spec.tree is not None)) if on)
     return f"{kind} block mask {tuple(bm.shape[-2:])}"

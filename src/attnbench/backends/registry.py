@@ -58,6 +58,9 @@ BUILTIN: dict[str, str] = {
     "flashinfer": "attnbench.backends.flashinfer:FlashInfer",
     "flashinfer-decode": "attnbench.backends.flashinfer:FlashInferDecode",
     "flashinfer-paged": "attnbench.backends.flashinfer:FlashInferPaged",
+    "flashinfer-pod": "attnbench.backends.flashinfer:FlashInferPOD",
+    "flashinfer-persistent": "attnbench.backends.flashinfer:FlashInferPersistent",
+    "flashinfer-cascade": "attnbench.backends.flashinfer:FlashInferCascade",
     "sta": "attnbench.backends.sta:Sta",
     "sta-triton": "attnbench.backends.sta:StaTriton",
 }

@@ -1,7 +1,9 @@
 """Measured peaks of this device (`attnbench calibrate`) and datasheet peaks to show beside them.
 
 Measured: dense matmul throughput (square ``torch.matmul`` in bf16 and fp16, TFLOP/s = 2 n^3 / time)
-and device copy bandwidth (a large device-to-device copy, counting bytes read + written, GB/s).
+and device copy bandwidth (a large device-to-device copy, counting bytes read + written, GB/s), and read
+bandwidth (a sum over a large buffer, bytes read, GB/s: what a decode step, which reads its KV cache and writes
+almost nothing, is held to).
 Medians of event-timed calls on GPU, of perf_counter-timed calls on CPU (small sizes there).
 """
 
@@ -22,7 +24,7 @@ DATASHEET = (
     ("mi210", 181.0, 181.0, 1600.0),
     ("mi300x", 1307.0, 1307.0, 5300.0),
 )
-KINDS = {"matmul_bf16": "TFLOP/s", "matmul_fp16": "TFLOP/s", "copy": "GB/s"}
+KINDS = {"matmul_bf16": "TFLOP/s", "matmul_fp16": "TFLOP/s", "copy": "GB/s", "read": "GB/s"}
 GPU_MATMUL_N, CPU_MATMUL_N = 8192, 128
 GPU_COPY_BYTES, CPU_COPY_BYTES = 2 * 1024**3, 16 * 1024**2
 
@@ -32,7 +34,7 @@ def datasheet(device_name: str) -> dict[str, float]:
     name = device_name.lower()
     for fragment, bf16, fp16, gbps in DATASHEET:
         if fragment in name:
-            return {"matmul_bf16": bf16, "matmul_fp16": fp16, "copy": gbps}
+            return {"matmul_bf16": bf16, "matmul_fp16": fp16, "copy": gbps, "read": gbps}
     return {}
 
 
@@ -74,10 +76,19 @@ def calibrate(device: str | torch.device, *, matmul_n: int | None = None, copy_b
     warmup = 5 if cuda else 1
     measured = {"matmul_bf16": matmul_tflops(device, torch.bfloat16, n, warmup=warmup, repeat=repeat),
                 "matmul_fp16": matmul_tflops(device, torch.float16, n, warmup=warmup, repeat=repeat),
-                "copy": copy_gbps(device, nbytes, warmup=warmup, repeat=repeat)}
+                "copy": copy_gbps(device, nbytes, warmup=warmup, repeat=repeat),
+                "read": read_gbps(device, nbytes, warmup=warmup, repeat=repeat)}
     timer = "cuda events" if cuda else "perf_counter"
     return {"measured": measured, "details": {"matmul_n": n, "copy_bytes": int(nbytes), "repeat": repeat,
                                               "timer": timer, "statistic": "median"}}
+
+
+def read_gbps(device: torch.device, nbytes: int, *, warmup: int = 3, repeat: int = 20) -> float:
+    """GB/s of reading ``nbytes`` once (a sum into one number: bytes read, median call)."""
+    src = torch.ones(max(1, nbytes // 4), device=device, dtype=torch.float32)
+    out = torch.empty((), device=device, dtype=torch.float32)
+    ms = _median_ms(lambda: torch.sum(src, dim=0, out=out), device, warmup, repeat)
+    return src.numel() * 4 / (ms * 1e-3) / 1e9
 
 
 def measured_peaks(db, device, *, copy: bool = False) -> dict[str, float]:

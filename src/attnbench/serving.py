@@ -79,6 +79,8 @@ def parse_batch(text: str, seed: int = 0) -> Batch:
     """A batch from the grammar (module doc); ValueError naming the part that cannot be read."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("empty batch: give groups like 2q2k_32q1kv1k")
+    if text.count("(") != text.count(")") or text.count("[") != text.count("]"):
+        raise ValueError(f"unbalanced brackets in batch {text!r}")
     rng = random.Random(seed)
     requests: list[tuple[int, int]] = []
     for part in _split(text):
@@ -90,10 +92,12 @@ def parse_batch(text: str, seed: int = 0) -> Batch:
         new = tokens(m["q"])
         if count < 1 or new < 1:
             raise ValueError(f"{part!r} in batch {text!r}: counts and lengths must be positive")
+        if len(requests) + count > MAX_REQUESTS:
+            raise ValueError(f"batch {text!r} has more than {MAX_REQUESTS} requests")
         keys = _keys(m["kv"], count, new, rng, part)
         requests += [(new, kv) for kv in keys]
-        if len(requests) > MAX_REQUESTS:
-            raise ValueError(f"batch {text!r} has more than {MAX_REQUESTS} requests")
+    if not requests:
+        raise ValueError(f"empty batch {text!r}: give groups like 2q2k_32q1kv1k")
     return Batch(tuple(requests), name=text.strip())
 
 
@@ -215,7 +219,8 @@ def _trace_batch(where: str, item, index: int) -> Batch:
 def parse_tree(text: str) -> tuple[int, ...]:
     """``'-1,0,0,1'`` -> the parents of the draft tokens; ValueError if it is not a tree in topological order."""
     try:
-        parents = tuple(int(x) for x in str(text).replace(" ", "").split(",") if x != "")
+        text = str(text).replace(" ", "")
+        parents = tuple(int(x) for x in text.split(",")) if text else ()
     except ValueError:
         raise ValueError(f"tree {text!r}: give each new token's parent as integers, e.g. -1,0,0,1") from None
     check_tree(parents)

@@ -392,7 +392,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         assert paged_kv_cache[0].shape[1] == p["page_size"]
         outs = [dense_ref(q[None, i:i + 1], k[None], v[None], p["sm_scale"], False, None)[0][0]
                 for i, (k, v) in enumerate(_paged_requests(paged_kv_cache, p["indptr"], p["indices"], p["last_page_len"]))]
-        return torch.cat(outs)
+        return _into(out, torch.cat(outs))
 
 
 class BatchPrefillWithPagedKVCacheWrapper:
@@ -424,7 +424,15 @@ class BatchPrefillWithPagedKVCacheWrapper:
         reqs = _paged_requests(paged_kv_cache, p["paged_kv_indptr"], p["paged_kv_indices"], p["paged_kv_last_page_len"])
         outs = [dense_ref(q[None, a:b], k[None], v[None], p["sm_scale"], p["causal"], None)[0][0]
                 for (a, b), (k, v) in zip(zip(qo[:-1], qo[1:]), reqs, strict=True)]
-        return torch.cat(outs)
+        return _into(out, torch.cat(outs))
+
+
+def _into(out, result):
+    """FlashInfer's ``out=``: the result written into the given buffer (and returned), else a new tensor."""
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
 
 
 class BatchPrefillWithRaggedKVCacheWrapper:

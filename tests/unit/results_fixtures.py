@@ -36,9 +36,9 @@ def cpu_specs() -> list[AttnSpec]:
 
 
 def make_cpu_run(db: Path) -> None:
-    """A real, checked run of naive and sdpa-math on CPU (sdpa-math skips the grouped cases: unsupported)."""
+    """A real, checked run of naive and sdpa-flash on CPU (sdpa-flash skips the grouped cases: unsupported)."""
     from attnbench.accuracy.check import AccuracyChecker
-    options = RunOptions(device="cpu", backends=("naive", "sdpa-math"), timing=TimingConfig(warmup=1, repeat=3))
+    options = RunOptions(device="cpu", backends=("naive", "sdpa-flash"), timing=TimingConfig(warmup=1, repeat=3))
     with ResultStore(db) as store:
         store.start_run(CPU_RUN, command="attnbench run (test)", config={}, env_id=None, version="test")
         Runner(options, run_id=CPU_RUN, env_id=None, sink=store.write,

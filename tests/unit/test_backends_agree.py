@@ -64,7 +64,7 @@ def test_rows_without_keys_are_zero_not_nan():
 
 
 def test_unsupported_cases_give_reasons():
-    assert "varlen" in registry.get("sdpa-math").supports(AttnSpec(seqlens_q=(4, 8)), "cpu")
+    assert "varlen" in registry.get("sdpa-flash").supports(AttnSpec(seqlens_q=(4, 8)), "cpu")
     assert "cuda" in registry.get("sdpa-cudnn").supports(AttnSpec(), "cpu")
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
         registry.get("nope")

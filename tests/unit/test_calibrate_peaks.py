@@ -21,10 +21,10 @@ def test_calibrate_on_cpu_writes_peaks(tmp_path, capsys):
               "--json"])
     assert done.value.code == 0
     out = json.loads(capsys.readouterr().out)
-    assert {p["kind"] for p in out["peaks"]} == {"matmul_bf16", "matmul_fp16", "copy"}
+    assert {p["kind"] for p in out["peaks"]} == {"matmul_bf16", "matmul_fp16", "copy", "read"}
     with ResultStore(db) as store:
         stored = store.peaks(device_name("cpu"))
-    assert set(stored) == {"matmul_bf16", "matmul_fp16", "copy"}
+    assert set(stored) == {"matmul_bf16", "matmul_fp16", "copy", "read"}
     assert all(v["value"] > 0 for v in stored.values()) and stored["copy"]["unit"] == "GB/s"
     assert stored["copy"]["details"]["matmul_n"] == 64
     assert peaks.measured_peaks(db, "cpu") == {"bf16": stored["matmul_bf16"]["value"],
@@ -56,7 +56,8 @@ def test_store_migrates_version_1_file(tmp_path):
 
 
 def test_datasheet_lookup():
-    assert peaks.datasheet("NVIDIA H100 80GB HBM3") == {"matmul_bf16": 989.0, "matmul_fp16": 989.0, "copy": 3350.0}
+    assert peaks.datasheet("NVIDIA H100 80GB HBM3") == {"matmul_bf16": 989.0, "matmul_fp16": 989.0, "copy": 3350.0,
+                                                        "read": 3350.0}
     assert peaks.datasheet("NVIDIA H200")["copy"] == 4800.0
     assert peaks.datasheet("NVIDIA H100 PCIe")["matmul_bf16"] == 756.0
     assert peaks.datasheet("AMD Instinct MI300X")["matmul_bf16"] == 1307.0

@@ -57,8 +57,8 @@ def test_a_named_backend_that_cannot_run_is_an_error_before_anything_runs(tmp_pa
 
 
 def test_verify_that_checks_nothing_fails(tmp_path):
-    # sdpa-math has no grouped (varlen) path: every case is unsupported, nothing is checked
-    res = cli("verify", *SHAPE, "--seq-lens", "16,16", "--backends", "sdpa-math", "--db", tmp_path / "v.db")
+    # sdpa-flash has no grouped (varlen) path: every case is unsupported, nothing is checked
+    res = cli("verify", *SHAPE, "--seq-lens", "16,16", "--backends", "sdpa-flash", "--db", tmp_path / "v.db")
     assert res.returncode == 1 and "nothing was checked" in res.stderr
 
 
@@ -109,7 +109,7 @@ def test_small_things_a_newcomer_read_wrongly(tmp_path):
 
 
 def test_a_comma_list_that_most_backends_skip_says_what_ran(tmp_path):
-    res = cli("run", *SMALL, "--seq-lens", "64,96", "--backends", "naive,sdpa-math,sdpa-flash", "--pass", "fwd",
+    res = cli("run", *SMALL, "--seq-lens", "64,96", "--backends", "naive,sdpa-flash,flex-sparse", "--pass", "fwd",
               "--no-causal", "--db", tmp_path / "r.db")
     assert res.returncode == 0, res.stderr
     text = " ".join(res.stdout.split())

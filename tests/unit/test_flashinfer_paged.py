@@ -37,7 +37,7 @@ def test_page_metadata_reads_each_request_in_order():
 def test_the_paged_call_gives_naive_attention(fake, backend, spec):
     fake("flashinfer")
     inputs = make_inputs(spec, seed=3)
-    got = backend.prepare(spec, inputs).fn()
+    got = backend.prepare(spec, inputs).checked_call()
     want = registry.get("naive").prepare(spec, inputs).fn()
     torch.testing.assert_close(got.out, want.out, rtol=1e-5, atol=1e-5)
     assert got.lse is None  # FlashInfer's LSE is base 2 by default: not handed to the check

@@ -34,7 +34,7 @@ def test_crashes_and_hangs_become_error_records_and_the_sweep_continues(tmp_path
 def test_results_match_an_in_process_run(tmp_path):
     db = tmp_path / "r.db"
     for flag in ([], ["--isolate"]):
-        res = attnbench("run", *TINY, "--seq-lens", "17", "33,9", "--backends", "naive,sdpa-math", *flag,
+        res = attnbench("run", *TINY, "--seq-lens", "17", "33,9", "--backends", "naive,sdpa-flash", *flag,
                         "--db", str(db))
         assert res.returncode == 0, res.stderr
     runs = [r[0] for r in query(db, "SELECT run_id FROM runs ORDER BY created_at")]

@@ -86,13 +86,13 @@ def test_panels_split_pass_and_causal_and_lines_per_backend(cpu_rows):
     # grouped cases and other head sizes sit at the same x: they get their own lines, named alike in
     # every panel; the causal fwd_bwd panel holds only the plain length sweep, one line per backend
     causal_bwd = data[(1, "fwd_bwd")]
-    assert set(causal_bwd) == {"naive n1 h2 d8", "sdpa-math n1 h2 d8"}
+    assert set(causal_bwd) == {"naive n1 h2 d8", "sdpa-flash n1 h2 d8"}
     assert [x for x, _ in causal_bwd["naive n1 h2 d8"]] == [16, 33, 64]
     fwd = data[(0, "fwd")]
-    assert {"naive n2 h2 d8", "naive n1 h2 d16", "naive n1 h4 d8"} <= set(fwd) and "sdpa-math n2 h2 d8" not in fwd
+    assert {"naive n2 h2 d8", "naive n1 h2 d16", "naive n1 h4 d8"} <= set(fwd) and "sdpa-flash n2 h2 d8" not in fwd
     # a sweep over one axis alone gets plain backend names
     plain = plots.panels(plots.points([r for r in cpu_rows if r["causal"]], "seq_len", "ms"), "seq_len")
-    assert set(plain[(1, "fwd")]) == {"naive", "sdpa-math"}
+    assert set(plain[(1, "fwd")]) == {"naive", "sdpa-flash"}
 
 
 def test_plot_says_why_it_cannot_draw(cpu_rows):
@@ -110,7 +110,7 @@ def test_plot_cli_writes_both_formats_and_reports_errors_in_one_line(db, tmp_pat
     assert res.returncode == 0, res.stderr
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["fig-ms.png", "fig-ms.svg", "fig-tflops.png", "fig-tflops.svg"]
-    assert "sdpa-math" not in (tmp_path / "fig-ms.svg").read_text()
+    assert "sdpa-flash" not in (tmp_path / "fig-ms.svg").read_text()
     res = cli("plot", "--db", db, "--run", CPU_RUN, "--x", "seq_len", "--y", "mem", "-o", tmp_path / "m.png")
     assert res.returncode == 2 and "not measured on CPU" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "m.png").exists()
@@ -159,7 +159,7 @@ def test_report_renders_in_chromium(db, tmp_path):
     assert '<table class="accuracy"' in dom and '<table class="correct"' in dom
     assert "<td class=\"num\">0.00100</td>" in dom  # accuracy in numbers (a max abs error of 0.001), not dicts
     assert "max_abs=" not in dom
-    # what did not run, grouped by reason: sdpa-math has no varlen path; the hostile reason stays text
+    # what did not run, grouped by reason: sdpa-flash has no varlen path; the hostile reason stays text
     assert '<table class="skipped"' in dom and "varlen" in dom
     assert "<script>alert" not in dom and "&lt;script&gt;alert" in dom
     assert dom.index('class="pivot"') < dom.index("<img ")  # the answer comes before the figures
@@ -185,12 +185,12 @@ def test_export_round_trips(db, cpu_rows, tmp_path, fmt):
 
 
 def test_export_filters_and_stdout(db):
-    res = cli("export", "--db", db, "--run", CPU_RUN, "--format", "json", "--backend", "sdpa-math",
+    res = cli("export", "--db", db, "--run", CPU_RUN, "--format", "json", "--backend", "sdpa-flash",
                     "--status", "unsupported")
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     assert len(rows) == 2 and {(r["backend"], r["status"], r["num_seqs"]) for r in rows} == {
-        ("sdpa-math", "unsupported", 2), ("sdpa-math", "unsupported", 3)}
+        ("sdpa-flash", "unsupported", 2), ("sdpa-flash", "unsupported", 3)}
     res = cli("export", "--db", db, "--status", "bogus")
     assert res.returncode == 2 and "unknown --status 'bogus'" in res.stderr
 

@@ -33,7 +33,6 @@ from attnbench.backends.kernel import KernelBackend, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import FP8_DTYPES, MAX_PAGE_SIZE, AttnSpec
 
-
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, varlen=True, backward=False,
                      different_v_dim=False, min_compute_capability=(8, 0), shared_prefix=True)
 
@@ -97,7 +96,7 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, 
     if shared:
         for cache, src in zip((k_cache, v_cache), prefix):
             cache.view(-1, *src.shape[1:])[_token_slots(shared_pages, page_size, device)] = src[:shared * page_size]
-    for i, s in enumerate(seqlens_k):
+    for i in range(n):
         pages = order[taken:taken + used[i]]
         taken += used[i]
         table[i, :shared + used[i]] = torch.tensor(shared_pages + pages, dtype=torch.int32)
@@ -217,7 +216,7 @@ class Fa3KVCache(Fa3Build, _KVCacheBackend):
     def plan(self, spec: AttnSpec, kwargs: dict, q: torch.Tensor, cache: KVCache, page: int | None) -> dict:
         """FA3's scheduler metadata (``get_scheduler_metadata``: the split of the work over the SMs), which vLLM
         computes once per step and hands to every layer's call; builds without it plan inside the call."""
-        module = importlib.import_module(self.package)
+        module = importlib.import_module(self.package) if q.device.type == "cuda" else None
         if not hasattr(module, "get_scheduler_metadata"):
             return {}
         n = cache.cache_seqlens.shape[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from attnbench.sweep import (
     pair_seq_lens,
     parse_int,
     parse_int_list,
+    comma_items,
     parse_seq_lens,
 )
 
@@ -74,7 +76,8 @@ class UserError(ValueError):
 
 # Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
 MULTI_VALUE = {"--seq-lens", "--kv-seq-lens", "--batch-size", "--q-heads", "--kv-heads", "--head-size", "--emb-dim",
-               "--dtype", "--pass", "--backends", "--run", "--status", "--softcap"}
+               "--dtype", "--pass", "--backends", "--run", "--status", "--softcap", "--batch", "--page-size",
+               "--shared-prefix", "--tree", "--kv-dtype"}
 CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
 TRISTATE = {"--causal": "--no-causal", "--sinks": "--no-sinks", "--alibi": "--no-alibi"}
 """Flags that also take 'both' (and true/false): ``--causal``, ``--causal both``, ``--no-causal``."""
@@ -114,7 +117,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
             if eq:
                 out += [flag, value]
             j = i + 1
-            while j < len(argv) and not argv[j].startswith("-"):
+            while j < len(argv) and (not argv[j].startswith("-") or NEGATIVE.match(argv[j])):
                 out += [flag, argv[j]]
                 j += 1
             if not eq and j == i + 1:
@@ -127,6 +130,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
+NEGATIVE = re.compile(r"^-\d")
+"""A value that starts with a minus (a tree's ``-1,0,0,1``), not a flag."""
 MAX_MESSAGE = 600
 """Longest error line (characters): an echoed input can be huge (a YAML alias bomb, a 10,000-character id)."""
 MAX_SHOWN = 80
@@ -486,8 +491,9 @@ def serving_axes(opts: dict) -> dict:
             for n in ([None] if str(p).lower() == "none" else parse_int_list(str(p), "--page-size"))))
     prefixes = axis_values(opts, "shared_prefix")
     if prefixes:
-        out["shared_prefixes"] = tuple(dict.fromkeys(0 if str(p) == "0" else parse_int(str(p), "--shared-prefix")
-                                                     for p in prefixes))
+        out["shared_prefixes"] = tuple(dict.fromkeys(
+            0 if part.strip() == "0" else parse_int(part, "--shared-prefix")
+            for p in prefixes for part in comma_items(str(p), "--shared-prefix")))
     trees = axis_values(opts, "tree", groups=True)
     if trees:
         try:

@@ -17,10 +17,10 @@ from attnbench.sweep import (
     CPU_DEFAULT,
     GPU_DEFAULT,
     Sweep,
+    comma_items,
     pair_seq_lens,
     parse_int,
     parse_int_list,
-    comma_items,
     parse_seq_lens,
 )
 

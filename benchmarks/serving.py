@@ -11,7 +11,8 @@ Sets (batches in attnbench's grammar, ``attnbench.serving``; 32 query heads of 1
   of 1), each on every kernel that takes the batch;
 - ``pages``: 64 decodes over 1k..16k keys (8 KV heads) at pages of 1, 16, 64, 128, 256;
 - ``mixed``: prefills of 2048 new tokens over 4k keys beside 128 decodes over 4k, from no prefill to prefills only;
-- ``fp8``: 64 decodes over 4k..32k keys, bf16 KV cache and fp8 (one descale per tensor).
+- ``fp8``: 64 decodes over 2k..16k keys, bf16 KV cache and fp8 (one descale per tensor);
+- ``anchors-fa2``: the anchors on ``flashinfer-paged`` pinned to FlashInfer's FA2 template.
 
 ``run`` first measures the device's read bandwidth (``attnbench calibrate``: the percentages are of it).
 """
@@ -45,7 +46,7 @@ def sets() -> dict[str, list]:
            + _specs("2q2k_128q1kv2k", 8, page_size=1),
            "pages": [s for p in (1, 16, 64, 128, 256) for s in _specs("64q1kv1k..16k", 8, page_size=p)],
            "mixed": [s for m in MIXED for s in _specs(m, 8, page_size=16)],
-           "fp8": [s for kv in (None, "fp8") for s in _specs("64q1kv4k..32k", 8, page_size=16, kv_dtype=kv)]}
+           "fp8": [s for kv in (None, "fp8") for s in _specs("64q1kv2k..16k", 8, page_size=16, kv_dtype=kv)]}
     return out
 
 
@@ -56,13 +57,16 @@ def cmd_run(args) -> None:
     from attnbench.cli.run import execute, plan_from_options
     if not torch.cuda.is_available():
         sys.exit("serving.py: needs a CUDA GPU")
-    # the device's peaks (read bandwidth included) into the same store: the page's percentages are of them
-    subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
+    if args.calibrate:  # the device's peaks (read bandwidth included) into the store: the page's percentages
+        subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
     all_sets = sets()
     for name in args.sets.split(","):
         backends = [b for b in (args.backends.split(",") if args.backends else KERNELS)]
-        plan = plan_from_options({"backends": backends, "db": args.db, "device": "cuda", "skip_missing": True})
-        plan = dataclasses.replace(plan, specs=all_sets[name])
+        options = {"backends": backends, "db": args.db, "device": "cuda", "skip_missing": True}
+        if name == "anchors-fa2":  # FlashInfer's batched prefill on its FA2 template, as its POD figure compares
+            options |= {"backends": ["flashinfer-paged"], "backend_opt": ["flashinfer-paged.backend=fa2"]}
+        plan = plan_from_options(options)
+        plan = dataclasses.replace(plan, specs=all_sets[name.removesuffix("-fa2")])
         run_id, records, phases = execute(plan, run_id=f"{args.run_id}+{name}", checker=AccuracyChecker())
         ok = sum(r.status == "ok" for r in records)
         print(f"{name}: {ok}/{len(records)} cases ok in {phases['total']:.0f} s, stored as run {run_id}", flush=True)
@@ -91,10 +95,14 @@ def cmd_page(args) -> None:
     from attnbench.results.store import ResultStore
     store = ResultStore(args.db, create=False, readonly=True)
     recs: dict = {}
-    for run in store.runs():
-        if run["run_id"].startswith(f"{args.run_id}+"):
-            for r in store.records(run["run_id"]):
-                recs[(run["run_id"].split("+", 1)[1], r.backend, r.spec)] = r
+    prefixes = tuple(f"{r}+" for r in args.run_id.split(","))
+    runs = sorted((r for r in store.runs() if r["run_id"].startswith(prefixes)),
+                  key=lambda r: prefixes.index(r["run_id"].split("+", 1)[0] + "+"))
+    for run in runs:  # a later run id's record of a case replaces an earlier one's
+        name = run["run_id"].split("+", 1)[1]
+        for r in store.records(run["run_id"]):
+            column = r.backend + (" (fa2)" if name.endswith("-fa2") else "")
+            recs[(name.removesuffix("-fa2"), column, r.spec)] = r
     if not recs:
         sys.exit(f"serving.py: no records of runs {args.run_id}+... in {args.db}")
     first = next(iter(recs.values()))
@@ -117,11 +125,12 @@ def cmd_page(args) -> None:
                               ("pages", "Page size (64 decodes over 1k–16k keys, 32/8 heads)", "kv"),
                               ("mixed", "Mixed batches (prefills of 2048 over 4k beside decodes over 4k, pages of 16)",
                                "flops"),
-                              ("fp8", "fp8 KV cache against bf16 (64 decodes over 4k–32k keys, pages of 16)", "kv")):
+                              ("fp8", "fp8 KV cache against bf16 (64 decodes over 2k–16k keys, pages of 16)", "kv")):
         specs = list(dict.fromkeys(s for (n, _, s) in recs if n == name))
         if not specs:
             continue
-        backends = [b for b in KERNELS if any((name, b, s) in recs for s in specs)]
+        columns = [c for b in KERNELS for c in (b, f"{b} (fa2)")]
+        backends = [b for b in columns if any((name, b, s) in recs for s in specs)]
         lines += [f"## {title}", "", "| batch | " + " | ".join(backends) + " |", "|---|" + "---:|" * len(backends)]
         for s in specs:
             kind = what if what != "both" else ("kv" if set(s.seqlens_q) == {1} or s.shared_prefix else "flops")
@@ -177,11 +186,14 @@ def main() -> None:
     run = sub.add_parser("run", help="time the sets into the store")
     run.add_argument("--db", required=True)
     run.add_argument("--run-id", default="serving")
-    run.add_argument("--sets", default="anchors,pages,mixed,fp8")
+    run.add_argument("--sets", default="anchors,anchors-fa2,pages,mixed,fp8")
     run.add_argument("--backends", default=None, help="only these kernels (default: every serving kernel)")
+    run.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                     help="the store has this device's peaks already")
     page = sub.add_parser("page", help="write the page from stored records")
     page.add_argument("--db", required=True)
-    page.add_argument("--run-id", default="serving")
+    page.add_argument("--run-id", default="serving", help="the runs' id, or several, comma-separated (a later one's "
+                      "record of a case replaces an earlier one's)")
     page.add_argument("-o", "--output", default=None)
     page.add_argument("--notes", default=None, help="a Markdown file put under the page's title")
     args = ap.parse_args()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.metrics import kv_tokens
 from attnbench.spec import AttnSpec
 
 SCORE_MATERIALIZING = ("naive", "sdpa-math")
@@ -103,13 +104,21 @@ def workspace_bytes(spec: AttnSpec, backend) -> int:
 
 def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
     """Device bytes of one call of ``spec`` on ``backend`` (None = a fused kernel, no workspace)."""
-    elem = spec.torch_dtype.itemsize
+    elem, kv_elem = spec.torch_dtype.itemsize, spec.kv_torch_dtype.itemsize
     tq, tk = _tokens(spec)
+    caps = getattr(backend, "capabilities", None)
+    if spec.shared_prefix:  # stored once; written out again for a backend that takes no prefix
+        compact = kv_tokens(spec)
+        tk = compact if caps is not None and caps.shared_prefix else tk + compact
+    if caps is not None and caps.paged:  # the cache a paged kernel builds beside the inputs
+        tk += kv_tokens(spec)
     q = tq * spec.heads_q * spec.head_dim * elem
-    k = tk * spec.heads_kv * spec.head_dim * elem
-    v = tk * spec.heads_kv * spec.head_dim_v * elem
+    k = tk * spec.heads_kv * spec.head_dim * kv_elem
+    v = tk * spec.heads_kv * spec.head_dim_v * kv_elem
     out = tq * spec.heads_q * spec.head_dim_v * spec.out_dtype.itemsize
     kept = 2 * (q + k + v) if spec.is_fp8 else 0  # fp8 inputs keep their bf16 originals (inputs.unquantized)
+    if spec.kv_dtype is not None:  # an fp8 cache keeps its bf16 keys and values (inputs.unquantized)
+        kept = 2 * kv_tokens(spec) * spec.heads_kv * (spec.head_dim + spec.head_dim_v)
     return MemoryEstimate(inputs=q + k + v + out + kept, outputs=out + tq * spec.heads_q * LSE_BYTES,
                           grads=(q + k + v) if spec.pass_ != "fwd" else 0,
                           workspace=workspace_bytes(spec, backend) if backend is not None else 0)

@@ -58,7 +58,11 @@ def _compile_case(spec: AttnSpec, backend: Backend, device: str, seed: int, inpu
     backend.prepare_case(spec, inputs)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    del inputs
+    if dev.type == "cuda":  # the worker lives on: give the case's memory back to the device, not to its cache
+        torch.cuda.empty_cache()
+    return seconds
 
 
 class Precompiler:
@@ -113,7 +117,10 @@ class Precompiler:
         workers build in parallel, and cases that share a JIT module wait for one build."""
         if not self.seconds:
             return None
-        parts = [f"{name} {len(s)} case{'s' * (len(s) != 1)} (longest {max(s):.0f} s)" for name, s in self.seconds.items()]
+        parts = [f"{name} {len(s)} case{'s' * (len(s) != 1)} (longest {max(s):.0f} s)"
+                 for name, s in self.seconds.items() if s]  # a backend whose cases all failed to build has none
+        if not parts:
+            return None
         return f"compiled ahead in {self.workers} worker{'s' * (self.workers != 1)}: " + ", ".join(parts)
 
     def drain(self) -> None:

@@ -50,7 +50,9 @@ def test_each_serving_kernel_passes_every_batch_it_takes(name):
     records = runner.run(cases)
     bad = [(r.spec.label(), r.status, r.reason) for r in records if r.status != "ok"]
     assert not bad, bad
-    assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]
+    # exact kernels pass; an fp8 KV cache is judged approximately (against the dequantized cache)
+    verdicts = {r.spec.label(): r.accuracy["verdict"] for r in records}
+    assert all(v == ("approx-pass" if "kv-fp8" in label else "pass") for label, v in verdicts.items()), verdicts
 
 
 def test_flashinfer_records_the_template_that_ran():

@@ -78,7 +78,7 @@ def _tokens(spec) -> int:
 
 def _cell(r, read_gbps: float | None, what: str) -> str:
     from attnbench import metrics
-    if r is None:
+    if r is None or r.status == "unsupported":
         return "—"
     if r.status != "ok":
         return r.status
@@ -96,7 +96,8 @@ def cmd_page(args) -> None:
     store = ResultStore(args.db, create=False, readonly=True)
     recs: dict = {}
     prefixes = tuple(f"{r}+" for r in args.run_id.split(","))
-    runs = sorted((r for r in store.runs() if r["run_id"].startswith(prefixes)),
+    skipped_runs = set(args.skip.split(",")) if args.skip else set()
+    runs = sorted((r for r in store.runs() if r["run_id"].startswith(prefixes) and r["run_id"] not in skipped_runs),
                   key=lambda r: prefixes.index(r["run_id"].split("+", 1)[0] + "+"))
     for run in runs:  # a later run id's record of a case replaces an earlier one's
         name = run["run_id"].split("+", 1)[1]
@@ -114,8 +115,8 @@ def cmd_page(args) -> None:
     versions = ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))
     lines = [f"# Serving batches on every serving kernel: {device}", "",
              f"Runs `{args.run_id}+*` of `{Path(args.db).name}` ({datetime.date.today().isoformat()}); "
-             f"CUDA {env.get('cuda', '?')}; {versions}. Measured read bandwidth "
-             f"{read:.0f} GB/s (a sum over 2 GiB)." if read else "", "",
+             f"CUDA {env.get('cuda', '?')}; {versions}." + (f" Measured read bandwidth {read:.0f} GB/s (a sum over "
+                                                            "2 GiB, `attnbench calibrate`)." if read else ""), "",
              Path(args.notes).read_text().strip() if args.notes else "", "",
              "Each cell: median time per batch, then the rate the batch is judged by — decode-dominated batches the "
              "KV cache read (distinct bytes: a shared prefix once, fp8 at one byte) in GB/s and % of the measured "
@@ -130,7 +131,8 @@ def cmd_page(args) -> None:
         if not specs:
             continue
         columns = [c for b in KERNELS for c in (b, f"{b} (fa2)")]
-        backends = [b for b in columns if any((name, b, s) in recs for s in specs)]
+        backends = [b for b in columns if any((name, b, s) in recs and recs[(name, b, s)].status != "unsupported"
+                                              for s in specs)]  # a kernel that takes none of the set: no column
         lines += [f"## {title}", "", "| batch | " + " | ".join(backends) + " |", "|---|" + "---:|" * len(backends)]
         for s in specs:
             kind = what if what != "both" else ("kv" if set(s.seqlens_q) == {1} or s.shared_prefix else "flops")
@@ -194,6 +196,8 @@ def main() -> None:
     page.add_argument("--db", required=True)
     page.add_argument("--run-id", default="serving", help="the runs' id, or several, comma-separated (a later one's "
                       "record of a case replaces an earlier one's)")
+    page.add_argument("--skip", default="", help="runs to leave out (comma-separated ids: e.g. a set run again at "
+                      "other shapes)")
     page.add_argument("-o", "--output", default=None)
     page.add_argument("--notes", default=None, help="a Markdown file put under the page's title")
     args = ap.parse_args()

@@ -131,6 +131,20 @@ def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
                                 f"{', '.join(able) or 'none'} (--skip-missing records its cases as unsupported)")
 
 
+def check_serving(backends: tuple[str, ...], specs: list[AttnSpec], device: str) -> None:
+    """A backend named on the command line that takes none of a serving sweep's cases (a page size it cannot
+    take, a tree, an fp8 cache) is an error naming why, as for the variants."""
+    serving = [spec for spec in specs if spec.serving_features]
+    if not serving:
+        return
+    for name in backends:
+        backend = registry.get(name)
+        reasons = [backend.supports(spec, device) for spec in serving]
+        if all(reasons) and len(serving) == len(specs):
+            raise UserError(f"backend {name} takes none of the cases: {reasons[0]} (--skip-missing records them as "
+                            "unsupported)")
+
+
 def _takes(name: str, variant: str) -> bool:
     try:
         return bool(getattr(registry.get(name).capabilities, variant))
@@ -193,6 +207,7 @@ def plan_from_options(opts: dict) -> RunPlan:
                                 common.option_bool(opts, "skip_missing"))
     if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing"):
         check_variants(backends, specs)
+        check_serving(backends, specs, device)
     check_summary_options(opts, backends)
     output = text(opts, "output")
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))

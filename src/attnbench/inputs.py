@@ -14,6 +14,8 @@ as the float32 descale. The bf16 inputs stay in ``unquantized``: the accuracy ch
 against the exact attention of the dequantized inputs and against that of the bf16 ones. A case with an fp8
 KV cache (``spec.kv_dtype``) quantizes k and v alone (q's descale is 1).
 
+MLA cases (``spec.mla``) have no values of their own: ``v`` is a view of the first ``head_dim_v`` dims of ``k``.
+
 A case with a shared prefix (``spec.shared_prefix`` = P) stores the prefix once, as a server's paged cache
 does: ``prefix_k``/``prefix_v`` (P, Hkv, D), drawn after the other tensors, and ``k``/``v`` pack each request's
 own keys (its keys after the prefix) with ``cu_seqlens_k`` over those. ``expanded()`` gives the same
@@ -173,7 +175,7 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
         if prefix:  # drawn last, so the requests' own tensors are those of the same seed's other cases
             inputs = dataclasses.replace(inputs, prefix_k=randn(prefix, spec.heads_kv, spec.head_dim),
                                          prefix_v=randn(prefix, spec.heads_kv, spec.head_dim_v))
-        return inputs
+        return latent_values(spec, inputs)
 
     b, sq, sk = spec.batch, spec.seqlens_q[0], spec.seqlens_k[0]
 
@@ -182,10 +184,20 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
             return randn(b, h, s, d).transpose(1, 2)
         return randn(b, s, h, d)
 
-    return AttnInputs(
+    return latent_values(spec, AttnInputs(
         q=dense(sq, spec.heads_q, spec.head_dim), k=dense(sk, spec.heads_kv, spec.head_dim),
         v=dense(sk, spec.heads_kv, spec.head_dim_v), dout=dense(sq, spec.heads_q, spec.head_dim_v),
-        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed, sinks=sinks())
+        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed, sinks=sinks()))
+
+
+def latent_values(spec: AttnSpec, inputs: AttnInputs) -> AttnInputs:
+    """MLA (``spec.mla``): the values are the first ``head_dim_v`` dims of the keys, a view of the same rows
+    (the drawn values are dropped); other cases unchanged."""
+    if not spec.mla:
+        return inputs
+    dv = spec.head_dim_v
+    prefix_v = None if inputs.prefix_k is None else inputs.prefix_k[..., :dv]
+    return dataclasses.replace(inputs, v=inputs.k[..., :dv], prefix_v=prefix_v)
 
 
 def _by_kv_head(t: torch.Tensor, hkv: int) -> torch.Tensor:

@@ -24,6 +24,10 @@ Sinks add their fp32 logits (read) and, in the backward, their gradient (written
 Serving batches: a shared prefix is read once (the minimal traffic; a kernel that reads it once per request
 moves more, and shows a lower rate), and an fp8 KV cache counts one byte an element (its descales are a few
 bytes). ``kv_bytes`` is the KV cache read alone, the figure a decode-dominated batch is judged by.
+
+MLA with absorbed weights (``spec.mla``): FLOPs as above with d_qk = 576 and d_v = 512 (FlashMLA's benchmark counts
+the same: ``s_q · Σ s_k · h_q · (d + d_v) · 2``); bytes read the latent cache once, one 576-wide row per token for all
+query heads (the value is part of that row), as FlashMLA's benchmark counts them.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
     tk = kv_tokens(spec)
     q = tq * spec.heads_q * spec.head_dim * elem
     k = tk * spec.heads_kv * spec.head_dim * kv_elem
-    v = tk * spec.heads_kv * spec.head_dim_v * kv_elem
+    v = 0 if spec.mla else tk * spec.heads_kv * spec.head_dim_v * kv_elem  # MLA: the value is part of the key row
     o = tq * spec.heads_q * spec.head_dim_v * out_elem
     lse = tq * spec.heads_q * LSE_BYTES
     sinks = spec.heads_q * LSE_BYTES if spec.sinks else 0
@@ -102,7 +106,8 @@ def kv_tokens(spec: AttnSpec) -> int:
 
 def kv_bytes(spec: AttnSpec) -> int:
     """Bytes of the distinct keys and values a forward reads (a serving step's KV cache read)."""
-    return kv_tokens(spec) * spec.heads_kv * (spec.head_dim + spec.head_dim_v) * spec.kv_torch_dtype.itemsize
+    dims = spec.head_dim if spec.mla else spec.head_dim + spec.head_dim_v
+    return kv_tokens(spec) * spec.heads_kv * dims * spec.kv_torch_dtype.itemsize
 
 
 def tflops_per_s(flop: float, ms: float | None) -> float | None:

@@ -42,7 +42,8 @@ FP8_DTYPES = ("fp8", "fp8-head")
 drawn like the bf16 case of the same seed and then quantized (``inputs.quantize``)."""
 PASSES = ("fwd", "bwd", "fwd_bwd")
 LAYOUTS = ("bshd", "bhsd")
-MAX_HEAD_DIM = 512
+MAX_HEAD_DIM = 576
+"""Largest head size: DeepSeek-V3's MLA rows (latent 512 + rope 64)."""
 MAX_TOKENS = 2**31 - 1
 """Most tokens in one case (batch x summed lengths): kernels and cu_seqlens use int32 offsets."""
 MAX_PAGE_SIZE = 65536
@@ -112,6 +113,10 @@ class AttnSpec:
     kv_dtype: str | None = None
     """KV cache in fp8 / fp8-head (e4m3 with descales) under queries of ``dtype``; None = keys and values in
     ``dtype``."""
+    mla: bool = False
+    """Multi-head latent attention with absorbed weights (DeepSeek-V3): each token's cached row is one key of
+    ``head_dim`` (latent + rope, 512 + 64) and its value is the row's first ``head_dim_v`` dims (the latent), so
+    keys and values are one tensor; usually one KV head for all query heads."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -216,6 +221,15 @@ class AttnSpec:
                 raise ValueError(f"KV cache dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
             if self.dtype not in ("fp16", "bf16"):
                 raise ValueError(f"an fp8 KV cache takes fp16 or bf16 queries, not {self.dtype}")
+        if self.mla:
+            if not isinstance(self.mla, bool):
+                raise ValueError(f"mla must be true or false, got {self.mla!r}")
+            if self.head_dim_v >= self.head_dim:
+                raise ValueError(f"MLA's value is the first head_dim_v dims of the key row: value head size "
+                                 f"{self.head_dim_v} must be below the head size {self.head_dim} (DeepSeek: 512 of 576)")
+            if self.pass_ != "fwd" or self.is_fp8 or self.kv_dtype is not None or self.variants or self.tree:
+                raise ValueError("MLA with absorbed weights is a forward of 16-bit inputs here (decode and prefill "
+                                 "of the latent cache): no backward, fp8, variants or trees")
         if self.serving_features and self.pass_ != "fwd":
             raise ValueError(f"{', '.join(self.serving_features)} are inference features: forward only "
                              f"(not {self.pass_})")
@@ -290,7 +304,7 @@ class AttnSpec:
     def shape_key(self) -> tuple:
         """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
         return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
-                self.head_dim_v, self.dtype, self.layout, self.sinks, self.shared_prefix, self.kv_dtype)
+                self.head_dim_v, self.dtype, self.layout, self.sinks, self.shared_prefix, self.kv_dtype, self.mla)
 
     def label(self) -> str:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
@@ -323,6 +337,8 @@ class AttnSpec:
             parts.append(tree_label(self.tree))
         if self.kv_dtype is not None:
             parts.append(f"kv-{self.kv_dtype}")
+        if self.mla:
+            parts.append("mla")
         if self.page_size is not None:
             parts.append(f"page{self.page_size}")
         return " ".join(parts)
@@ -350,7 +366,7 @@ class AttnSpec:
 
 
 VARIANT_DEFAULTS = {"sinks": False, "softcap": None, "alibi": None,
-                    "page_size": None, "shared_prefix": 0, "tree": None, "kv_dtype": None}
+                    "page_size": None, "shared_prefix": 0, "tree": None, "kv_dtype": None, "mla": False}
 """The fields added after the first records (model variants, serving features) and their 'off' values, left out
 of ``to_dict`` when off."""
 

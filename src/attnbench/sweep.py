@@ -160,6 +160,10 @@ class Sweep:
     """Speculative trees (parents of the new tokens), None = none."""
     kv_dtypes: tuple[str | None, ...] = (None,)
     """KV cache dtypes, None = that of the queries."""
+    head_size_v: int | None = None
+    """Value head size of every case; None = the head size."""
+    mla: bool = False
+    """MLA with absorbed weights (``AttnSpec.mla``): the value is the first ``head_size_v`` dims of the key row."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -239,7 +243,8 @@ class Sweep:
                         continue  # a tree is for the batches whose requests each have that many new tokens
                     for causal, pass_ in itertools.product(self.causal, self.passes):
                         base = AttnSpec(batch=batch, seqlens_q=seqs, seqlens_k=keys, heads_q=hq, heads_kv=hkv,
-                                        head_dim=d, dtype=dtype, causal=causal, layout=self.layout, pass_=pass_)
+                                        head_dim=d, head_dim_v=self.head_size_v, dtype=dtype, causal=causal,
+                                        layout=self.layout, pass_=pass_, mla=self.mla)
                         out.append(self.with_variants(base, setting).replace(**serving))
         if not out and self.trees != (None,):
             raise ValueError(f"no case has {' or '.join(str(len(t)) for t in self.trees if t)} new tokens in every "

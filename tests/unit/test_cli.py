@@ -93,7 +93,7 @@ def test_range_syntax_expands(tmp_path):
     (["--dtype", "int8"], "unknown dtype 'int8'"),
     (["--backends", "nosuch"], "unknown backend 'nosuch'"),
     (["--seq-lens", ""], "seq-lens"),
-    (["--head-size", "4096"], "head size must be an integer in 1..512"),
+    (["--head-size", "4096"], "head size must be an integer in 1..576"),
     (["--pass", "up"], "unknown pass 'up'"),
     (["--causal", "maybe"], None),
     (["--seq-lens", "64..16:x2"], "below start"),

@@ -24,7 +24,7 @@ def test_varlen_sequences_repeat_over_batch():
     (dict(dtype="int8"), "unknown dtype 'int8'"),
     (dict(seqlens_q=()), "seqlens-q is empty"),
     (dict(seqlens_q=(128, 0)), "sequence lengths must be positive"),
-    (dict(head_dim=1024), "head size must be an integer in 1..512"),
+    (dict(head_dim=1024), "head size must be an integer in 1..576"),
     (dict(pass_="sideways"), "unknown pass 'sideways'"),
     (dict(seqlens_q=(4, 4), seqlens_k=(4,)), "give one key length per sequence"),
     (dict(window=(-3, 0)), "window must be two integers"),

@@ -31,7 +31,7 @@ class Capabilities:
     """Element types accepted."""
     head_dims: tuple[int, ...] | None = None
     """Allowed head sizes; None = any up to ``max_head_dim``."""
-    max_head_dim: int = 512
+    max_head_dim: int = 576
     """Largest head size."""
     head_dim_multiple: int = 1
     """Head size must be a multiple of this."""

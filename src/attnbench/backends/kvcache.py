@@ -43,8 +43,8 @@ class KVCache:
 
     k_cache: torch.Tensor
     """(N, Smax, Hkv, D) contiguous, or (pages, page_size, Hkv, D) paged."""
-    v_cache: torch.Tensor
-    """Same shape as ``k_cache``."""
+    v_cache: torch.Tensor | None
+    """Same shape as ``k_cache`` (None for a cache of keys only, ``build_cache(v_thd=None)``)."""
     cache_seqlens: torch.Tensor
     """int32 (N,): tokens of each request's cache."""
     block_table: torch.Tensor | None = None
@@ -53,7 +53,7 @@ class KVCache:
     """The first ``shared_pages`` pages of every request's table are the same pages (a shared prefix)."""
 
 
-def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, ...], page_size: int | None,
+def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor | None, seqlens_k: tuple[int, ...], page_size: int | None,
                 seed: int = 0, prefix: tuple[torch.Tensor, torch.Tensor] | None = None) -> KVCache:
     """The cache of requests whose keys/values are packed in ``k_thd``/``v_thd`` (T, Hkv, D), one after
     another with the lengths ``seqlens_k``; ``page_size`` None = contiguous. With ``prefix`` (its keys and
@@ -61,6 +61,10 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor, seqlens_k: tuple[int, 
     ``seqlens_k`` counts the prefix too: a paged cache stores the prefix's full pages once and every request's
     table points at them (as a server shares a prompt's pages); the prefix's last, partial page is each
     request's own, like its own tokens. A contiguous cache writes the prefix into every row."""
+    if v_thd is None:  # keys only (MLA's latent cache, whose values are part of each key row)
+        c = build_cache(k_thd, k_thd[..., :1], seqlens_k, page_size, seed,  # a one-wide stand-in, dropped
+                        None if prefix is None else (prefix[0], prefix[0][..., :1]))
+        return replace(c, v_cache=None)
     if k_thd.dtype == torch.float8_e4m3fn:  # index_put is not on every torch for fp8: move the bytes
         as_bytes = None if prefix is None else tuple(t.view(torch.uint8) for t in prefix)
         c = build_cache(k_thd.view(torch.uint8), v_thd.view(torch.uint8), seqlens_k, page_size, seed, as_bytes)

@@ -61,6 +61,9 @@ BUILTIN: dict[str, str] = {
     "flashinfer-pod": "attnbench.backends.flashinfer:FlashInferPOD",
     "flashinfer-persistent": "attnbench.backends.flashinfer:FlashInferPersistent",
     "flashinfer-cascade": "attnbench.backends.flashinfer:FlashInferCascade",
+    "flashmla": "attnbench.backends.mla:FlashMLA",
+    "fa3-mla": "attnbench.backends.mla:Fa3MLA",
+    "flashinfer-mla": "attnbench.backends.mla:FlashInferMLA",
     "sta": "attnbench.backends.sta:Sta",
     "sta-triton": "attnbench.backends.sta:StaTriton",
 }

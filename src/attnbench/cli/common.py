@@ -438,8 +438,16 @@ def build_sweep(opts: dict, device: str) -> Sweep:
                      if value]
             if given:
                 raise UserError(f"--batch / --batch-trace give each request's lengths: drop {', '.join(given)}")
+        mla = option_bool(opts, "mla")
+        head_v = option_text(opts, "head_size_v")
+        if mla:  # DeepSeek-V3's absorbed decode unless told otherwise: rows of 512 + 64, one KV head, forward
+            head_size = head_size or ["576"]
+            head_v = head_v or "512"
+            kv = kv or ["1"]
+            passes = passes or ["fwd"]
         return Sweep(
-            batches=batches, **serving,
+            batches=batches, **serving, mla=mla,
+            head_size_v=parse_int(head_v, "--head-size-v") if head_v else None,
             batch_sizes=tuple(parse_int_list(batch, "batch size")) if batch else base.batch_sizes,
             seq_lens=tuple(seq_lens), kv_seq_lens=tuple(kv_seq_lens) if kv_seq_lens else None,
             q_heads=q_heads,
@@ -618,6 +626,13 @@ BatchSize = Annotated[list[str] | None, typer.Option("--batch-size", metavar="N"
 QHeads = Annotated[list[str] | None, typer.Option("--q-heads", metavar="N", help="Query heads (also --num_heads).", rich_help_panel="Shape")]
 KvHeads = Annotated[list[str] | None, typer.Option("--kv-heads", metavar="N", help="Key/value heads (GQA/MQA); default = q-heads.", rich_help_panel="Shape")]
 HeadSize = Annotated[list[str] | None, typer.Option("--head-size", metavar="D", help="Head size(s).", rich_help_panel="Shape")]
+HeadSizeV = Annotated[str | None, typer.Option(
+    "--head-size-v", metavar="DV", rich_help_panel="Shape",
+    help="Value head size, when it differs from the head size (DeepSeek-V3's prefill: --head-size 192 --head-size-v 128).")]
+Mla = Annotated[bool | None, typer.Option(
+    "--mla", rich_help_panel="Shape",
+    help="MLA decode with absorbed weights (DeepSeek-V3): rows of 576 (latent 512 + rope 64), one KV head, the value "
+         "the latent part; head sizes and KV heads default to those.")]
 EmbDim = Annotated[list[str] | None, typer.Option(
     "--emb-dim", metavar="N", help="Embedding dim(s); head size = emb-dim / q-heads (benchmark_attn.py's --emb_dim).",
     rich_help_panel="Shape")]

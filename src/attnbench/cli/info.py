@@ -97,8 +97,9 @@ def _missing_table(rows: list[dict], dev: str) -> Table:
 def presets() -> None:
     """List the model presets of run --preset: each model's attention heads, head size and variants."""
     from attnbench import presets as presets_mod
+    width = max(map(len, presets_mod.PRESETS)) + 1
     for name in presets_mod.PRESETS:
-        common.console.print(f"{name:<14} {presets_mod.describe(name)}", highlight=False, markup=False)
+        common.console.print(f"{name:<{width}} {presets_mod.describe(name)}", highlight=False, markup=False)
 
 
 def env(

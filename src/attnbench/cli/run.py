@@ -344,6 +344,8 @@ def run(
     q_heads: common.QHeads = None,
     kv_heads: common.KvHeads = None,
     head_size: common.HeadSize = None,
+    head_size_v: common.HeadSizeV = None,
+    mla: common.Mla = None,
     emb_dim: common.EmbDim = None,
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,

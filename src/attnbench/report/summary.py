@@ -55,6 +55,7 @@ def axes(r: Record) -> dict[str, str]:
     out["tree"] = tree_label(s.tree) if s.tree is not None else "no tree"
     out["kv"] = f"kv {s.kv_dtype}" if s.kv_dtype is not None else "kv " + s.dtype + " "  # a space: unshown fixed
     out["page"] = f"page {s.page_size}" if s.page_size is not None else "no pages"
+    out["mla"] = "mla" if s.mla else "no mla"
     if s.sta is not None:
         out["mask"] = s.sta.label()
     if s.layout != "bshd":
@@ -63,12 +64,12 @@ def axes(r: Record) -> dict[str, str]:
 
 
 SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "sinks", "softcap", "alibi", "page",
-               "prefix", "tree", "kv", "layout", "mask", "pass")
+               "prefix", "tree", "kv", "mla", "layout", "mask", "pass")
 """Which varying axis becomes the rows: the one with most values, ties broken in this order."""
 LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "sinks", "softcap", "alibi",
-               "prefix", "tree", "kv", "page", "layout", "pass")
+               "prefix", "tree", "kv", "page", "mla", "layout", "pass")
 """The order of the fixed axes in the header (that of a case label)."""
-UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi", "no prefix", "no tree", "no pages"}
+UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi", "no prefix", "no tree", "no pages", "no mla"}
 """Values of an axis every case shares that the header leaves out (they are the default)."""
 ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
 

@@ -1,0 +1,36 @@
+"""MLA decode on the GPU: FlashMLA, FlashAttention-3's qv path and the CPU-exact backends pass the accuracy
+check against the exact reference on the same latent cache (skipped where the package is not installed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnbench.accuracy.check import AccuracyChecker
+from attnbench.backends import registry
+from attnbench.runner import Runner, RunOptions
+from attnbench.spec import AttnSpec
+from attnbench.timing import TimingConfig
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    AttnSpec(seqlens_q=(1,) * 6, seqlens_k=(300, 1000, 64, 4097, 77, 2048), heads_q=16, heads_kv=1, head_dim=576,
+             head_dim_v=512, dtype="bf16", causal=True, mla=True, scale=192 ** -0.5),
+    AttnSpec(seqlens_q=(2,) * 4, seqlens_k=(700, 65, 1500, 3000), heads_q=128, heads_kv=1, head_dim=576,
+             head_dim_v=512, dtype="bf16", causal=True, mla=True, scale=192 ** -0.5),  # speculative decode, s_q 2
+]
+
+
+@pytest.mark.parametrize("name", ["flashmla", "fa3-mla", "flashinfer-mla", "naive", "sdpa-math"])
+def test_mla_decode_passes_the_check(name):
+    backend = registry.get(name)
+    if backend.unavailable_reason():
+        pytest.skip(f"{name}: {backend.unavailable_reason()}")
+    cases = [c for c in CASES if backend.supports(c, "cuda") is None]
+    if not cases:
+        pytest.skip(f"{name}: {backend.supports(CASES[0], 'cuda')}")
+    runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=2, repeat=5)),
+                    run_id="mla", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
+    records = runner.run(cases)
+    assert [r.status for r in records] == ["ok"] * len(cases), [(r.status, r.reason) for r in records]
+    assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]

@@ -631,3 +631,14 @@ def test_make_trace_reproduces_the_example(tmp_path, capsys, monkeypatch):
     batches = read_trace(out)
     assert len(batches) == 3 and "--steps 3 --seed 1" in out.read_text().splitlines()[0]
     assert "3 steps" in capsys.readouterr().err
+
+
+def test_exports_carry_the_serving_features():
+    from attnbench.results import export
+    spec = AttnSpec(seqlens_q=(4, 4), seqlens_k=(40, 50), heads_q=4, heads_kv=2, head_dim=16, causal=True,
+                    page_size=16, shared_prefix=8, tree=(-1, 0, 0, 1), kv_dtype="fp8")
+    row, = export.export_rows([{"status": "ok", "spec": json.dumps(spec.to_dict())}])
+    assert (row["page_size"], row["shared_prefix"], row["tree"], row["kv_dtype"], row["mla"]) == (
+        16, 8, [-1, 0, 0, 1], "fp8", False)
+    plain, = export.export_rows([{"status": "ok", "spec": json.dumps(AttnSpec().to_dict())}])
+    assert (plain["page_size"], plain["shared_prefix"], plain["tree"], plain["kv_dtype"]) == (None, 0, None, None)

@@ -162,7 +162,7 @@ class FlashInferMLA(_MLABackend):
         return getattr(importlib.import_module(f"{self.package}.mla"), self.function)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
-        from attnbench.backends.flashinfer import WORKSPACE_BYTES, first_call, page_metadata, sync
+        from attnbench.backends.flashinfer import WORKSPACE_BYTES, first_call, page_metadata, timed_plan
         device = inputs.q.device
         p, cache, q = self.latent_cache(spec, inputs)
         page = self.page(spec)
@@ -174,11 +174,9 @@ class FlashInferMLA(_MLABackend):
         q_rope = q[..., LATENT:].reshape(-1, heads, ROPE).contiguous()
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         wrapper = self.kernel()(workspace, backend=self.backend)
-        start = time.perf_counter()
-        wrapper.plan(p.cu_seqlens_q, indptr, indices, cache.cache_seqlens, heads, LATENT, ROPE, page, spec.causal,
-                     spec.softmax_scale, spec.torch_dtype, spec.torch_dtype)
-        sync(device)
-        plan_ms = (time.perf_counter() - start) * 1e3
+        plan_ms = timed_plan(lambda: wrapper.plan(p.cu_seqlens_q, indptr, indices, cache.cache_seqlens, heads, LATENT,
+                                                  ROPE, page, spec.causal, spec.softmax_scale, spec.torch_dtype,
+                                                  spec.torch_dtype), device)
         n, sq = q.shape[:2]
 
         def call() -> Outputs:

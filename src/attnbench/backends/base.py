@@ -31,8 +31,8 @@ class Capabilities:
     """Element types accepted."""
     head_dims: tuple[int, ...] | None = None
     """Allowed head sizes; None = any up to ``max_head_dim``."""
-    max_head_dim: int = 576
-    """Largest head size."""
+    max_head_dim: int = 512
+    """Largest head size (the plain-PyTorch backends take MLA's 576, ``spec.MAX_HEAD_DIM``)."""
     head_dim_multiple: int = 1
     """Head size must be a multiple of this."""
     gqa: bool = True

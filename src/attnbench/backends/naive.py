@@ -29,7 +29,7 @@ import torch
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure, expand_kv_heads
 from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
-from attnbench.spec import AttnSpec
+from attnbench.spec import MAX_HEAD_DIM, AttnSpec
 from attnbench.variants import modify_scores, relative_positions, with_sinks
 
 
@@ -105,8 +105,8 @@ class Terms:
 class NaiveBackend(Backend):
     name = "naive"
     description = "matmul-softmax-matmul in PyTorch, full score matrix, scale folded into Q (the write-ups' 'Pytorch')"
-    capabilities = Capabilities(varlen=True, window=True, tile_mask=True, sinks=True, softcap=True, alibi=True,
-                                tree=True, kv_fp8=True)
+    capabilities = Capabilities(max_head_dim=MAX_HEAD_DIM, varlen=True, window=True, tile_mask=True, sinks=True,
+                                softcap=True, alibi=True, tree=True, kv_fp8=True)
     scale_scores = False
     """Apply the softmax scale to the S×S scores instead of Q (``naive-scale-scores``)."""
 

@@ -33,7 +33,7 @@ from attnbench.backends.base import (
 )
 from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
-from attnbench.spec import AttnSpec
+from attnbench.spec import MAX_HEAD_DIM, AttnSpec
 from attnbench.variants import alibi_bias, relative_positions
 
 
@@ -146,7 +146,8 @@ class SdpaMath(SdpaBackend):
     name = "sdpa-math"
     description = "SDPA math kernel (reference composite implementation); ALiBi and sinks as a float mask"
     sdpa_backend_name = "MATH"
-    capabilities = Capabilities(window=True, sinks=True, alibi=True, varlen=True, tree=True, kv_fp8=True)
+    capabilities = Capabilities(max_head_dim=MAX_HEAD_DIM, window=True, sinks=True, alibi=True, varlen=True, tree=True,
+                                kv_fp8=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         if not inputs.varlen and inputs.descale is None:

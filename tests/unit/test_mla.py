@@ -139,3 +139,15 @@ def test_the_cli_runs_the_deepseek_preset_on_the_cpu(tmp_path):
         rows = conn.execute("SELECT backend, status, spec FROM records").fetchall()
     assert sorted((b, s) for b, s, _ in rows) == [("naive", "ok"), ("sdpa-math", "ok")]
     assert all('"mla": true' in spec and '"head_dim": 576' in spec for _, _, spec in rows)
+
+
+def test_flex_runs_mla_with_a_value_narrower_than_the_key():
+    from attnbench.backends.flex import FlexBackend
+    backend = FlexBackend(compile=False, cpu=True)  # eager on the CPU; compiled on a GPU
+    spec = mla_spec(dtype="fp32")
+    if backend.unavailable_reason():
+        pytest.skip(backend.unavailable_reason())
+    inputs = make_inputs(spec, seed=4)
+    got = backend.prepare_case(spec, inputs).fn().out
+    want = reference_attention(spec, inputs, grads=False, dtype=torch.float64).out
+    torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)

@@ -110,15 +110,26 @@ class AttnInputs:
     def prefix_len(self) -> int:
         return 0 if self.prefix_k is None else self.prefix_k.shape[0]
 
+    def bounds(self) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """Varlen only: each sequence's ((query start, end), (key start, end)) in the packed tensors."""
+        cu_q, cu_k = self.cu_seqlens_q.tolist(), self.cu_seqlens_k.tolist()
+        return list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
+
+    def request_kv(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's keys and values, packed rows [start, end), with the shared prefix (if any) in front."""
+        k, v = self.k[start:end], self.v[start:end]
+        if self.prefix_k is None:
+            return k, v
+        return torch.cat([self.prefix_k, k]), torch.cat([self.prefix_v, v])
+
     def expanded(self) -> AttnInputs:
         """The same case with each request's keys written out, prefix first (no ``prefix_k``); ``self`` when
         there is no prefix."""
         if self.prefix_k is None:
             return self
-        own_k, own_v = split_varlen(self.k, self.cu_seqlens_k), split_varlen(self.v, self.cu_seqlens_k)
-        k = torch.cat([t for own in own_k for t in (self.prefix_k, own)])
-        v = torch.cat([t for own in own_v for t in (self.prefix_v, own)])
-        lengths = [self.prefix_len + own.shape[0] for own in own_k]
+        per_request = [self.request_kv(c, d) for _, (c, d) in self.bounds()]
+        k, v = (torch.cat([kv[i] for kv in per_request]) for i in (0, 1))
+        lengths = [k_i.shape[0] for k_i, _ in per_request]
         unquantized = None if self.unquantized is None else self.unquantized.expanded()
         return dataclasses.replace(self, k=k, v=v, cu_seqlens_k=cu_seqlens(lengths, self.k.device), prefix_k=None,
                                    prefix_v=None, unquantized=unquantized)
@@ -227,6 +238,13 @@ def quantize(inputs: AttnInputs, *, per_head: bool, kv_only: bool = False) -> At
     return dataclasses.replace(inputs, **stored, descale=tuple(descales), unquantized=inputs)
 
 
+def _value(t: torch.Tensor | None, descale: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """What an e4m3 tensor (..., H, D) stands for: stored x its KV head's descale, in ``dtype``."""
+    if t is None:
+        return None
+    return (_by_kv_head(t.to(dtype), hkv) * descale.to(dtype)[:, None, None]).flatten(-3, -2)
+
+
 def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnInputs:
     """FP8 ``inputs`` as the values they stand for (stored x descale) in ``dtype``; others unchanged."""
     if inputs.descale is None:
@@ -234,10 +252,7 @@ def dequantized(inputs: AttnInputs, dtype: torch.dtype = torch.float32) -> AttnI
     hkv = inputs.k.shape[-2]
 
     def value(t, descale):
-        if t is None:
-            return None
-        grouped = _by_kv_head(t.to(dtype), hkv)
-        return (grouped * descale.to(dtype)[:, None, None]).flatten(-3, -2)
+        return _value(t, descale, hkv, dtype)
     dq, dk, dv = inputs.descale
     return dataclasses.replace(inputs, q=value(inputs.q, dq), k=value(inputs.k, dk), v=value(inputs.v, dv),
                                prefix_k=value(inputs.prefix_k, dk), prefix_v=value(inputs.prefix_v, dv),
@@ -250,9 +265,10 @@ def kv_dequantizer(inputs: AttnInputs, dtype: torch.dtype):
     if inputs.descale is None or inputs.k.dtype != torch.float8_e4m3fn or inputs.q.dtype == torch.float8_e4m3fn:
         return lambda k, v: (k, v)
     _, dk, dv = inputs.descale
+    hkv = inputs.k.shape[-2]
 
     def dequantize(k, v):
-        return tuple((t.to(dtype) * d.to(dtype)[:, None]) for t, d in ((k, dk), (v, dv)))
+        return _value(k, dk, hkv, dtype), _value(v, dv, hkv, dtype)
     return dequantize
 
 

@@ -102,13 +102,9 @@ def math_baseline(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = True,
     sinks = inputs.sinks if spec.sinks else None
     if not inputs.varlen:
         return _dense(spec, inputs.q, inputs.k, inputs.v, inputs.dout, grads, max_elems, sinks)
-    cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
     parts = []
-    for i in range(len(cu_q) - 1):
-        (a, b), (c, d) = cu_q[i:i + 2], cu_k[i:i + 2]
-        k, v = inputs.k[c:d], inputs.v[c:d]
-        if inputs.prefix_k is not None:  # this request's keys: the shared prefix, then its own
-            k, v = torch.cat([inputs.prefix_k, k]), torch.cat([inputs.prefix_v, v])
+    for (a, b), (c, d) in inputs.bounds():
+        k, v = inputs.request_kv(c, d)  # a shared prefix in front of the request's own keys
         parts.append(_dense(spec, inputs.q[None, a:b], k[None], v[None], inputs.dout[None, a:b], grads, max_elems,
                             sinks))
     result = {"out": torch.cat([p["out"][0] for p in parts]), "lse": torch.cat([p["lse"][0] for p in parts], dim=1)}

@@ -14,7 +14,7 @@ row axis, so dK and dV are summed over the group by the matmul itself.
 Masks follow ``spec.py``: lower-right aligned causal, windows ``(left, right)`` with -1 unbounded, and a
 sliding tile mask (``spec.sta``, one window per head) on top; key blocks a mask hides entirely are skipped.
 Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients. A tree of speculative tokens
-(``spec.tree``) replaces the causal mask among each sequence's new tokens by ``serving.tree_keep``.
+(``spec.tree``) replaces the causal mask among each sequence's new tokens (``masks.keep_mask``).
 
 A serving batch is a grouped case like any other, computed a request at a time; a shared prefix
 (``inputs.prefix_k``) is put in front of each request's own keys, one request at a time.
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.inputs import AttnInputs
-from attnbench.serving import tree_keep
+from attnbench.masks import keep_mask
 from attnbench.spec import AttnSpec
 from attnbench.variants import relative_positions
 
@@ -179,7 +179,8 @@ class _Geom:
     slopes: torch.Tensor | None = None
     """ALiBi slopes as (1, Hkv, G, 1, 1) in the compute dtype (the score blocks' head order), or None."""
     tree: torch.Tensor | None = None
-    """(Sq, Sq) bool ``serving.tree_keep`` of a speculative tree among the new tokens, or None."""
+    """(Sq, Sk) bool ``masks.keep_mask`` of a speculative tree (the cache, and the tree among the new tokens), or
+    None: Sq is the tree's few tokens, so the whole mask is small."""
 
     @property
     def modified(self) -> bool:
@@ -194,31 +195,22 @@ def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree=No
         slopes = torch.as_tensor(alibi, dtype=dtype, device=q.device).view(1, hkv, hq // hkv, 1, 1)
     return _Geom(sq=q.shape[1], sk=k.shape[1], left=left, right=right, groups=hq // hkv,
                  scale=q.shape[-1] ** -0.5 if scale is None else scale, tiles=_tiles(tile_mask, hq, q.device),
-                 softcap=softcap, slopes=slopes, tree=None if tree is None else tree_keep(tree, q.device))
+                 softcap=softcap, slopes=slopes,
+                 tree=None if tree is None else keep_mask(q.shape[1], k.shape[1], True, device=q.device, tree=tree))
 
 
 def _keep(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None | bool:
     """The mask of rows [a, b) x keys [c, d): None = all kept, False = none kept (skip the block), else a
     bool (rows, keys) tensor, or (Hq, rows, keys) for a sliding tile mask (each head its own window)."""
     if geom.tree is not None:
-        return _tree_block(a, b, c, d, geom, device)
+        keep = geom.tree[a:b, c:d]
+        return None if keep.all() else keep
     if geom.tiles is None:
         return block_keep(a, b, c, d, geom.sq, geom.sk, geom.left, geom.right, device)
     tm, tile_keep = geom.tiles
     keep = tm.block(a, b, c, d, tile_keep.shape[0], device, tile_keep=tile_keep)
     if not keep.any():
         return False
-    return None if keep.all() else keep
-
-
-def _tree_block(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None:
-    """Rows [a, b) x keys [c, d) under a tree: every cached key, and the new tokens the tree keeps."""
-    cached = geom.sk - geom.sq
-    if d <= cached:
-        return None
-    keep = torch.ones(b - a, d - c, dtype=torch.bool, device=device)
-    lo = max(c, cached)
-    keep[:, lo - c:] = geom.tree[a:b, lo - cached:d - cached]
     return None if keep.all() else keep
 
 
@@ -444,13 +436,9 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
             ref.dsinks = torch.zeros(inputs.sinks.shape, dtype=dtype, device=q.device)
     if grads and inputs.prefix_k is not None:
         raise ValueError("a shared prefix is forward only: no reference gradients")
-    cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
-    for i in range(len(cu_q) - 1):
-        (a, b), (c, d) = cu_q[i:i + 2], cu_k[i:i + 2]
-        k_i, v_i = k[None, c:d], v[None, c:d]
-        if inputs.prefix_k is not None:  # this request's keys: the shared prefix, then its own
-            k_i, v_i = (torch.cat([pre, own[0]])[None] for pre, own in ((inputs.prefix_k, k_i), (inputs.prefix_v, v_i)))
-        part = _dense_case(q[None, a:b], k_i, v_i, inputs.dout[None, a:b], grads, kw)
+    for (a, b), (c, d) in inputs.bounds():
+        k_i, v_i = inputs.request_kv(c, d)  # a shared prefix in front of the request's own keys
+        part = _dense_case(q[None, a:b], k_i[None], v_i[None], inputs.dout[None, a:b], grads, kw)
         ref.out[a:b], ref.lse[:, a:b] = part.out[0], part.lse[0]
         if grads:
             ref.dq[a:b], ref.dk[c:d], ref.dv[c:d] = part.dq[0], part.dk[0], part.dv[0]

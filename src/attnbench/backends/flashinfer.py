@@ -58,8 +58,7 @@ def first_call(prepared: Prepared, device: torch.device) -> Prepared:
     """Call the kernel once (building its JIT module if not cached) and record the seconds that took."""
     start = time.perf_counter()
     prepared.fn()
-    if device.type == "cuda":
-        sync(device)
+    sync(device)
     prepared.info["first_call_s"] = round(time.perf_counter() - start, 3)
     return prepared
 
@@ -488,8 +487,7 @@ class FlashInferCascade(_FlashInferPaged):
         page, shared = self.page(spec), cache.shared_pages
         table = cache.block_table
         own = [sk - shared * page for sk in p.seqlens_k]
-        _, indices_own, last_own = page_metadata(table[:, shared:], own, page)
-        indptr_own = cu_seqlens([-(-n // page) for n in own], device)
+        indptr_own, indices_own, last_own = page_metadata(table[:, shared:], own, page)
         total_q = sum(p.seqlens_q)
         levels = ([torch.tensor([0, total_q], dtype=torch.int32, device=device), p.cu_seqlens_q],
                   [torch.tensor([0, shared], dtype=torch.int32, device=device), indptr_own],

@@ -110,6 +110,13 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor | None, seqlens_k: tupl
                    shared_pages=shared)
 
 
+def request_outputs(p, out: torch.Tensor, lse: torch.Tensor | None) -> Outputs:
+    """A cache kernel's (N, Sq, H, Dv) output and (N, H, Sq) LSE as the case's packed layout (the LSE as a varlen
+    kernel gives it, (H, N·Sq))."""
+    lse_ht = None if lse is None else lse.transpose(0, 1).reshape(lse.shape[1], -1)
+    return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[2:])), lse=p.unflatten_lse(lse_ht))
+
+
 def _token_slots(pages: list[int], page_size: int, device) -> torch.Tensor:
     """Rows of the flattened (pages * page_size) pool that hold a request's tokens, in order."""
     return (torch.tensor(pages, device=device)[:, None] * page_size + torch.arange(page_size, device=device)).flatten()
@@ -168,8 +175,8 @@ class _KVCacheBackend(KernelBackend):
         def call() -> Outputs:
             with torch.no_grad():
                 out, lse = fn(q, cache.k_cache, cache.v_cache, **kwargs)[:2]
-            if uniform:  # (N, Sq, H, D) -> packed; LSE (N, H, Sq) -> (H, N*Sq), as a varlen kernel gives it
-                out, lse = out.reshape(-1, *out.shape[2:]), lse.transpose(0, 1).reshape(lse.shape[1], -1)
+            if uniform:  # (N, Sq, H, D)
+                return request_outputs(p, out, lse)
             return Outputs(out=p.unflatten(out), lse=p.unflatten_lse(lse))
         cache_bytes = 2 * cache.k_cache.numel() * cache.k_cache.element_size()
         info = self.base_info() | {"gqa": "native" if spec.gqa else "none", "cache_mib": round(cache_bytes / 2**20, 3),

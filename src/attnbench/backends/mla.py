@@ -31,7 +31,7 @@ import torch
 from attnbench.backends.base import Capabilities, Outputs, Prepared
 from attnbench.backends.fa3 import Fa3Build, build_flags
 from attnbench.backends.kernel import KernelBackend, packed
-from attnbench.backends.kvcache import build_cache
+from attnbench.backends.kvcache import build_cache, request_outputs
 from attnbench.inputs import AttnInputs
 from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
 
@@ -71,11 +71,6 @@ class _MLABackend(KernelBackend):
         q = p.flatten(inputs.q).reshape(n, sq, *inputs.q.shape[-2:])
         return p, cache, q
 
-    def outputs(self, p, out: torch.Tensor, lse: torch.Tensor | None) -> Outputs:
-        """(N, s_q, H, 512) and (N, H, s_q) natural-log LSE -> the case's packed layout."""
-        lse_ht = None if lse is None else lse.transpose(0, 1).reshape(lse.shape[1], -1)
-        return Outputs(out=p.unflatten(out.reshape(-1, *out.shape[2:])), lse=p.unflatten_lse(lse_ht))
-
     def info(self, spec: AttnSpec, cache) -> dict:
         return self.base_info() | {"cache": f"paged latent rows of {LATENT + ROPE}, {self.page(spec)} tokens a page",
                                    "cache_mib": round(cache.k_cache.numel() * cache.k_cache.element_size() / 2**20, 3)}
@@ -105,7 +100,7 @@ class FlashMLA(_MLABackend):
                 out, lse = mod.flash_mla_with_kvcache(q, cache.k_cache, cache.block_table, cache.cache_seqlens,
                                                       spec.head_dim_v, meta, None, softmax_scale=spec.softmax_scale,
                                                       causal=spec.causal)
-            return self.outputs(p, out, lse)
+            return request_outputs(p, out, lse)
         start = time.perf_counter()
         call()  # plans (sched_meta) and warms up, untimed
         torch.cuda.synchronize(inputs.q.device)
@@ -140,7 +135,7 @@ class Fa3MLA(Fa3Build, _MLABackend):
         def call() -> Outputs:
             with torch.no_grad():
                 out, lse = fn(q_rope, rope, latent, **kwargs)[:2]
-            return self.outputs(p, out, lse)
+            return request_outputs(p, out, lse)
         return Prepared(fn=call, info=self.info(spec, cache) | {"split": "rope (q, k) 64 + latent (qv, v) 512"})
 
 

@@ -124,8 +124,7 @@ class NaiveBackend(Backend):
             def forward(q, k, v, sinks=None):
                 return naive_attention(q, *kv(k, v), mask=mask, terms=terms, sinks=sinks, **kwargs)
         else:
-            cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
-            bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
+            bounds = inputs.bounds()
             masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev, spec.tree)
                      for (qs, qe), (ks, ke) in bounds]
             terms = [Terms.build(spec, qe - qs, ke - ks, dev) for (qs, qe), (ks, ke) in bounds]

@@ -160,8 +160,7 @@ class SdpaMath(SdpaBackend):
         backend, dev, groups = self._sdpa_backend(), inputs.q.device, spec.heads_q // spec.heads_kv
         kv = kv_dequantizer(inputs, spec.torch_dtype)
         if inputs.varlen:
-            cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
-            bounds = list(zip(zip(cu_q[:-1], cu_q[1:]), zip(cu_k[:-1], cu_k[1:]), strict=True))
+            bounds = inputs.bounds()
         else:  # dense: each batch row is a sequence
             bounds = [((b, b + 1), (b, b + 1)) for b in range(spec.batch)]
         masks = []

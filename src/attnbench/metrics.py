@@ -23,7 +23,8 @@ Sinks add their fp32 logits (read) and, in the backward, their gradient (written
 
 Serving batches: a shared prefix is read once (the minimal traffic; a kernel that reads it once per request
 moves more, and shows a lower rate), and an fp8 KV cache counts one byte an element (its descales are a few
-bytes). ``kv_bytes`` is the KV cache read alone, the figure a decode-dominated batch is judged by.
+bytes); a speculative tree counts the pairs it keeps (each new token's cached keys and its ancestors), not the
+causal triangle. ``kv_bytes`` is the KV cache read alone, the figure a decode-dominated batch is judged by.
 
 MLA with absorbed weights (``spec.mla``): FLOPs as above with d_qk = 576 and d_v = 512 (FlashMLA's benchmark counts
 the same: ``s_q · Σ s_k · h_q · (d + d_v) · 2``); bytes read the latent cache once, one 576-wide row per token for all
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnbench.serving import tree_keep
 from attnbench.spec import AttnSpec
 
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
@@ -63,6 +65,9 @@ def pairs(spec: AttnSpec, convention: str = "exact") -> int:
         raise ValueError(f"unknown FLOP convention {convention!r}; allowed: {', '.join(CONVENTIONS)}")
     if convention == "dense":
         return sum(sq * sk for sq, sk in spec.sequences)
+    if spec.tree is not None:  # every cached key, and each new token's ancestors (itself included)
+        ancestors = int(tree_keep(spec.tree).sum())
+        return sum((sk - sq) * sq + ancestors for sq, sk in spec.sequences)
     if spec.sta is not None:  # heads differ: the mean over heads (flops() sums them exactly)
         return sum(spec.sta.pairs_per_head(spec.heads_q)) * spec.batch // spec.heads_q
     per_group = sum(attended_pairs(sq, sk, spec.causal, spec.window)

@@ -642,3 +642,13 @@ def test_exports_carry_the_serving_features():
         16, 8, [-1, 0, 0, 1], "fp8", False)
     plain, = export.export_rows([{"status": "ok", "spec": json.dumps(AttnSpec().to_dict())}])
     assert (plain["page_size"], plain["shared_prefix"], plain["tree"], plain["kv_dtype"]) == (None, 0, None, None)
+
+
+def test_a_tree_counts_the_pairs_it_keeps_not_the_causal_triangle():
+    from attnbench import metrics
+    chain = AttnSpec(seqlens_q=(4, 4), seqlens_k=(40, 50), heads_q=2, head_dim=8, causal=True, tree=(-1, 0, 1, 2))
+    causal = chain.replace(tree=None)
+    assert metrics.pairs(chain) == metrics.pairs(causal)  # a chain is the causal mask
+    wide = chain.replace(tree=(-1, 0, 0, 1))  # token 2 sees 0 and itself; token 3 sees 1, 0 and itself
+    keep = sum(len(a) for a in ([0], [0, 1], [0, 2], [0, 1, 3]))
+    assert metrics.pairs(wide) == (36 * 4 + keep) + (46 * 4 + keep) < metrics.pairs(causal)

@@ -47,9 +47,21 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
+def _unraisable(info) -> None:
+    """A stop signal that arrived while Python ran a callback it cannot raise from (a weakref callback of the
+    import system, a ``__del__``): Python would print "Exception ignored" with a traceback and go on as if no
+    signal had come. Stop here instead, with the one line. (A sweep in flight is then left marked running; its
+    process is gone, so ``attnbench run --resume`` takes it up as any stale run.)"""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        sys.stderr.write(f"attnbench: error: {stopped()}\n")
+        _leave(exit_status())
+    sys.__unraisablehook__(info)
+
+
 def main() -> None:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
+    sys.unraisablehook = _unraisable
     try:
         from attnbench.cli import main as cli_main
     except BaseException:  # numpy turns a KeyboardInterrupt inside its import into an ImportError

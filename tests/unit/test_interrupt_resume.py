@@ -4,7 +4,7 @@ import signal
 import time
 
 import pytest
-from reliability_helpers import TINY, attnbench, popen, query
+from reliability_helpers import TINY, attnbench, env, popen, query
 
 SEQ = ["--seq-lens", "16..45:+1"]  # 30 cases
 
@@ -131,3 +131,24 @@ def test_a_signal_while_the_cli_starts_is_one_line(signum, after_s):
         return
     assert proc.returncode == 128 + signum and "Traceback" not in err, err
     assert err.count("\n") == 1 and err.startswith("attnbench: error:"), err
+
+
+def test_a_signal_python_cannot_raise_still_stops_with_one_line():
+    """A stop signal that lands in a weakref callback of the import system (or a ``__del__``) is an exception
+    Python only reports ("Exception ignored ...", with a traceback) before going on: the command stops instead."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal, sys\n"
+        "from attnbench import entry\n"
+        "sys.unraisablehook = entry._unraisable\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        entry.stop(signal.SIGTERM, None)\n"
+        "Finalized()\n"
+        "print('went on')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env())
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert res.stderr == "attnbench: error: stopped by SIGTERM\n" and "went on" not in res.stdout

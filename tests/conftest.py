@@ -47,6 +47,13 @@ def _gpu_share(request):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@pytest.fixture(autouse=True)
+def _output_width(monkeypatch):
+    """Output to a pipe is laid out for $COLUMNS, 100 when unset; pytest-xdist sets it to 80 in its workers,
+    which cut the lines some tests read. Every test sees the width a user piping the output sees."""
+    monkeypatch.setenv("COLUMNS", "100")
+
+
 @pytest.fixture
 def db_path(tmp_path):
     return tmp_path / "results.db"

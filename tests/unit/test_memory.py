@@ -124,12 +124,11 @@ def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
 
 def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_numbers(tmp_path):
     """B=8, S=32k, H=32 bf16 naive needs 2 x 512 GiB of scores: no machine running the tests has that free."""
-    import subprocess
-    import sys
-    res = subprocess.run([sys.executable, "-m", "attnbench", "run", "--device", "cpu", "--backends", "naive",
-                          "--batch-size", "8", "--seq-lens", "32k", "--q-heads", "32", "--head-size", "16",
-                          "--pass", "fwd", "--no-causal", "--dtype", "bf16", "--db", str(tmp_path / "r.db"),
-                          "--output", str(tmp_path / "r.json")], capture_output=True, text=True, timeout=120)
+    from reliability_helpers import attnbench
+    res = attnbench("run", "--device", "cpu", "--backends", "naive",
+                    "--batch-size", "8", "--seq-lens", "32k", "--q-heads", "32", "--head-size", "16",
+                    "--pass", "fwd", "--no-causal", "--dtype", "bf16", "--db", str(tmp_path / "r.db"),
+                    "--output", str(tmp_path / "r.json"))
     assert res.returncode == 0, res.stderr
     (row,) = json.loads((tmp_path / "r.json").read_text())
     assert row["status"] == "oom" and row["reason"].startswith("needs 1024.") and "GiB free" in row["reason"]

@@ -127,12 +127,11 @@ def test_the_mla_kernels_take_mla_cases_only():
 
 
 def test_the_cli_runs_the_deepseek_preset_on_the_cpu(tmp_path):
-    import subprocess
-    import sys
+    from reliability_helpers import attnbench
     db = tmp_path / "r.db"
-    res = subprocess.run([sys.executable, "-m", "attnbench", "run", "--device", "cpu", "--preset", "deepseek-v3",
-                          "--batch", "2q1kv40..90", "--q-heads", "4", "--backends", "naive,sdpa-math", "--quiet",
-                          "--repeat", "2", "--db", str(db)], capture_output=True, text=True)
+    res = attnbench("run", "--device", "cpu", "--preset", "deepseek-v3",
+                    "--batch", "2q1kv40..90", "--q-heads", "4", "--backends", "naive,sdpa-math", "--quiet",
+                    "--repeat", "2", "--db", str(db))
     assert res.returncode == 0, res.stderr
     import sqlite3
     with sqlite3.connect(db) as conn:

@@ -183,10 +183,9 @@ def test_kernel_tally_counts_copies_and_adds():
 
 
 def test_kernel_counts_need_a_gpu(tmp_path):
-    import subprocess
-    import sys
-    res = subprocess.run([sys.executable, "-m", "attnbench", "e2e", "--model", "llama-tiny", "--device", "cpu",
-                          "--kernel-counts", "--db", str(tmp_path / "r.db")], capture_output=True, text=True)
+    from reliability_helpers import attnbench
+    res = attnbench("e2e", "--model", "llama-tiny", "--device", "cpu",
+                    "--kernel-counts", "--db", str(tmp_path / "r.db"))
     assert res.returncode == 2 and "kernel counts need a CUDA device" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 

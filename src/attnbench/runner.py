@@ -29,7 +29,7 @@ from attnbench.precompile import Precompiler
 from attnbench.results.record import Record, case_id
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, summarize
-from attnbench.timing.case import CaseContext, time_prepared
+from attnbench.timing.case import CaseContext, profile_sessions, time_prepared
 from attnbench.timing.clocks import ClockMonitor
 from attnbench.timing.config import MIN_SAMPLES
 from attnbench.timing.cpu_load import CpuPlan
@@ -118,6 +118,8 @@ class Runner:
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
         self._ideal_ms: dict[AttnSpec, float] = {}
+        self.sessions = None
+        """External profilers in a sweep (``timing.external.ProfileSessions``): one process per backend."""
         if self.device.type == "cpu" and options.cpu is not None:  # the run's own setting, as timeit's number
             torch.set_num_threads(options.cpu.threads)
 
@@ -135,6 +137,9 @@ class Runner:
     def run(self, specs: Iterable[AttnSpec]) -> list[Record]:
         cases = self.cases(specs)
         self.precompiler = self._start_precompiler(cases)
+        if self.options.timing.external:
+            self.sessions = profile_sessions(self._timing_context(), [
+                (s, b.name) for s, b in cases if b.supports(s, self.device) is None], lambda: self.stop_requested)
         # What exists now (torch, the kernel packages, their registries: ~1M objects once everything is
         # installed) lives as long as the run. Out of the garbage collector's sight, a full collection
         # costs milliseconds instead of 0.3-0.4 s: on an H100 default sweep with every kernel installed,
@@ -345,9 +350,7 @@ class Runner:
                                 peak_mem_bytes=peak, accuracy=accuracy)
         if self.precompiler.busy:
             info["compile_workers_busy"] = True
-        ctx = CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
-                          trace_dir=self.options.trace_dir,
-                          inputs=None if self.options.inputs.is_default else self.options.inputs.describe())
+        ctx = self._timing_context()
         with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
             samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
         info.update(timing_info)
@@ -381,6 +384,11 @@ class Runner:
             rates = dict.fromkeys(rates)
         return self._record(spec, backend, status=status, reason=reason, info=info, samples_ms=samples, **stats,
                             **rates, flops=flop, bytes=nbytes, peak_mem_bytes=peak, accuracy=accuracy)
+
+    def _timing_context(self) -> CaseContext:
+        return CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
+                           trace_dir=self.options.trace_dir, sessions=self.sessions,
+                           inputs=None if self.options.inputs.is_default else self.options.inputs.describe())
 
     def _check_after_timing(self, spec, backend, inputs, prepared, accuracy: dict,
                             checked: Outputs) -> tuple[dict, str | None]:

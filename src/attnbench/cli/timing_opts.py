@@ -82,7 +82,8 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
                               **{**precise, **_given(
                                   max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),
                                   ci_target_pct=_nonneg(opts.get("ci_target"), "--ci-target"),
-                                  idle_ratio=_nonneg(opts.get("idle_ratio"), "--idle-ratio"))})
+                                  idle_ratio=_nonneg(opts.get("idle_ratio"), "--idle-ratio"),
+                                  profiler_batch=opts.get("profiler_batch"))})
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return config, profiler

@@ -39,6 +39,9 @@ class CaseContext:
     """How the inputs were drawn (``InputDist.describe()``), for the external child; None = N(0, 1)."""
     trace_dir: str | None = None
     """Write a Chrome/Perfetto trace per case here (None = no trace)."""
+    sessions: object | None = None
+    """The run's ``external.ProfileSessions`` (external profilers: one process per backend); None = a process
+    for this case alone."""
 
 
 def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext) -> tuple[list, dict]:
@@ -98,12 +101,17 @@ def _settled_on_cpu(measured, fns, ctx: CaseContext) -> tuple[list[float], dict]
     return keep.samples_ms, keep.info | {"cpu": keep.info["cpu"] | {"retimed": retimed}}
 
 
+def profile_sessions(ctx: CaseContext, cases, stopped=lambda: False):
+    """The ``ProfileSessions`` that times ``cases`` ((spec, backend name) pairs) under ctx's external profiler."""
+    from attnbench.timing.external import ProfileSessions
+    return ProfileSessions(ctx.config.mode, cases, iterations=ctx.config.repeat, device=str(ctx.device),
+                           seed=ctx.seed, warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2,
+                           inputs=ctx.inputs, batch=ctx.config.profiler_batch, stopped=stopped)
+
+
 def _external(spec, backend, ctx: CaseContext) -> tuple[list[float], dict]:
-    from attnbench.timing.external import ExternalCase, run_external
-    case = ExternalCase(spec=spec, backend=backend.name, iterations=ctx.config.repeat)
-    (samples, info), = run_external(ctx.config.mode, [case], device=str(ctx.device), seed=ctx.seed,
-                                    warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2, inputs=ctx.inputs)
-    return samples, info
+    sessions = ctx.sessions or profile_sessions(ctx, [(spec, backend.name)])
+    return sessions.measure(spec, backend.name)
 
 
 def trace_path(trace_dir: str, spec, backend_name: str) -> Path:

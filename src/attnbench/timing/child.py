@@ -6,6 +6,11 @@ up outside any range, then launches the marked sequence (``marked.py``) inside t
 ``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range. It
 writes what each backend reported (``Prepared.info``) or why it failed to the job's result file.
 Nothing is printed on stdout: the profiler's report goes there.
+
+A case that fails before its timed range (preparing, warming up: out of memory, a shape the kernel refuses) is
+reported as failed and the next case runs; its range never opens, so the trace has no block for it. A failure
+inside the range, or one that leaves the CUDA context unusable, ends the job: the cases after it are not
+reported, and the parent profiles them again on their own.
 """
 
 from __future__ import annotations
@@ -32,17 +37,46 @@ def run_job(job: dict) -> list[dict]:
     for case in job["cases"]:
         spec = AttnSpec.from_dict(case["spec"])
         backend = registry.get(case["backend"])
-        inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
-        prepared = backend.prepare_case(spec, inputs)
-        for _ in range(max(1, job.get("warmup", 1))):
-            prepared.fn()
-        torch.cuda.synchronize(device)
+        try:
+            inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
+            prepared = backend.prepare_case(spec, inputs)
+            for _ in range(max(1, job.get("warmup", 1))):
+                prepared.fn()
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001 - the case failed; its range never opened
+            inputs = prepared = None
+            results.append({"backend": backend.name, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
+            if not _usable(device):
+                break
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         with nvtx_range(TIMED_RANGE, device):
             launch_marked(prepared.fn, case["iterations"], marker, flush)
-            torch.cuda.synchronize(device)
+            _sync(device)
         results.append({"backend": backend.name, "info": prepared.info})
         del prepared, inputs
     return results
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _usable(device: torch.device) -> bool:
+    """Whether the CUDA context survived a failed case (an illegal memory access poisons it for good)."""
+    try:
+        _sync(device)
+        torch.zeros(1, device=device).add_(1).item()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,9 @@ class TimingConfig:
     """graph mode: calls per captured graph are chosen so one replay lasts about this long."""
     graph_max_copies: int = 32
     """graph mode: most input copies rotated through to keep inputs out of L2."""
+    profiler_batch: int = 32
+    """ncu / nsys / rocprof: most cases of one backend profiled in one profiler process (1 = a process per
+    case, as a case run on its own is)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -90,6 +93,8 @@ class TimingConfig:
             raise ValueError(f"idle_ratio must be a number >= 0, got {self.idle_ratio!r}")
         if self.max_repeat < self.repeat:
             raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
+        if isinstance(self.profiler_batch, bool) or not isinstance(self.profiler_batch, int) or self.profiler_batch < 1:
+            raise ValueError(f"--profiler-batch must be an integer >= 1, got {self.profiler_batch!r}")
         if self.graph_max_copies < 1:
             raise ValueError(f"graph_max_copies must be >= 1, got {self.graph_max_copies!r}")
 

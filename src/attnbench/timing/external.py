@@ -2,18 +2,21 @@
 
 The parent writes a job file for ``attnbench.timing.child``, runs it under the profiler, parses the
 profiler's output into an ordered kernel list and cuts it into calls (``marked.py``). Each sample
-is the summed device duration of one call's kernels; the info names the kernels.
+is the summed device duration of one call's kernels; the info names the kernels. A sweep profiles a
+backend's cases together, one profiler process for many cases (``ProfileSessions``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from attnbench.timing import ncu as ncu_mod
 from attnbench.timing import nsys as nsys_mod
 from attnbench.timing import rocprof as rocprof_mod
 from attnbench.timing.marked import iteration_times_ms, kernel_names, kernel_times_ms, split_marked
+
+log = logging.getLogger(__name__)
 
 TOOLS = {"ncu": "ncu", "nsys": "nsys", "rocprof": "rocprofv3"}
 
@@ -59,10 +64,22 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "(no output)"
 
 
+class CaseFailed(RuntimeError):
+    """The case failed in the profiled child before its timed range (the message says why)."""
+
+
+Profiled = tuple[list[float], dict]
+"""A profiled case: samples (ms per call) and the info for its record."""
+
+
 def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int = 0, warmup: int = 5,
-                 cold_l2: bool = True, timeout_s: float = 900, inputs: dict | None = None) -> list[tuple[list[float], dict]]:
-    """(samples_ms, info) per case, measured under ``tool`` in one child process (``inputs``: how the
-    inputs are drawn, ``InputDist.describe()``; None = N(0, 1))."""
+                 cold_l2: bool = True, timeout_s: float = 900,
+                 inputs: dict | None = None) -> list[Profiled | CaseFailed]:
+    """Every case measured under ``tool`` in one child process (``inputs``: how the inputs are drawn,
+    ``InputDist.describe()``; None = N(0, 1)): per case, in order, its samples and info, or the CaseFailed
+    that says why it failed. The list is shorter than ``cases`` when the child stopped early (a failure that
+    left the CUDA context unusable): the cases after it were not run. Raises RuntimeError when the profiler
+    or the child failed as a whole (a crash, a failure inside a timed range)."""
     exe = find_tool(tool)
     if exe is None:
         raise FileNotFoundError(f"{TOOLS[tool]} is not installed or not on PATH")
@@ -83,16 +100,87 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=_child_env())
         if proc.returncode != 0 or not (tmp / "result.json").exists():
             raise RuntimeError(f"{TOOLS[tool]} run failed (exit {proc.returncode}): {_last_line(proc.stderr or proc.stdout)}")
-        kernels = _kernels(tool, proc.stdout, tmp, exe, timeout_s)
-        child_info = json.loads((tmp / "result.json").read_text())
-    blocks = split_marked(kernels, [c.iterations for c in cases], cold=cold)
-    out = []
-    for calls, extra in zip(blocks, child_info, strict=True):
+        reported = json.loads((tmp / "result.json").read_text())
+        ran = [c.iterations for c, r in zip(cases, reported) if "error" not in r]
+        kernels = _kernels(tool, proc.stdout, tmp, exe, timeout_s) if ran else []
+    blocks = iter(split_marked(kernels, ran, cold=cold) if ran else [])
+    out: list[Profiled | CaseFailed] = []
+    for extra in reported:
+        if "error" in extra:
+            out.append(CaseFailed(f"the profiled re-run: {extra['error']}"))
+            continue
+        calls = next(blocks)
         info = {"kernels": kernel_names(calls), "kernel_ms": kernel_times_ms(calls),
                 "kernels_per_call": int(statistics.median(len(c) for c in calls)),
                 "kernel_source": tool, "profiler_cold_l2": "ncu --cache-control all" if tool == "ncu" else cold}
         out.append((iteration_times_ms(calls), info | {"child_info": extra.get("info", {})}))
     return out
+
+
+class ProfileSessions:
+    """``--profiler ncu|nsys|rocprof`` over a sweep: one profiler process per backend, not one per case.
+
+    A profiler run costs seconds before the first kernel (the profiler, Python, torch, the backend's import)
+    and after the last (nsys writes and exports its report). When the runner reaches a backend's first case,
+    that case and the backend's next cases of the run (up to ``batch``) are profiled in one child, each inside
+    its own timed range; their results wait here until the runner reaches them. A case that fails in the child
+    fails alone (its record says why). When the child fails as a whole (a crash, an unreadable trace) its
+    cases are profiled one at a time, each in its own process, so one bad case cannot take the others' times.
+    Each record carries ``profiler_session``: how many cases shared the process and its wall time."""
+
+    def __init__(self, tool: str, cases: list[tuple[AttnSpec, str]], *, iterations: int, device: str,
+                 seed: int = 0, warmup: int = 5, cold_l2: bool = True, inputs: dict | None = None,
+                 batch: int = 32, stopped=lambda: False):
+        self.tool, self.iterations, self.batch, self.stopped = tool, iterations, max(1, batch), stopped
+        self.options = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold_l2, "inputs": inputs}
+        self.pending: dict[str, list[AttnSpec]] = {}
+        for spec, backend in cases:
+            self.pending.setdefault(backend, []).append(spec)
+        self.done: dict[tuple[str, AttnSpec], Profiled | Exception] = {}
+        self.alone: set[tuple[str, AttnSpec]] = set()
+        """Cases of a failed session: each is profiled in its own process when the runner reaches it."""
+
+    def measure(self, spec: AttnSpec, backend: str) -> Profiled:
+        """The case's samples and info (profiling it, and the backend's next cases, if it is not done yet)."""
+        key = (backend, spec)
+        if key not in self.done:
+            self._profile(spec, backend)
+        result = self.done.pop(key)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _profile(self, spec: AttnSpec, backend: str) -> None:
+        queue = self.pending.get(backend, [])
+        if spec in queue:
+            queue.remove(spec)
+        batch = [spec]
+        if (backend, spec) not in self.alone:
+            while queue and len(batch) < self.batch:
+                batch.append(queue.pop(0))
+            batch = [batch[0], *(s for s in batch[1:] if (backend, s) not in self.alone)]
+        started = time.perf_counter()
+        try:
+            results = run_external(self.tool, [ExternalCase(spec=s, backend=backend, iterations=self.iterations)
+                                               for s in batch], timeout_s=900 + 120 * (len(batch) - 1), **self.options)
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            if self.stopped():  # Ctrl-C reached the profiler too: this case ends with the run, not as an error
+                raise KeyboardInterrupt from exc
+            if len(batch) == 1:
+                raise
+            log.warning("%s session of %d %s cases failed (%s); profiling them one at a time", self.tool,
+                        len(batch), backend, _last_line(str(exc)))
+            self.alone.update((backend, s) for s in batch)
+            self._profile(spec, backend)
+            return
+        wall = time.perf_counter() - started
+        session = {"cases": len(batch), "wall_s": round(wall, 2), "per_case_s": round(wall / len(batch), 2)}
+        for s, result in zip(batch, results):
+            self.done[(backend, s)] = result if isinstance(result, Exception) else (result[0], result[1] | {
+                "profiler_session": session})
+        # the child stopped early (a failure left its CUDA context unusable): the cases after it run each on
+        # their own when the runner reaches them
+        self.alone.update((backend, s) for s in batch[len(results):])
 
 
 def _kernels(tool: str, stdout: str, tmp: Path, exe: str, timeout_s: float):

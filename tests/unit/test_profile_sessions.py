@@ -1,0 +1,158 @@
+"""External profilers over a sweep: one profiler process per backend, each case in its own block, a failing
+case failing alone, a crashed session falling back to one process per case.
+
+The profiler is replaced by a stand-in that reads the child's job file and answers as ncu would: a CSV of
+the marked launch sequence of every case that ran, each call one kernel lasting seq_len / 1000 ms.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from attnbench.spec import AttnSpec
+from attnbench.timing import child, external
+
+MARK = "bitwise_not<int>"
+FAIL_HEADS = 3
+"""A case with this many query heads fails in the child before its timed range."""
+CRASH_SEQ = 99
+"""A session holding a case of this length crashes as a whole (as a segfault would)."""
+
+
+def spec(seq: int, heads: int = 2) -> AttnSpec:
+    return AttnSpec(seqlens_q=(seq,), heads_q=heads, head_dim=16)
+
+
+class FakeNcu:
+    def __init__(self):
+        self.jobs: list[list[AttnSpec]] = []
+
+    def __call__(self, cmd, **kwargs):
+        job = json.loads(open(cmd[-1]).read())
+        cases = [AttnSpec.from_dict(c["spec"]) for c in job["cases"]]
+        self.jobs.append(cases)
+        if any(s.seqlens_q[0] == CRASH_SEQ for s in cases):
+            return subprocess.CompletedProcess(cmd, -11, "", "Segmentation fault")
+        rows, results = [], []
+        for case, s in zip(job["cases"], cases):
+            if s.heads_q == FAIL_HEADS:
+                results.append({"backend": case["backend"], "error": "OutOfMemoryError: CUDA out of memory"})
+                continue
+            kernels = [MARK]
+            for _ in range(case["iterations"]):
+                kernels += [MARK, f"attn_{s.seqlens_q[0]}"]
+            kernels.append(MARK)
+            for name in kernels:
+                ns = 1000 if name == MARK else s.seqlens_q[0] * 1000
+                rows.append(f'"{len(rows)}","{name}","gpu__time_duration.sum","nsecond","{ns}"')
+            results.append({"backend": case["backend"], "info": {"seq": s.seqlens_q[0]}})
+        open(job["result"], "w").write(json.dumps(results))
+        head = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+        return subprocess.CompletedProcess(cmd, 0, "\n".join(["==PROF== Connected", head, *rows]), "")
+
+
+@pytest.fixture
+def ncu(monkeypatch):
+    fake = FakeNcu()
+    monkeypatch.setattr(external, "find_tool", lambda tool: "/opt/ncu")
+    monkeypatch.setattr(external.subprocess, "run", fake)
+    return fake
+
+
+def sessions(cases, **kwargs):
+    return external.ProfileSessions("ncu", cases, iterations=3, device="cuda", **kwargs)
+
+
+def test_one_process_per_backend_and_each_case_gets_its_own_calls(ncu):
+    cases = [(spec(n), "a") for n in (100, 200, 300, 400)] + [(spec(n), "b") for n in (500, 600)]
+    s = sessions(cases)
+    for sp, backend in cases:
+        samples, info = s.measure(sp, backend)
+        assert samples == pytest.approx([sp.seqlens_q[0] / 1000] * 3)
+        assert info["kernels"] == [f"attn_{sp.seqlens_q[0]}"] and info["child_info"] == {"seq": sp.seqlens_q[0]}
+        assert info["profiler_session"]["cases"] == (4 if backend == "a" else 2)
+    assert [len(job) for job in ncu.jobs] == [4, 2]
+    assert not s.done  # every result handed out once
+
+
+def test_a_session_holds_at_most_batch_cases_and_starts_at_the_case_asked_for(ncu):
+    cases = [(spec(n), "a") for n in range(100, 600, 100)]
+    s = sessions(cases, batch=2)
+    s.measure(spec(300), "a")
+    assert ncu.jobs == [[spec(300), spec(100)]]
+    for n in (100, 200, 400, 500):
+        s.measure(spec(n), "a")
+    assert ncu.jobs[1:] == [[spec(200), spec(400)], [spec(500)]]
+
+
+def test_a_case_failing_in_the_child_fails_alone(ncu):
+    cases = [(spec(100), "a"), (spec(200, heads=FAIL_HEADS), "a"), (spec(300), "a")]
+    s = sessions(cases)
+    assert s.measure(spec(100), "a")[0] == pytest.approx([0.1] * 3)
+    with pytest.raises(external.CaseFailed, match="out of memory"):
+        s.measure(spec(200, heads=FAIL_HEADS), "a")
+    assert s.measure(spec(300), "a")[0] == pytest.approx([0.3] * 3)
+    assert len(ncu.jobs) == 1
+
+
+def test_a_crashed_session_is_profiled_again_one_case_per_process(ncu):
+    cases = [(spec(100), "a"), (spec(CRASH_SEQ), "a"), (spec(300), "a"), (spec(400), "b")]
+    s = sessions(cases)
+    assert s.measure(spec(100), "a")[0] == pytest.approx([0.1] * 3)
+    with pytest.raises(RuntimeError, match="exit -11"):
+        s.measure(spec(CRASH_SEQ), "a")
+    samples, info = s.measure(spec(300), "a")
+    assert samples == pytest.approx([0.3] * 3) and info["profiler_session"]["cases"] == 1
+    assert s.measure(spec(400), "b")[1]["profiler_session"]["cases"] == 1  # another backend: its own session
+    assert ncu.jobs == [[spec(100), spec(CRASH_SEQ), spec(300)], [spec(100)], [spec(CRASH_SEQ)], [spec(300)],
+                        [spec(400)]]
+
+
+def test_a_session_stopped_by_ctrl_c_ends_the_run_instead_of_recording_an_error(ncu):
+    s = sessions([(spec(CRASH_SEQ), "a"), (spec(100), "a")], stopped=lambda: True)
+    with pytest.raises(KeyboardInterrupt):
+        s.measure(spec(CRASH_SEQ), "a")
+    assert len(ncu.jobs) == 1
+
+
+def test_the_child_reports_a_failing_case_and_runs_the_next(monkeypatch):
+    from attnbench.backends import registry
+
+    real = registry.get
+
+    class Refuses:
+        name = "refuses"
+
+        def prepare_case(self, spec, inputs):
+            raise ValueError("head size 16 is not compiled in\nsecond line")
+
+    monkeypatch.setattr(registry, "get", lambda name: Refuses() if name == "refuses" else real(name))
+    job = {"device": "cpu", "seed": 0, "warmup": 1, "cold_l2": False,
+           "cases": [{"spec": spec(32).to_dict(), "backend": "naive", "iterations": 2},
+                     {"spec": spec(32).to_dict(), "backend": "refuses", "iterations": 2},
+                     {"spec": spec(48).to_dict(), "backend": "naive", "iterations": 2}]}
+    results = child.run_job(job)
+    assert [r.get("error") for r in results] == [None, "ValueError: head size 16 is not compiled in", None]
+    assert [r["backend"] for r in results] == ["naive", "refuses", "naive"]
+
+
+def test_a_sweep_under_a_profiler_starts_it_once_per_backend(ncu):
+    from attnbench.runner import Runner, RunOptions
+    from attnbench.timing import TimingConfig
+
+    records = []
+    options = RunOptions(device="cpu", backends=("naive", "sdpa-math"), timing=TimingConfig(mode="ncu", repeat=3))
+    Runner(options, run_id="r", env_id=None, sink=records.append).run([spec(n) for n in (32, 48, 64)])
+    assert [len(job) for job in ncu.jobs] == [3, 3]
+    assert [r.status for r in records] == ["ok"] * 6
+    assert [r.median_ms for r in records] == pytest.approx([0.032, 0.032, 0.048, 0.048, 0.064, 0.064])
+    assert {r.info["profiler_session"]["cases"] for r in records} == {3}
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_a_bad_profiler_batch_is_one_line_and_exit_2(value):
+    from reliability_helpers import attnbench
+
+    res = attnbench("run", "--device", "cpu", "--profiler-batch", value, "--seq-lens", "16", "--quiet")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--profiler-batch" in res.stderr, res.stderr

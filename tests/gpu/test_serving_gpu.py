@@ -15,7 +15,8 @@ from attnbench.timing import TimingConfig
 
 pytestmark = pytest.mark.gpu
 
-SERVING = ["fa3-paged", "fa3-kvcache", "fa2-paged", "flashinfer-paged", "flashinfer-decode", "flashinfer-pod",
+SERVING = ["fa3-paged", "fa3-kvcache", "fa2-paged", "fa4-paged",
+           "flashinfer-paged", "flashinfer-decode", "flashinfer-pod",
            "flashinfer-persistent", "flashinfer-cascade", "flex", "naive", "sdpa-math"]
 
 

@@ -119,3 +119,75 @@ def test_fa3_cache_backends_are_narrowed_to_the_installed_build(fake, monkeypatc
     assert "head size > 128 in this FlashAttention-3 build" in reason and "HDIM256" in reason
     assert Fa3KVCache().supports(d128, "cuda") is None
     assert "no paged KV" in Fa3Paged().supports(d128, "cuda")
+
+
+# ---- FlashAttention-4 over a paged cache (fa4-paged) ------------------------------------------------------
+
+def fa4_paged_varlen(q, k, v, cu_seqlens_q=None, max_seqlen_q=None, seqused_k=None, page_table=None,
+                     softmax_scale=None, causal=False, return_lse=False, num_splits=1):
+    """flash_attn.cute.flash_attn_varlen_func's documented result over a paged cache: q (N, Sq, H, D), or packed
+    (total, H, D) with cu_seqlens_q; request i reads the first seqused_k[i] tokens of its pages, in page_table
+    order; causal aligned lower right. Out in q's layout, LSE (N, H, Sq) or (H, total). Rows past seqused_k in a
+    request's last page are loaded by the kernel (masked): they must be finite."""
+    CALLS.append({"page_table": page_table, "num_splits": num_splits, "packed": cu_seqlens_q is not None})
+    assert page_table.dtype == torch.int32 and seqused_k.dtype == torch.int32 and num_splits == 1
+    page = k.shape[1]
+    starts = cu_seqlens_q.tolist() if cu_seqlens_q is not None else [i * q.shape[1] for i in range(q.shape[0] + 1)]
+    rows = q if cu_seqlens_q is not None else q.reshape(-1, *q.shape[2:])
+    outs, lses = [], []
+    for i in range(len(starts) - 1):
+        s = int(seqused_k[i])
+        pages = page_table[i, :-(-s // page)].tolist()
+        assert torch.isfinite(k[pages]).all() and torch.isfinite(v[pages]).all()
+        ki, vi = (torch.cat(list(t[pages]))[:s] for t in (k, v))
+        qi = rows[starts[i]:starts[i + 1]]
+        groups = q.shape[-2] // k.shape[2]
+        ki, vi = ki.repeat_interleave(groups, 1), vi.repeat_interleave(groups, 1)
+        scores = torch.einsum("qhd,khd->hqk", qi.double(), ki.double()) * softmax_scale
+        if causal:
+            sq = qi.shape[0]
+            scores = scores.masked_fill(torch.arange(s)[None, :] > torch.arange(sq)[:, None] + (s - sq), -math.inf)
+        lses.append(torch.logsumexp(scores, -1).float())
+        outs.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, -1), vi.double()).to(q.dtype))
+    if cu_seqlens_q is not None:
+        return torch.cat(outs), torch.cat(lses, dim=1)
+    return torch.stack(outs), torch.stack(lses)
+
+
+FA4_CASES = [
+    *DECODE,
+    AttnSpec(batch=1, seqlens_q=(37, 1, 1, 5), seqlens_k=(300, 129, 7, 64), heads_q=8, heads_kv=2, head_dim=16,
+             dtype="fp32", causal=True),  # a prefill chunk beside decodes and a speculative step
+]
+
+
+@pytest.mark.parametrize("spec", FA4_CASES, ids=lambda s: s.label())
+@pytest.mark.parametrize("page_size", [128, 16, 7])
+def test_fa4_paged_gives_the_exact_attention_of_each_request(spec, page_size, monkeypatch):
+    from attnbench.backends.fa4 import Fa4Paged
+
+    monkeypatch.setattr(Fa4Paged, "kernel", lambda self: fa4_paged_varlen)
+    backend = Fa4Paged(page_size=page_size)
+    assert backend.extra_reason(spec, "cuda") is None
+    inputs = make_inputs(spec, torch.device("cpu"), seed=5)
+    got = backend.prepare(spec, inputs).fn()
+    exact = reference_attention(spec, inputs, grads=False)
+    torch.testing.assert_close(got.out, exact.out.to(got.out.dtype), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.lse, exact.lse.to(got.lse.dtype), rtol=1e-5, atol=1e-5)
+    assert CALLS[-1]["packed"] == (len(set(spec.seqlens_q)) > 1)
+
+
+def test_fa4_paged_reads_a_shared_prefix_from_shared_pages(monkeypatch):
+    from attnbench.backends.fa4 import Fa4Paged
+
+    monkeypatch.setattr(Fa4Paged, "kernel", lambda self: fa4_paged_varlen)
+    spec = AttnSpec(batch=1, seqlens_q=(3, 1, 1), seqlens_k=(300, 290, 280), heads_q=4, heads_kv=4, head_dim=16,
+                    dtype="fp32", causal=True, shared_prefix=256, page_size=64)
+    inputs = make_inputs(spec, torch.device("cpu"), seed=2)
+    prepared = Fa4Paged().prepare(spec, inputs)
+    got = prepared.fn()
+    exact = reference_attention(spec, inputs, grads=False)
+    torch.testing.assert_close(got.out, exact.out.to(got.out.dtype), rtol=1e-5, atol=1e-5)
+    assert prepared.info["shared_pages"] == 4 and prepared.info["cache"] == "paged, 64 tokens a page"
+    table = CALLS[-1]["page_table"]
+    assert (table[:, :4] == table[0, :4]).all()  # every request's first four pages are the same pages

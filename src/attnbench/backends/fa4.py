@@ -2,6 +2,10 @@
 
 - ``fa4``        flash_attn_func(q, k, v, softmax_scale=, causal=, window_size=(left, right), ..., return_lse=)
 - ``fa4-varlen`` flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)
+- ``fa4-paged``  flash_attn_varlen_func(q, k_pages, v_pages, page_table=, seqused_k=, [cu_seqlens_q=]): a serving
+                 step over a paged KV cache (``kvcache.py`` builds it: shuffled pages, a shared prefix's pages
+                 shared). Pages of the kernel's key tile (128 tokens at head size 128 on Hopper) load by TMA,
+                 other sizes by cp.async; Hopper has no split-KV in FA4, so a small decode batch fills few SMs.
 
 Both return (out, lse). Unbounded window sides are ``None`` here (not -1 as in flash-attn 2/3).
 
@@ -31,8 +35,10 @@ from attnbench.backends.kernel import (
     has_param,
     varlen_closure,
 )
+from attnbench.backends.kvcache import _CAPS as _CACHE_CAPS
+from attnbench.backends.kvcache import _KVCacheBackend
 from attnbench.inputs import AttnInputs
-from attnbench.spec import AttnSpec
+from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, head_dim_multiple=8,
                      window=True, min_compute_capability=(9, 0), sinks=True, softcap=True, alibi=True)
@@ -45,19 +51,23 @@ def fa4_window(spec: AttnSpec) -> tuple[int | None, int | None]:
     return tuple(None if w < 0 else w for w in effective_window(spec))
 
 
+def copied_fa4_reason(distribution: str) -> str | None:
+    """flash-attn 2's wheel ships FA4's sources as flash_attn/cute (an older copy, untested as FA4): with the
+    CUTLASS DSL installed too, it imports. Only the flash-attn-4 wheel counts as FA4."""
+    flash_attn_2 = _dist_version("flash-attn")
+    if flash_attn_2 is not None and _dist_version(distribution) is None:
+        return (f"flash_attn.cute here is the copy inside flash-attn {flash_attn_2}'s wheel, not flash-attn-4 "
+                "(the two wheels share the package flash_attn: install flash-attn-4 in its own environment)")
+    return None
+
+
 class _Fa4(KernelBackend):
     package = "flash_attn.cute"
     distribution = "flash-attn-4"
     capabilities = _CAPS
 
     def unavailable_reason(self) -> str | None:
-        # flash-attn 2's wheel ships FA4's sources as flash_attn/cute (an older copy, untested as FA4): with
-        # the CUTLASS DSL installed too, it imports. Only the flash-attn-4 wheel counts as FA4.
-        flash_attn_2 = _dist_version("flash-attn")
-        if flash_attn_2 is not None and _dist_version(self.distribution) is None:
-            return (f"flash_attn.cute here is the copy inside flash-attn {flash_attn_2}'s wheel, not flash-attn-4 "
-                    "(the two wheels share the package flash_attn: install flash-attn-4 in its own environment)")
-        return super().unavailable_reason()
+        return copied_fa4_reason(self.distribution) or super().unavailable_reason()
 
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         if spec.alibi is not None and spec.softcap is not None:
@@ -106,3 +116,27 @@ class Fa4Varlen(_Fa4):
         fn = self.kernel()
         closure, p = varlen_closure(spec, inputs, fn, self.kwargs(spec, fn, inputs.q.device), sink_arg="learnable_sink")
         return Prepared(fn=closure, info=self._info(spec, flattened_dense=p.batch is not None))
+
+
+class Fa4Paged(_KVCacheBackend):
+    name = "fa4-paged"
+    description = "FlashAttention-4 flash_attn_varlen_func over a paged KV cache (page_table + seqused_k)"
+    package = _Fa4.package
+    distribution = _Fa4.distribution
+    function = "flash_attn_varlen_func"
+    capabilities = replace(_CACHE_CAPS, head_dim_multiple=8, min_compute_capability=(9, 0), paged=True)
+    table_arg = "page_table"
+    lengths_arg = "seqused_k"
+    mixed_queries = True
+    default_sweep = False
+    option_ranges = {"page_size": (1, MAX_PAGE_SIZE)}
+
+    def unavailable_reason(self) -> str | None:
+        return copied_fa4_reason(self.distribution) or super().unavailable_reason()
+
+    def __init__(self, page_size: int = 128):
+        self.page_size = int(page_size)
+
+    def kwargs(self, spec: AttnSpec, inputs: AttnInputs) -> dict:
+        # one split: FA4 has no split-KV on Hopper (its interface asserts it)
+        return {"softmax_scale": spec.softmax_scale, "causal": spec.causal, "return_lse": True, "num_splits": 1}

@@ -128,6 +128,8 @@ class _KVCacheBackend(KernelBackend):
     """Tokens per page when the case names none; None = a contiguous cache."""
     table_arg = "block_table"
     """Keyword of the block table in the kernel's signature."""
+    lengths_arg = "cache_seqlens"
+    """Keyword of the requests' cache lengths in the kernel's signature."""
     min_page_multiple = 1
     mixed_queries = False
     """Takes requests with different numbers of new queries in one call (``cu_seqlens_q``)."""
@@ -159,7 +161,7 @@ class _KVCacheBackend(KernelBackend):
         k, v = p.flatten(inputs.k), p.flatten(inputs.v)
         prefix = None if inputs.prefix_k is None else (inputs.prefix_k, inputs.prefix_v)
         cache = build_cache(k, v, p.seqlens_k, page, seed=inputs.seed, prefix=prefix)
-        kwargs = self.kwargs(spec, inputs) | {"cache_seqlens": cache.cache_seqlens}
+        kwargs = self.kwargs(spec, inputs) | {self.lengths_arg: cache.cache_seqlens}
         if cache.block_table is not None:
             kwargs[self.table_arg] = cache.block_table
         uniform = len(set(p.seqlens_q)) == 1

@@ -45,6 +45,7 @@ BUILTIN: dict[str, str] = {
     "fa3-paged": "attnbench.backends.kvcache:Fa3Paged",
     "fa4": "attnbench.backends.fa4:Fa4",
     "fa4-varlen": "attnbench.backends.fa4:Fa4Varlen",
+    "fa4-paged": "attnbench.backends.fa4:Fa4Paged",
     "xformers": "attnbench.backends.xformers:Xformers",
     "sage": "attnbench.backends.sage:Sage",
     "sage-varlen": "attnbench.backends.sage:SageVarlen",

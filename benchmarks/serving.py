@@ -139,6 +139,7 @@ def cmd_page(args) -> None:
             lines.append(f"| {_batch_label(s)} | " + " | ".join(_cell(recs.get((name, b, s)), read, kind)
                                                             for b in backends) + " |")
         lines.append("")
+    lines += _append_table(recs)
     not_ok = collections.Counter((b, r.status, (r.reason or "")[:150]) for (_, b, _), r in recs.items()
                                  if r.status not in ("ok", "unsupported"))
     if not_ok:
@@ -168,6 +169,34 @@ def cmd_page(args) -> None:
         print(f"wrote {args.output}")
     else:
         print(text)
+
+
+def _append_table(recs: dict) -> list[str]:
+    """The step's cache write (``info.append``, timed apart) beside the attention, for the anchors and the fp8 set:
+    one row per batch, the write's median over the kernels that timed it (the same write for each: the cache layout
+    is shared) and the fastest kernel's attention."""
+    rows = []
+    for name in ("anchors", "fp8"):
+        for spec in dict.fromkeys(s for (n, _, s) in recs if n == name):
+            timed = [r for (n, _, s), r in recs.items() if n == name and s == spec and r.status == "ok"]
+            writes = sorted(r.info["append"]["median_ms"] for r in timed if "append" in r.info)
+            if not writes:
+                continue
+            write = writes[len(writes) // 2]
+            best = min(timed, key=lambda r: r.median_ms)
+            how = timed[0].info["append"]["how"] if "append" in timed[0].info else ""
+            rows.append(f"| {_batch_label(spec)} | {_tokens(spec)} | {write * 1e3:.1f} | {best.median_ms * 1e3:.0f} "
+                        f"(`{best.backend}`) | {100 * write / (write + best.median_ms):.0f}% | {how} |")
+    if not rows:
+        return []
+    return ["## Writing the step's new tokens into the cache", "",
+            "Before its attention a server writes each request's new keys and values into their cache slots (an fp8 "
+            "cache quantizes them first). attnbench times that write apart (`info.append`): PyTorch's "
+            "`index_copy_` through the page table, after the quantization's own kernels for fp8 — what a server "
+            "without a fused write pays (vLLM's `reshape_and_cache_flash` and FlashInfer's `append_paged_kv_cache` "
+            "are one launch).", "",
+            "| batch | new tokens | write µs | fastest attention µs | write's share of the step | how |",
+            "|---|---:|---:|---:|---:|---|", *rows, ""]
 
 
 def _batch_label(spec) -> str:

@@ -231,11 +231,21 @@ def quantize(inputs: AttnInputs, *, per_head: bool, kv_only: bool = False) -> At
         else:
             amax = torch.stack([x.abs().amax() for x in parts]).amax().expand(hkv)
         descale = (amax.clamp_min(torch.finfo(torch.float32).tiny) / FP8_MAX).contiguous()
-        stored[name], *rest = ((x / descale[:, None, None]).flatten(-3, -2).to(torch.float8_e4m3fn) for x in parts)
+        stored[name], *rest = (_e4m3(x, descale) for x in parts)
         if rest:
             stored["prefix_" + name] = rest[0]
         descales.append(descale)
     return dataclasses.replace(inputs, **stored, descale=tuple(descales), unquantized=inputs)
+
+
+def _e4m3(grouped: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """(..., Hkv, G, D) float32 values as e4m3 (..., H, D): value / its KV head's descale."""
+    return (grouped / descale[:, None, None]).flatten(-3, -2).to(torch.float8_e4m3fn)
+
+
+def to_e4m3(t: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """(..., H, D) values stored as e4m3 with the (Hkv,) descales of ``quantize``: the very bits it stored for them."""
+    return _e4m3(_by_kv_head(t.float(), descale.shape[0]), descale)
 
 
 def _value(t: torch.Tensor | None, descale: torch.Tensor, hkv: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -4,6 +4,7 @@ checked on CPU against naive attention with a stand-in that reads the cache the 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import fake_kernels as fk
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from attnbench.accuracy.reference import reference_attention
-from attnbench.backends.kvcache import Fa2KVCache, Fa2Paged, Fa3KVCache, Fa3Paged, build_cache
+from attnbench.backends.kvcache import Fa2KVCache, Fa2Paged, Fa3KVCache, Fa3Paged, append_call, build_cache
 from attnbench.backends.naive import NaiveBackend
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
@@ -109,8 +110,6 @@ def test_cases_a_cache_kernel_cannot_take_are_refused_with_the_reason():
 
 
 def test_fa3_cache_backends_are_narrowed_to_the_installed_build(fake, monkeypatch):
-    import sys
-
     fake("fa3-trimmed")   # head sizes 64/128 only, no paged KV
     monkeypatch.setattr(sys.modules["flash_attn_interface"], "flash_attn_with_kvcache", with_kvcache, raising=False)
     d256 = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(4096,), heads_q=8, heads_kv=2, head_dim=256, dtype="bf16")
@@ -191,3 +190,103 @@ def test_fa4_paged_reads_a_shared_prefix_from_shared_pages(monkeypatch):
     assert prepared.info["shared_pages"] == 4 and prepared.info["cache"] == "paged, 64 tokens a page"
     table = CALLS[-1]["page_table"]
     assert (table[:, :4] == table[0, :4]).all()  # every request's first four pages are the same pages
+
+
+# ---- the cache write of a serving step (Prepared.side["append"]) ------------------------------------------
+
+def _new_rows(p, plen):
+    """Rows of the packed own keys that are each request's new tokens."""
+    rows, start = [], 0
+    for sq, sk in zip(p.seqlens_q, p.seqlens_k):
+        rows += range(start + sk - plen - sq, start + sk - plen)
+        start += sk - plen
+    return rows
+
+
+APPEND_CASES = {
+    "contiguous": (AttnSpec(batch=1, seqlens_q=(3, 1, 1), seqlens_k=(40, 9, 77), heads_q=4, heads_kv=2, head_dim=16,
+                            dtype="bf16", causal=True), None),
+    "pages of 16": (AttnSpec(batch=1, seqlens_q=(3, 1, 1), seqlens_k=(40, 9, 77), heads_q=4, heads_kv=2,
+                             head_dim=16, dtype="bf16", causal=True), 16),
+    "pages of 7": (AttnSpec(batch=1, seqlens_q=(5, 1), seqlens_k=(30, 15), heads_q=2, heads_kv=2, head_dim=16,
+                            dtype="bf16", causal=True), 7),
+    "shared prefix": (AttnSpec(batch=1, seqlens_q=(2, 1, 1), seqlens_k=(70, 50, 66), heads_q=2, heads_kv=2,
+                               head_dim=16, dtype="bf16", causal=True, shared_prefix=32), 16),
+    "fp8 per head": (AttnSpec(batch=1, seqlens_q=(3, 1), seqlens_k=(40, 21), heads_q=4, heads_kv=2, head_dim=16,
+                              dtype="bf16", causal=True, kv_dtype="fp8-head"), 16),
+    "mla latent rows": (AttnSpec(batch=1, seqlens_q=(1, 1), seqlens_k=(33, 70), heads_q=4, heads_kv=1, head_dim=576,
+                                 head_dim_v=512, dtype="bf16", mla=True), 64),
+}
+
+
+@pytest.mark.parametrize("name", APPEND_CASES)
+def test_the_append_step_writes_each_new_token_into_its_own_slot(name):
+    """A cache built without the step's new tokens, after the append, is bit for bit the cache built with them."""
+    from attnbench.backends.kernel import packed
+
+    spec, page = APPEND_CASES[name]
+    inputs = make_inputs(spec, torch.device("cpu"), seed=4)
+    p = packed(spec, inputs)
+    plen = 0 if inputs.prefix_k is None else inputs.prefix_k.shape[0]
+    prefix = None if inputs.prefix_k is None else (inputs.prefix_k, inputs.prefix_v)
+    k, v = p.flatten(inputs.k), None if spec.mla else p.flatten(inputs.v)
+    full = build_cache(k, v, p.seqlens_k, page, seed=1, prefix=prefix)
+    gone = _new_rows(p, plen)
+    holes = [t.clone() if t is not None else None for t in (k, v)]
+    for t in holes:
+        if t is not None:
+            t.view(torch.uint8)[gone] = 0
+    cache = build_cache(*holes, p.seqlens_k, page, seed=1, prefix=prefix)
+    pools = [t for t in (cache.k_cache, cache.v_cache) if t is not None]
+    wanted = [t for t in (full.k_cache, full.v_cache) if t is not None]
+    assert not all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(pools, wanted))
+    call = append_call(cache, p, k, v, inputs, page)
+    call.fn()
+    for a, b in zip(pools, wanted):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert call.info["tokens"] == len(gone)
+    assert ("e4m3" in call.info["how"]) == (spec.kv_dtype is not None)
+
+
+def test_a_serving_case_records_its_append_beside_the_attention(fake, monkeypatch):
+    from attnbench.runner import Runner, RunOptions
+    from attnbench.timing import TimingConfig
+
+    fake("fa3")
+    monkeypatch.setattr(sys.modules["flash_attn_interface"], "flash_attn_with_kvcache", with_kvcache, raising=False)
+    monkeypatch.setattr(Fa3Paged, "capabilities", replace(Fa3Paged.declared, devices=("cuda", "cpu")))
+    monkeypatch.setattr(Fa3Paged, "extra_reason", lambda self, spec, device: None)
+    records = []
+    spec = AttnSpec(batch=2, seqlens_q=(1,), seqlens_k=(300,), heads_q=4, heads_kv=2, head_dim=16, dtype="bf16")
+    Runner(RunOptions(device="cpu", backends=("fa3-paged",), timing=TimingConfig(warmup=1, repeat=3)),
+           run_id="r", env_id=None, sink=records.append).run([spec])
+    (record,) = records
+    assert record.status == "ok", record.reason
+    append = record.info["append"]
+    assert append["tokens"] == 2 and append["bytes_written"] == 2 * 2 * 2 * 16 * 2  # tokens, k and v, heads, size, bf16
+    assert append["median_ms"] > 0 and append["samples"] >= 3 and append["timing"] == "cpu"
+
+
+def test_an_fp8_cache_append_quantizes_the_incoming_bf16_tokens():
+    """The step's tokens arrive as bf16 and are quantized on the way in (that cost is part of the append): new
+    values written through the append land as their own e4m3 bits, not as a copy of bits already stored."""
+    import dataclasses
+
+    from attnbench.backends.kernel import packed
+    from attnbench.inputs import to_e4m3
+
+    spec, page = APPEND_CASES["fp8 per head"]
+    inputs = make_inputs(spec, torch.device("cpu"), seed=4)
+    halved = dataclasses.replace(inputs.unquantized, k=inputs.unquantized.k / 2, v=inputs.unquantized.v / 2)
+    inputs = dataclasses.replace(inputs, unquantized=halved)
+    p = packed(spec, inputs)
+    k, v = p.flatten(inputs.k), p.flatten(inputs.v)
+    cache = build_cache(k, v, p.seqlens_k, page, seed=1)
+    append_call(cache, p, k, v, inputs, page).fn()
+    for i, (sq, sk) in enumerate(zip(p.seqlens_q, p.seqlens_k)):
+        pages = cache.block_table[i].tolist()
+        stored = torch.cat(list(cache.k_cache[pages]))[sk - sq:sk]
+        start = sum(p.seqlens_k[:i])
+        want = to_e4m3(p.flatten(halved.k)[start + sk - sq:start + sk], inputs.descale[1])
+        assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8))
+        assert not torch.equal(stored.view(torch.uint8), k[start + sk - sq:start + sk].view(torch.uint8))

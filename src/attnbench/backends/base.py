@@ -92,6 +92,17 @@ class Outputs:
         return {k: v for k, v in vars(self).items() if v is not None}
 
 
+@dataclass(frozen=True)
+class SideCall:
+    """Work a server does beside the attention every step (writing the step's new tokens into the KV cache),
+    timed apart from the attention and recorded in its own info entry: never inside the attention's time."""
+
+    fn: Callable[[], object]
+    """Zero-argument call of the work."""
+    info: dict = field(default_factory=dict)
+    """What it does (how, tokens, bytes)."""
+
+
 @dataclass(kw_only=True)
 class Prepared:
     """A ready-to-time closure and what the backend says about it."""
@@ -103,6 +114,8 @@ class Prepared:
     finish: Callable[[Outputs], Outputs] | None = None
     """Untimed: a call's outputs in the case's layout, in memory of their own, for kernels that return pieces
     (a mixed batch's prefill and decode parts) or write into buffers reused by every call."""
+    side: dict[str, SideCall] = field(default_factory=dict)
+    """Work timed apart, by the name its record's info gives it (``append``: the cache write of a serving step)."""
 
     def checked_call(self) -> Outputs:
         """One call, its outputs as the check reads them (``finish`` applied)."""

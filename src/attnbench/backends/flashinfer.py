@@ -250,16 +250,17 @@ class _FlashInferPaged(KernelBackend):
         return {"k_scale": float(inputs.descale[1][0]), "v_scale": float(inputs.descale[2][0])}
 
     def paged_cache(self, spec: AttnSpec, inputs: AttnInputs):
-        from attnbench.backends.kvcache import build_cache
+        """(packed view, the paged cache, the write of the step's new tokens into it: ``kvcache.append_call``)."""
+        from attnbench.backends.kvcache import append_call, build_cache
         p = packed(spec, inputs)
         prefix = None if inputs.prefix_k is None else (inputs.prefix_k, inputs.prefix_v)
-        cache = build_cache(p.flatten(inputs.k), p.flatten(inputs.v), p.seqlens_k, self.page(spec), seed=inputs.seed,
-                            prefix=prefix)
-        return p, cache
+        k, v = p.flatten(inputs.k), p.flatten(inputs.v)
+        cache = build_cache(k, v, p.seqlens_k, self.page(spec), seed=inputs.seed, prefix=prefix)
+        return p, cache, {"append": append_call(cache, p, k, v, inputs, self.page(spec))}
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         mod = importlib.import_module(self.package)
-        p, cache = self.paged_cache(spec, inputs)
+        p, cache, side = self.paged_cache(spec, inputs)
         page = self.page(spec)
         indptr, indices, last_page_len = page_metadata(cache.block_table, p.seqlens_k, page)
         workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=inputs.q.device)
@@ -276,7 +277,7 @@ class _FlashInferPaged(KernelBackend):
         info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
                                    "cache": f"paged, {page} tokens a page", "template_ran": template_of(wrapper),
                                    "shared_pages": cache.shared_pages} | self.wrapper_kwargs()
-        prepared = Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out.clone())))
+        prepared = Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out.clone())), side=side)
         first_call(prepared, inputs.q.device)  # the JIT build, if any, happens at plan or at this first run
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared
@@ -386,7 +387,7 @@ class FlashInferPOD(_FlashInferPaged):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         mod, device = importlib.import_module(self.package), inputs.q.device
-        p, cache = self.paged_cache(spec, inputs)
+        p, cache, side = self.paged_cache(spec, inputs)
         page = self.page(spec)
         parts = {"p": [i for i, sq in enumerate(p.seqlens_q) if sq > 1], "d": [i for i, sq in enumerate(p.seqlens_q) if sq == 1]}
         q_all, offsets = p.flatten(inputs.q), p.cu_seqlens_q.tolist()
@@ -416,7 +417,7 @@ class FlashInferPOD(_FlashInferPaged):
                                    "gqa": "native" if spec.gqa else "none", "cache": f"paged, {page} tokens a page",
                                    "template_ran": "fa2 (POD)", "prefill_requests": len(parts["p"]),
                                    "decode_requests": len(parts["d"]), "shared_pages": cache.shared_pages}
-        prepared = first_call(Prepared(fn=call, info=info, finish=finish), device)
+        prepared = first_call(Prepared(fn=call, info=info, finish=finish, side=side), device)
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared
 
@@ -433,7 +434,7 @@ class FlashInferPersistent(_FlashInferPaged):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         mod, device = importlib.import_module(self.package), inputs.q.device
-        p, cache = self.paged_cache(spec, inputs)
+        p, cache, side = self.paged_cache(spec, inputs)
         page = self.page(spec)
         indptr, indices, _ = page_metadata(cache.block_table, p.seqlens_k, page)
         wrapper = mod.BatchAttention("NHD", device=str(device))
@@ -460,7 +461,7 @@ class FlashInferPersistent(_FlashInferPaged):
         info = self.base_info() | {"kernel": "flashinfer.BatchAttention.run", "gqa": "native" if spec.gqa else "none",
                                    "cache": f"paged, {page} tokens a page", "template_ran": "persistent (fa2-style)",
                                    "shared_pages": cache.shared_pages, "indices_kept": indices.shape[0]}
-        prepared = first_call(Prepared(fn=call, info=info, finish=finish), device)
+        prepared = first_call(Prepared(fn=call, info=info, finish=finish, side=side), device)
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared
 
@@ -483,7 +484,7 @@ class FlashInferCascade(_FlashInferPaged):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         mod, device = importlib.import_module(self.package), inputs.q.device
-        p, cache = self.paged_cache(spec, inputs)
+        p, cache, side = self.paged_cache(spec, inputs)
         page, shared = self.page(spec), cache.shared_pages
         table = cache.block_table
         own = [sk - shared * page for sk in p.seqlens_k]
@@ -509,7 +510,8 @@ class FlashInferCascade(_FlashInferPaged):
                                    "template_ran": template_of(wrapper._batch_prefill_wrappers[0])
                                    if hasattr(wrapper, "_batch_prefill_wrappers") else "unknown",
                                    "shared_pages": shared}
-        prepared = first_call(Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out))), device)
+        prepared = first_call(Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out)), side=side),
+                              device)
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from attnbench.backends.base import Capabilities, Outputs, Prepared
+from attnbench.backends.base import Capabilities, Outputs, Prepared, SideCall
 from attnbench.backends.fa3 import Fa3Build, build_flags, descale_kwargs
 from attnbench.backends.kernel import KernelBackend, packed
-from attnbench.inputs import AttnInputs
+from attnbench.inputs import AttnInputs, to_e4m3
 from attnbench.spec import FP8_DTYPES, MAX_PAGE_SIZE, AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, varlen=True, backward=False,
@@ -108,6 +108,47 @@ def build_cache(k_thd: torch.Tensor, v_thd: torch.Tensor | None, seqlens_k: tupl
             cache.view(-1, *src.shape[1:])[_token_slots(pages, page_size, device)[:src.shape[0]]] = src
     return KVCache(k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, block_table=table.to(device),
                    shared_pages=shared)
+
+
+def append_call(cache: KVCache, p, k_thd: torch.Tensor, v_thd: torch.Tensor | None, inputs: AttnInputs,
+                page_size: int | None) -> SideCall:
+    """The write a server makes every step before the attention: each request's new tokens (its last
+    ``seqlens_q[i]`` keys and values) into their slots of the cache, through the page table, quantized first
+    when the cache is fp8 (from the bf16 values, with the cache's descales: the very bits the cache holds). It
+    writes what is already there, so the attention reads the same cache after it. ``k_thd``/``v_thd`` are
+    what the cache was built from (``build_cache``: each request's own keys, after a shared prefix; a request's
+    new tokens are never in the prefix, ``AttnSpec`` refuses that).
+
+    Plain PyTorch (one ``index_copy_`` per tensor, and the quantization's own kernels): what a server without a
+    fused write pays; vLLM's ``reshape_and_cache_flash`` and FlashInfer's ``append_paged_kv_cache`` do it in
+    one launch."""
+    plen = 0 if inputs.prefix_k is None else inputs.prefix_k.shape[0]
+    device, rows, slots, start = k_thd.device, [], [], 0
+    table = None if cache.block_table is None else cache.block_table.cpu()
+    for i, (sq, sk) in enumerate(zip(p.seqlens_q, p.seqlens_k)):
+        own = sk - plen
+        rows.append(torch.arange(start + own - sq, start + own))
+        start += own
+        pos = torch.arange(sk - sq, sk)
+        slots.append(i * cache.k_cache.shape[1] + pos if table is None
+                     else table[i, pos // page_size].long() * page_size + pos % page_size)
+    rows, slots = torch.cat(rows).to(device), torch.cat(slots).to(device)
+    fp8 = k_thd.dtype == torch.float8_e4m3fn
+    if fp8:  # the step's tokens arrive as bf16 values, quantized on the way in
+        k_thd, v_thd = p.flatten(inputs.unquantized.k), p.flatten(inputs.unquantized.v)
+    writes = [(cache.k_cache, k_thd[rows].contiguous(), inputs.descale[1] if fp8 else None)]
+    if cache.v_cache is not None:
+        writes.append((cache.v_cache, v_thd[rows].contiguous(), inputs.descale[2] if fp8 else None))
+
+    def append() -> None:
+        for pool, new, descale in writes:
+            src = new if descale is None else to_e4m3(new, descale)
+            if pool.dtype == torch.float8_e4m3fn:  # index_copy_ is not on every torch for fp8: move the bytes
+                pool, src = pool.view(torch.uint8), src.view(torch.uint8)
+            pool.view(-1, *pool.shape[-2:]).index_copy_(0, slots, src)
+    written = sum(t.numel() * pool.element_size() for pool, t, _ in writes)
+    how = "torch index_copy_" + (" after quantizing to e4m3 with the cache's descales" if fp8 else "")
+    return SideCall(fn=append, info={"how": how, "tokens": int(rows.numel()), "bytes_written": written})
 
 
 def request_outputs(p, out: torch.Tensor, lse: torch.Tensor | None) -> Outputs:
@@ -189,7 +230,7 @@ class _KVCacheBackend(KernelBackend):
             info["queries"] = "packed (cu_seqlens_q)"
         if "scheduler_metadata" in kwargs:
             info["plan_ms"] = round(plan_ms, 4)
-        return Prepared(fn=call, info=info)
+        return Prepared(fn=call, info=info, side={"append": append_call(cache, p, k, v, inputs, page)})
 
 
 class Fa2KVCache(_KVCacheBackend):

@@ -31,7 +31,7 @@ import torch
 from attnbench.backends.base import Capabilities, Outputs, Prepared
 from attnbench.backends.fa3 import Fa3Build, build_flags
 from attnbench.backends.kernel import KernelBackend, packed
-from attnbench.backends.kvcache import build_cache, request_outputs
+from attnbench.backends.kvcache import append_call, build_cache, request_outputs
 from attnbench.inputs import AttnInputs
 from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
 
@@ -64,12 +64,14 @@ class _MLABackend(KernelBackend):
         return None
 
     def latent_cache(self, spec: AttnSpec, inputs: AttnInputs):
-        """(packed view, keys-only paged cache, queries (N, s_q, H, 576))."""
+        """(packed view, keys-only paged cache, queries (N, s_q, H, 576), the write of the step's new latent rows:
+        ``kvcache.append_call``, as ``Prepared.side``)."""
         p = packed(spec, inputs)
-        cache = build_cache(p.flatten(inputs.k), None, p.seqlens_k, self.page(spec), seed=inputs.seed)
+        k = p.flatten(inputs.k)
+        cache = build_cache(k, None, p.seqlens_k, self.page(spec), seed=inputs.seed)
         n, sq = len(p.seqlens_q), p.seqlens_q[0]
         q = p.flatten(inputs.q).reshape(n, sq, *inputs.q.shape[-2:])
-        return p, cache, q
+        return p, cache, q, {"append": append_call(cache, p, k, None, inputs, self.page(spec))}
 
     def info(self, spec: AttnSpec, cache) -> dict:
         return self.base_info() | {"cache": f"paged latent rows of {LATENT + ROPE}, {self.page(spec)} tokens a page",
@@ -92,7 +94,7 @@ class FlashMLA(_MLABackend):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         mod = importlib.import_module(self.package)
-        p, cache, q = self.latent_cache(spec, inputs)
+        p, cache, q, side = self.latent_cache(spec, inputs)
         meta = mod.get_mla_metadata()[0]  # filled in by the first call (the scheduling FlashMLA plans)
 
         def call() -> Outputs:
@@ -105,7 +107,7 @@ class FlashMLA(_MLABackend):
         call()  # plans (sched_meta) and warms up, untimed
         torch.cuda.synchronize(inputs.q.device)
         info = self.info(spec, cache) | {"first_call_ms": round((time.perf_counter() - start) * 1e3, 3)}
-        return Prepared(fn=call, info=info)
+        return Prepared(fn=call, info=info, side=side)
 
 
 class Fa3MLA(Fa3Build, _MLABackend):
@@ -126,7 +128,7 @@ class Fa3MLA(Fa3Build, _MLABackend):
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn = self.kernel()
-        p, cache, q = self.latent_cache(spec, inputs)
+        p, cache, q, side = self.latent_cache(spec, inputs)
         latent, rope = cache.k_cache[..., :LATENT].contiguous(), cache.k_cache[..., LATENT:].contiguous()
         q_latent, q_rope = q[..., :LATENT].contiguous(), q[..., LATENT:].contiguous()
         kwargs = {"qv": q_latent, "page_table": cache.block_table, "cache_seqlens": cache.cache_seqlens,
@@ -136,7 +138,8 @@ class Fa3MLA(Fa3Build, _MLABackend):
             with torch.no_grad():
                 out, lse = fn(q_rope, rope, latent, **kwargs)[:2]
             return request_outputs(p, out, lse)
-        return Prepared(fn=call, info=self.info(spec, cache) | {"split": "rope (q, k) 64 + latent (qv, v) 512"})
+        return Prepared(fn=call, info=self.info(spec, cache) | {"split": "rope (q, k) 64 + latent (qv, v) 512"},
+                        side=side)
 
 
 class FlashInferMLA(_MLABackend):
@@ -159,7 +162,7 @@ class FlashInferMLA(_MLABackend):
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         from attnbench.backends.flashinfer import WORKSPACE_BYTES, first_call, page_metadata, timed_plan
         device = inputs.q.device
-        p, cache, q = self.latent_cache(spec, inputs)
+        p, cache, q, side = self.latent_cache(spec, inputs)
         page = self.page(spec)
         indptr, indices, _ = page_metadata(cache.block_table, p.seqlens_k, page)
         latent = cache.k_cache[..., :LATENT].squeeze(2).contiguous()  # (pages, page, 512)
@@ -179,6 +182,6 @@ class FlashInferMLA(_MLABackend):
                 out = wrapper.run(q_latent, q_rope, latent, rope)
             return Outputs(out=p.unflatten(out.reshape(n * sq, heads, LATENT)))
         info = self.info(spec, cache) | {"template": self.backend}
-        prepared = first_call(Prepared(fn=call, info=info), device)
+        prepared = first_call(Prepared(fn=call, info=info, side=side), device)
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared

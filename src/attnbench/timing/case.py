@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +114,18 @@ def _external(spec, backend, ctx: CaseContext) -> tuple[list[float], dict]:
     return sessions.measure(spec, backend.name)
 
 
+def time_side_calls(side: dict, ctx: CaseContext) -> dict:
+    """Each side call's (``Prepared.side``) info with its median time per call, timed apart from the attention by
+    CUDA events (CPU: perf_counter) with the run's L2 setting and sampling."""
+    config = ctx.config if ctx.config.mode == "events" else replace(ctx.config, mode="events")
+    out = {}
+    for name, call in side.items():
+        samples = measure_detailed(call.fn, config, ctx.device).samples_ms
+        out[name] = call.info | {"median_ms": float(np.median(samples)), "samples": len(samples),
+                                 "timing": "cpu" if ctx.device.type == "cpu" else "events"}
+    return out
+
+
 def trace_path(trace_dir: str, spec, backend_name: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{backend_name}_{spec.label()}_{spec.pass_}").strip("_")
     return Path(trace_dir) / f"{stem}.json"
@@ -143,6 +155,8 @@ def time_prepared(spec, backend, inputs, prepared, ctx: CaseContext,
             log.info("%s %s %s: SM clock dropped from %s to %s MHz during the case", backend.name, spec.label(),
                         spec.pass_, start.get("sm_clock_mhz"), end.get("sm_clock_mhz"))
     info.update(describe(samples))
+    if prepared.side and not ctx.config.external:  # a profiler re-run times the attention alone
+        info.update(time_side_calls(prepared.side, ctx))
     if ctx.trace_dir:
         from attnbench.timing.profiler import export_trace
         info["trace"] = str(export_trace(prepared.fn, trace_path(ctx.trace_dir, spec, backend.name), ctx.device))

@@ -68,6 +68,9 @@ class RunOptions:
     two host cores (at most 6), 0 = compile each case in this process when it comes."""
     cpu: CpuPlan | None = None
     """CPU runs: the torch threads to time with and why (``cpu_load.plan``); None = torch's own setting."""
+    batch_names: dict | None = None
+    """Serving batches read from a trace: (seqlens_q, seqlens_k) -> the step's name, kept in each record's
+    ``info["batch_name"]``."""
 
 
 def long_case_ms(timing: TimingConfig, device_type: str) -> float:
@@ -225,6 +228,9 @@ class Runner:
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         if not self.options.inputs.is_default:
             fields["info"] = dict(fields.get("info") or {}, inputs=self.options.inputs.describe())
+        name = (self.options.batch_names or {}).get((spec.seqlens_q, spec.seqlens_k))
+        if name is not None:
+            fields["info"] = dict(fields.get("info") or {}, batch_name=name)
         if spec.sta is not None:  # what share of the (query, key) pairs the FLOP count covers
             fields["info"] = dict(fields.get("info") or {}, kept_fraction=round(spec.sta.kept_fraction(spec.heads_q), 6))
         return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,

@@ -65,6 +65,8 @@ class Batch:
     requests: tuple[tuple[int, int], ...]
     name: str = ""
     """What the batch is called (the grammar text, or a trace's name)."""
+    traced: bool = False
+    """Read from a trace: ``name`` is the step's (given, or "batch N"), which its records carry."""
 
     @property
     def seqlens_q(self) -> tuple[int, ...]:
@@ -196,7 +198,7 @@ def _trace_batch(where: str, item, index: int) -> Batch:
     name = str(item.get("name") or f"batch {index + 1}")
     if "batch" in item:
         try:
-            return Batch(parse_batch(item["batch"], seed=index).requests, name=name)
+            return Batch(parse_batch(item["batch"], seed=index).requests, name=name, traced=True)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
     requests = item.get("requests")
@@ -212,7 +214,7 @@ def _trace_batch(where: str, item, index: int) -> Batch:
         out.append((pair[0], pair[1]))
     if len(out) > MAX_REQUESTS:
         raise ValueError(f"{where}: more than {MAX_REQUESTS} requests")
-    return Batch(tuple(out), name=name)
+    return Batch(tuple(out), name=name, traced=True)
 
 
 # ---- tree masks -----------------------------------------------------------------------------------

@@ -106,16 +106,18 @@ def test_timeline_records_every_step_phase_by_phase(tmp_path):
     assert res.stdout.count("timeline, ms per call (median of 3 recorded calls") == 2
     with sqlite3.connect(db) as conn:
         rows = dict(conn.execute("SELECT backend, info || '|' || median_ms FROM records").fetchall())
-    info, median = rows["cp-zigzag:sdpa-flash"].split("|")
-    per_rank = json.loads(info)["timeline"]
-    assert len(per_rank) == 2
-    for phases in per_rank:
+    info = json.loads(rows["cp-zigzag:sdpa-flash"].split("|")[0])
+    per_rank, call_ms = info["timeline"], info["timeline_call_ms"]
+    assert len(per_rank) == len(call_ms) == 2
+    for phases, whole in zip(per_rank, call_ms):
         seen = {(p, s, ph) for p, s, ph, _ in phases}
         for pass_ in ("fwd", "bwd"):
             for step in (0, 1):
                 assert {(pass_, step, "kernel"), (pass_, step, "merge")} <= seen
         assert ("bwd", 1, "wait") in seen and all(ms >= 0 for *_, ms in phases)
-        assert 0.5 < sum(ms for *_, ms in phases) / float(median) < 1.5
+        # the phases of the recorded calls against those calls' own time (not the timed calls': a busy machine
+        # moves the two apart): per phase medians add up to about the median call, nothing counted twice
+        assert 0.5 < sum(ms for *_, ms in phases) / whole < 1.5
     uly = json.loads(rows["cp-ulysses:sdpa-flash"].split("|")[0])["timeline"][0]
     assert {(p, ph) for p, _, ph, _ in uly} >= {("fwd", "a2a"), ("fwd", "kernel"), ("bwd", "a2a"), ("bwd", "kernel")}
 

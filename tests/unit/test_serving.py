@@ -170,15 +170,17 @@ def test_trace_jsonl_with_the_three_spellings_comments_and_blank_lines(tmp_path)
                     '  # an indented comment\n'
                     '{"requests": [{"q": 3, "kv": 3}, {"q": 1, "kv": 4}]}\n'
                     '{"batch": "2q2kv4_q1kv[5]"}\n')
-    assert read_trace(path) == [Batch(((2, 5), (1, 9)), name="step 1"), Batch(((3, 3), (1, 4)), name="batch 2"),
-                                Batch(((2, 4), (2, 4), (1, 5)), name="batch 3")]
+    assert read_trace(path) == [Batch(((2, 5), (1, 9)), name="step 1", traced=True),
+                                Batch(((3, 3), (1, 4)), name="batch 2", traced=True),
+                                Batch(((2, 4), (2, 4), (1, 5)), name="batch 3", traced=True)]
+    assert not parse_batch("2q2kv4_q1kv5").traced
 
 
 def test_trace_json_list(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps([{"name": "a", "requests": [[1, 2], [4, 4]]}, {"batch": "3q1kv10..20"}], indent=2))
     first, second = read_trace(path)
-    assert first == Batch(((1, 2), (4, 4)), name="a")
+    assert first == Batch(((1, 2), (4, 4)), name="a", traced=True)
     assert second.name == "batch 2" and second.seqlens_q == (1, 1, 1) and all(10 <= k <= 20 for k in second.seqlens_k)
     assert read_trace(path) == [first, second]  # a grammar range in a trace is drawn the same every time
 
@@ -574,6 +576,23 @@ def test_cli_replays_a_trace_with_a_tree(tmp_path):
     assert cases == {((4, 4, 4), (6, 9, 4), (-1, 0, 0, 1)), ((4, 4, 4), (6, 9, 4), ()), ((3, 3, 1), (7, 7, 5), ())}
     for _, spec, label, status, _, acc in rows:
         assert status == "ok" and acc["verdict"] == "pass" and ("tree4w2" in label) == ("tree" in spec)
+
+
+def test_a_traces_steps_keep_their_names_and_order_in_records_and_summary(tmp_path):
+    trace, db = tmp_path / "t.jsonl", tmp_path / "r.db"
+    steps = {"step 9": [[1, 40], [1, 33], [5, 60]], "step 10": [[1, 41], [1, 34], [1, 61]],
+             "step 11": [[2, 42], [1, 35]]}
+    trace.write_text("".join(json.dumps({"name": n, "requests": r}) + "\n" for n, r in steps.items()))
+    res = attnbench("run", *TINY, "--dtype", "fp32", "--batch-trace", str(trace), "--batch", "2q3kv7_q1kv5",
+                    "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    res = attnbench("show", "--db", str(db))  # the summary
+    with sqlite3.connect(db) as conn:
+        named = {(tuple(json.loads(spec)["seqlens_k"]), json.loads(info).get("batch_name"))
+                 for spec, info in conn.execute("SELECT spec, info FROM records")}
+    assert named == {((40, 33, 60), "step 9"), ((41, 34, 61), "step 10"), ((42, 35), "step 11"), ((7, 7, 5), None)}
+    import re
+    assert re.findall(r"step \d+", res.stdout) == ["step 9", "step 10", "step 11"], res.stdout  # the trace's order
 
 
 @pytest.mark.parametrize("args, needle", [

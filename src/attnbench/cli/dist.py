@@ -307,7 +307,7 @@ def _print_timeline(res: bench.CaseResult) -> None:
     per_rank = res.info.get("timeline")
     if not per_rank:
         return
-    steps, totals = timeline.summarize(per_rank)
+    steps, totals = timeline.summarize(per_rank, res.info.get("timeline_call_ms"))
     calls = res.info.get("timeline_calls", "")
 
     def span(v):
@@ -316,11 +316,12 @@ def _print_timeline(res: bench.CaseResult) -> None:
              "| pass | step | " + " | ".join(timeline.PHASES) + " |", "|---|---:|" + "---:|" * len(timeline.PHASES)]
     lines += [f"| {r['pass']} | {r['step']} | " + " | ".join(span(r.get(ph)) for ph in timeline.PHASES) + " |"
               for r in steps]
-    cols = (*timeline.PHASES, "total", "imbalance")
+    cols = (*timeline.PHASES, "total", *(("call",) if "call" in totals[0] else ()), "imbalance")
     lines += ["| rank | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
     lines += [f"| {i} | " + " | ".join(f"{t[c]:.2f}" for c in cols) + " |" for i, t in enumerate(totals)]
     lines.append("imbalance: the slowest rank's kernel time less this rank's; wait: communication not hidden "
-                 "under compute, waits for slower peers included; gap: the GPU idle while the host launches")
+                 "under compute, waits for slower peers included; gap: the GPU idle while the host launches; "
+                 "call: the recorded calls' own time (total less than call: time after the last phase)")
     common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # markdown: whole lines
 
 

@@ -220,7 +220,9 @@ def plan_from_options(opts: dict) -> RunPlan:
     ceilings = plausibility.ceilings(device, measured_peaks(db, device, copy=True))
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
-                         inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device), **extra)
+                         inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device),
+                         batch_names={(b.seqlens_q, b.seqlens_k): b.name for b in sweep.batches or () if b.traced}
+                         or None, **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},

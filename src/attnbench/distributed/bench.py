@@ -322,7 +322,8 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     """Check and time one case on every rank; the result is complete on rank 0.
 
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
-    (``timeline.py``); every rank's phases go to ``info["timeline"]``."""
+    (``timeline.py``); every rank's phases go to ``info["timeline"]``, the recorded calls' own median time to
+    ``info["timeline_call_ms"]``."""
     kernel_name = canonical(kernel_name)
     result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
     peer = method_name in OWN_KERNEL
@@ -356,10 +357,12 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             samples, result.peak_bytes, result.info["samples_per_rank"] = time_method(closure, timing, ctx)
             wall["timing_s"] = time.perf_counter() - t0
             if timeline_calls:
-                mine = timeline.record(closure, ctx.device, timeline_calls)
+                mine, call_ms = timeline.record(closure, ctx.device, timeline_calls)
                 result.info["timeline_calls"] = timeline_calls
                 result.info["timeline"] = [None] * ctx.world
                 dist.all_gather_object(result.info["timeline"], mine)
+                result.info["timeline_call_ms"] = [None] * ctx.world
+                dist.all_gather_object(result.info["timeline_call_ms"], call_ms)
             result.samples, result.stats = samples, summarize(samples)
             flop = metrics.flops(spec, convention=convention) / ctx.world
             result.tflops_per_device = metrics.tflops_per_s(flop, result.stats["median_ms"])

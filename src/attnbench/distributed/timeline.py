@@ -51,6 +51,13 @@ class Recorder:
     def mark(self, phase: str) -> None:
         self.marks.append((*self.where, phase, self._now()))
 
+    def call_ms(self) -> float:
+        """From the start to now: the whole call, when taken right after it (the device synchronized first)."""
+        end = self._now()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return self._ms(self.start, end)
+
     def phases(self) -> list[tuple[str, int, str, float]]:
         """(pass, step, phase, ms) in the order marked; synchronizes the device first."""
         if self.cuda:
@@ -88,23 +95,25 @@ def recording(device: torch.device):
         _active = None
 
 
-def record(fn, device: torch.device, calls: int) -> list[list]:
-    """Call ``fn`` ``calls`` times under a recorder: [pass, step, phase, ms] summed per phase of a step,
-    median over the calls."""
-    per_call = []
+def record(fn, device: torch.device, calls: int) -> tuple[list[list], float]:
+    """Call ``fn`` ``calls`` times under a recorder: [pass, step, phase, ms] summed per phase of a step, median
+    over the calls; and the median time of those calls themselves (what the phases leave out is the difference)."""
+    per_call, whole = [], []
     for _ in range(calls):
         with recording(device) as rec:
             fn()
+            whole.append(rec.call_ms())
         totals: dict[tuple, float] = {}
         for pass_, step, phase, ms in rec.phases():
             totals[(pass_, step, phase)] = totals.get((pass_, step, phase), 0.0) + ms
         per_call.append(totals)
     keys = list(per_call[0])
-    return [[*k, statistics.median(c.get(k, 0.0) for c in per_call)] for k in keys]
+    return [[*k, statistics.median(c.get(k, 0.0) for c in per_call)] for k in keys], statistics.median(whole)
 
 
-def summarize(per_rank: list[list]) -> tuple[list[dict], list[dict]]:
-    """Per-step rows ({pass, step, phase: (min, max) over ranks}) and per-rank totals (ms)."""
+def summarize(per_rank: list[list], call_ms: list[float] | None = None) -> tuple[list[dict], list[dict]]:
+    """Per-step rows ({pass, step, phase: (min, max) over ranks}) and per-rank totals (ms), with each rank's
+    recorded calls' own time (``call``) when ``call_ms`` is given."""
     steps: dict[tuple, dict] = {}
     for rows in per_rank:
         for pass_, step, phase, ms in rows:
@@ -122,4 +131,6 @@ def summarize(per_rank: list[list]) -> tuple[list[dict], list[dict]]:
     slowest = max((t["kernel"] for t in totals), default=0.0)
     for t in totals:
         t["imbalance"] = slowest - t["kernel"]
+    for t, ms in zip(totals, call_ms or ()):
+        t["call"] = ms
     return step_rows, totals

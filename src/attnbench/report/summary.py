@@ -42,6 +42,8 @@ def axes(r: Record) -> dict[str, str]:
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
         seq = describe(s.seqlens_q, s.seqlens_k)
+    if (r.info or {}).get("batch_name"):  # a trace's step: its name first, as the trace calls it
+        seq = f"{r.info['batch_name']}: {seq}"
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",
            "seq": seq, "heads": f"h{s.heads_q}" + (f"/{s.heads_kv}" if s.gqa else ""),
            "head_dim": f"d{s.head_dim}" + (f"/{s.head_dim_v}" if s.head_dim_v != s.head_dim else "")}
@@ -80,6 +82,13 @@ def is_exact(r: Record) -> bool:
 
 
 def _sort_key(value: str):
+    """Rows by the sum of their numbers (sizes grow down the table); a trace's steps ("step 605: 178q1kv...")
+    first by their names, in the trace's order where the names count up."""
+    name, rest = value.split(": ", 1) if ": " in value else ("", value)
+    return (_size_key(name) if name else (-1, ""), _size_key(rest))
+
+
+def _size_key(value: str):
     nums = [int(x) for x in re.findall(r"\d+", value)]
     return (sum(nums), value) if nums else (math.inf, value)
 

@@ -87,3 +87,29 @@ def _store_row(r: dict) -> dict:
     record = Record(run_id="v", backend=r["backend"], spec=spec, median_ms=r["median_ms"], n=r["n"],
                     tflops=r["tflops"], accuracy=json.loads(r["accuracy"]), info=json.loads(r["info"]))
     return record.to_row()
+
+
+def _batch_row(backend, seqlens_q, seqlens_k, ms, **fields):
+    from attnbench.results.record import Record
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(seqlens_q=seqlens_q, seqlens_k=seqlens_k, heads_q=4, head_dim=16, dtype="fp32", causal=True,
+                    **fields)
+    r = Record(run_id="r", backend=backend, spec=spec, median_ms=ms, tflops=1.0 / ms, status="ok",
+               accuracy={"verdict": "pass"}, info={"exact": True})
+    return r.to_row()
+
+
+def test_serving_batches_are_drawn_against_their_tokens_not_their_longest_request():
+    steps = [((1, 1, 5), (40, 33, 60)), ((1, 1, 1, 1), (41, 34, 61, 90)), ((64, 1), (64, 35))]
+    rows = [_batch_row(b, q, k, ms) for b in ("naive", "sdpa-math") for (q, k), ms in zip(steps, (1.0, 2.0, 3.0))]
+    assert plots.plot_axes(rows) == ["new_tokens", "kv_tokens"]
+    pts = plots.points(rows, "kv_tokens", "ms")
+    assert sorted({p["_x"] for p in pts}) == [99.0, 133.0, 226.0]  # each batch's keys, summed over its requests
+    assert len(plots.panels(pts, "kv_tokens")) == 1
+    (lines,) = plots.panels(pts, "kv_tokens").values()
+    assert sorted(lines) == ["naive", "sdpa-math"]  # one line a backend, not one a request count
+
+
+def test_grouped_whole_sequences_keep_their_sizes_as_axes():
+    rows = [_batch_row("naive", (128,) * n, (128,) * n, float(n)) for n in (1, 2, 4)]
+    assert "num_seqs" in plots.plot_axes(rows) and "new_tokens" not in plots.plot_axes(rows)

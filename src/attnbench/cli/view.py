@@ -84,7 +84,8 @@ def select_rows(store: ResultStore, run_ids: list[str], backends: list[str] | No
 
 
 def plot(
-    x: Annotated[str, typer.Option("--x", help="seq_len, kv_seq_len, num_seqs, head_size, emb_dim, heads or sparsity.")],
+    x: Annotated[str, typer.Option("--x", help="seq_len, kv_seq_len, num_seqs, head_size, emb_dim, heads, sparsity, kept, or for serving "
+                                   "batches new_tokens or kv_tokens.")],
     y: Annotated[list[str], typer.Option("--y", metavar="Y", help="ms, tflops, gbps or mem (repeatable: one figure each).")],
     run: Runs = None,
     db: common.Db = None,

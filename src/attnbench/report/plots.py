@@ -14,8 +14,10 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+from attnbench import metrics
 from attnbench.report import styles
 from attnbench.results.record import busy_of, exact_of, verdict_of
+from attnbench.spec import AttnSpec
 from attnbench.variants import alibi_label
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,13 @@ X_AXES: dict[str, tuple[str | None, str]] = {
     "heads": ("heads_q", "query heads"),
     "sparsity": (None, "sparsity (fraction of attention skipped)"),
     "kept": (None, "fraction of (query, key) pairs attended"),
+    "new_tokens": ("total_q", "new tokens per batch"),
+    "kv_tokens": (None, "KV tokens read per batch"),
 }
+SERVING_X = ("new_tokens", "kv_tokens")
+"""The axes of serving batches (requests of their own new tokens over their own caches): a batch's longest
+request or its request count is no size to draw it against."""
+SIZE_X = ("seq_len", "kv_seq_len", "num_seqs")
 COMPUTED_X = {"sparsity": "sparsity", "kept": "kept_fraction"}
 """Axes read from the record's ``info`` rather than a store column: sparse backends record their
 sparsity, every sliding-tile-mask (STA) case the fraction of pairs its mask keeps."""
@@ -41,7 +49,7 @@ Y_AXES: dict[str, tuple[str, str, float]] = {
     "gbps": ("gbps", "bandwidth (GB/s)", 1.0),
     "mem": ("peak_mem_bytes", "peak memory (MiB)", 1.0 / 2**20),
 }
-LOG2_X = ("seq_len", "kv_seq_len", "num_seqs")
+LOG2_X = ("seq_len", "kv_seq_len", "num_seqs", "new_tokens", "kv_tokens")
 """Always on a log2 axis; other integer axes are log2 when they span 8x or more."""
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 LEGEND_COLUMNS = 4
@@ -54,6 +62,8 @@ ALONG_X: dict[str, set[str]] = {
     "num_seqs": {"seq_len", "seq_len_k"},
     "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
     "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(), "kept": set(),
+    "new_tokens": {"seq_len", "seq_len_k", "num_seqs", "total_q"},
+    "kv_tokens": {"seq_len", "seq_len_k", "num_seqs", "total_q"},
 }
 # In order of preference when naming lines; the parts read as the tables write a case (h16/4, keys 4096).
 SERIES_COLUMNS = {"run_id": "run {}", "num_seqs": "n{}", "seq_len": "s{}", "_keys": "{}", "batch": "b{}",
@@ -81,12 +91,29 @@ def _info(row: dict) -> dict:
     return info or {}
 
 
+def _spec(row: dict) -> AttnSpec | None:
+    spec = row.get("spec")
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    return AttnSpec.from_dict(spec) if isinstance(spec, dict) else None
+
+
+def is_serving(row: dict) -> bool:
+    """A serving batch: grouped requests whose new tokens are fewer than their keys (decode, prefill over a
+    cache), not a grouped training batch of whole sequences."""
+    spec = _spec(row)
+    return spec is not None and spec.is_varlen and spec.seqlens_q != spec.seqlens_k
+
+
 def x_value(row: dict, x: str) -> float | None:
     column = X_AXES[x][0]
     if column is not None:
         return row.get(column)
     if x == "sparsity":
         return sparsity(row)
+    if x == "kv_tokens":
+        spec = _spec(row)
+        return None if spec is None else float(metrics.kv_tokens(spec))
     value = _info(row).get(COMPUTED_X[x])
     return None if value is None else float(value)
 
@@ -251,7 +278,10 @@ def plot_axes(rows: list[dict]) -> list[str]:
     out, seen = [], []
     # STA masks vary at one sequence length: drawn against the kept fraction, not against the sizes
     masks_vary = len({x_value(r, "kept") for r in ok} - {None}) > 1
+    serving = any(is_serving(r) for r in ok)
     for x in X_AXES:
+        if x in (SIZE_X if serving else SERVING_X):  # serving batches against their tokens, others their sizes
+            continue
         values = [x_value(r, x) for r in ok]
         if len(set(values) - {None}) <= 1 or values in seen or (masks_vary and x not in ("kept", "sparsity")):
             continue

@@ -124,6 +124,27 @@ def test_ncu_profiler_mode_matches_events():
     assert abs(ncu.median_ms - events.median_ms) / ncu.median_ms < 0.10, (ncu.median_ms, events.median_ms)
 
 
+@pytest.mark.parametrize("tool", ["nsys", "ncu"])
+def test_a_profiled_sweep_shares_one_process_per_backend_and_keeps_each_cases_time(tool):
+    """Three cases of one backend in one profiler process give each its own time, as three processes do."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+    specs = [AttnSpec(batch=2, seqlens_q=(s,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
+             for s in (1024, 2048, 4096)]
+
+    def sweep(batch):
+        cfg = TimingConfig(warmup=3, repeat=5, min_time_ms=0.0, mode=tool, profiler_batch=batch)
+        return Runner(RunOptions(device="cuda", backends=("sdpa-flash",), timing=cfg), run_id="t", env_id=None,
+                      sink=lambda r: None).run(specs)
+    shared, alone = sweep(32), sweep(1)
+    assert [r.status for r in shared + alone] == ["ok"] * 6, [r.reason for r in shared + alone]
+    assert {r.info["profiler_session"]["cases"] for r in shared} == {3}
+    assert {r.info["profiler_session"]["cases"] for r in alone} == {1}
+    for a, b in zip(shared, alone):
+        assert abs(a.median_ms / b.median_ms - 1) < 0.05, (a.spec.label(), a.median_ms, b.median_ms)
+    assert shared[0].median_ms < shared[1].median_ms < shared[2].median_ms  # each case its own block
+
+
 def test_calibrate_measures_plausible_peaks():
     from attnbench.timing.peaks import calibrate
     got = calibrate("cuda", matmul_n=4096, copy_bytes=512 * 2**20, repeat=10)["measured"]

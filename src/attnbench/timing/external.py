@@ -155,10 +155,10 @@ class ProfileSessions:
         if spec in queue:
             queue.remove(spec)
         batch = [spec]
-        if (backend, spec) not in self.alone:
-            while queue and len(batch) < self.batch:
-                batch.append(queue.pop(0))
-            batch = [batch[0], *(s for s in batch[1:] if (backend, s) not in self.alone)]
+        while (backend, spec) not in self.alone and queue and len(batch) < self.batch:
+            s = queue.pop(0)
+            if (backend, s) not in self.alone:  # a case of a failed session waits for its turn, alone
+                batch.append(s)
         started = time.perf_counter()
         try:
             results = run_external(self.tool, [ExternalCase(spec=s, backend=backend, iterations=self.iterations)

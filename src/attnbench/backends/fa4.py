@@ -131,11 +131,11 @@ class Fa4Paged(_KVCacheBackend):
     default_sweep = False
     option_ranges = {"page_size": (1, MAX_PAGE_SIZE)}
 
-    def unavailable_reason(self) -> str | None:
-        return copied_fa4_reason(self.distribution) or super().unavailable_reason()
-
     def __init__(self, page_size: int = 128):
         self.page_size = int(page_size)
+
+    def unavailable_reason(self) -> str | None:
+        return copied_fa4_reason(self.distribution) or super().unavailable_reason()
 
     def kwargs(self, spec: AttnSpec, inputs: AttnInputs) -> dict:
         # one split: FA4 has no split-KV on Hopper (its interface asserts it)

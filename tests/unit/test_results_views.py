@@ -231,3 +231,19 @@ def test_failed_and_unchecked_cases_are_drawn_marked_never_dropped_or_mixed(tmp_
     assert _is_png(plots.save(rows, "seq_len", "ms", tmp_path / "m.png")[0])
     items = export.export_rows(rows)
     assert [i["verdict"] for i in items] == ["pass", "pass", "fail", "approx-fail", "unchecked", "nan"]
+
+
+def test_the_correctness_table_says_how_many_cases_were_judged_approximately():
+    from attnbench.report import html_tables
+    from attnbench.results.record import Record
+    from attnbench.spec import AttnSpec
+
+    def rec(backend, verdict, exact, name=None):
+        info = {"exact": exact} | ({"batch_name": name} if name else {})
+        return Record(run_id="r", backend=backend, spec=AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=16),
+                      median_ms=1.0, accuracy={"verdict": verdict}, info=info)
+    records = [rec("fa3", "pass", True), rec("fa3", "pass", True), rec("fa3", "approx-pass", False, name="step 7"),
+               rec("sage", "approx-pass", False), rec("naive", "pass", True)]
+    table = html_tables.correctness(records)
+    assert "<td>exact (1 of 3 approximately)</td>" in table
+    assert "<td>approximate</td>" in table and "<td>exact</td>" in table

@@ -87,14 +87,27 @@ def correctness(records: list[Record]) -> str:
         verdicts = Counter(verdict_of(r.status, r.accuracy) for r in checked)
         worst = max(((grid.worst(r) or 0.0, r) for r in checked), key=lambda t: t[0], default=(None, None))
         bad = verdicts.get("fail", 0) + verdicts.get("approx-fail", 0) + verdicts.get("nan", 0)
-        kind = "exact" if all(summary.is_exact(r) for r in checked) else "approximate"
         word = "-" if not checked else ("fails" if bad else "correct")
-        rows.append([backend, kind, len(checked), sum(n for v, n in verdicts.items() if "pass" in v), bad,
-                     num(worst[0]), worst[1].spec.label() + " " + worst[1].spec.pass_ if worst[1] else "-",
+        rows.append([backend, _judged_as(checked), len(checked), sum(n for v, n in verdicts.items() if "pass" in v),
+                     bad, num(worst[0]), _case_name(worst[1]) if worst[1] else "-",
                      span("fail" if bad else "pass" if checked else "muted", word)])
     rows.sort(key=lambda r: (r[4] == 0, r[0]))
     return table(["backend", "judged as", "checked", "passed", "failed", "worst error / limit", "worst case",
                   "verdict"], rows, numeric={2, 3, 4, 5}, cls="correct")
+
+
+def _judged_as(checked: list[Record]) -> str:
+    """exact, approximate, or how many of each where a backend has both (its fp8 cases approximately)."""
+    approx = sum(not summary.is_exact(r) for r in checked)
+    if not approx:
+        return "exact"
+    return "approximate" if approx == len(checked) else f"exact ({approx} of {len(checked)} approximately)"
+
+
+def _case_name(r: Record) -> str:
+    """A case as its tables name it: a trace's step by its name too."""
+    name = (r.info or {}).get("batch_name")
+    return (f"{name}: " if name else "") + r.spec.label() + " " + r.spec.pass_
 
 
 def verdict_line(records: list[Record]) -> Raw:

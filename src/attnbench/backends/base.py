@@ -127,6 +127,12 @@ def device_type(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
+def sync(device: str | torch.device) -> None:
+    """Wait for the device (before a time is read or a result used); nothing on a CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.device) -> str | None:
     """The first capability the spec needs that the backend lacks, as a reason; None if all are there."""
     dev = device_type(device)

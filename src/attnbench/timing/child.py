@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from attnbench.backends.base import sync
+
 
 def run_job(job: dict) -> list[dict]:
     from attnbench.backends import registry
@@ -42,7 +44,7 @@ def run_job(job: dict) -> list[dict]:
             prepared = backend.prepare_case(spec, inputs)
             for _ in range(max(1, job.get("warmup", 1))):
                 prepared.fn()
-            _sync(device)
+            sync(device)
         except Exception as exc:  # noqa: BLE001 - the case failed; its range never opened
             inputs = prepared = None
             results.append({"backend": backend.name, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
@@ -53,7 +55,7 @@ def run_job(job: dict) -> list[dict]:
             continue
         with nvtx_range(TIMED_RANGE, device):
             launch_marked(prepared.fn, case["iterations"], marker, flush)
-            _sync(device)
+            sync(device)
         results.append({"backend": backend.name, "info": prepared.info})
         del prepared, inputs
     return results
@@ -64,15 +66,10 @@ def _first_line(exc: BaseException) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _usable(device: torch.device) -> bool:
     """Whether the CUDA context survived a failed case (an illegal memory access poisons it for good)."""
     try:
-        _sync(device)
+        sync(device)
         torch.zeros(1, device=device).add_(1).item()
         return True
     except Exception:  # noqa: BLE001

@@ -45,7 +45,7 @@ from dataclasses import replace
 
 import torch
 
-from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure
+from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure, sync
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
 from attnbench.inputs import AttnInputs, cu_seqlens
 from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
@@ -274,11 +274,17 @@ class _FlashInferPaged(KernelBackend):
             with torch.no_grad():
                 wrapper.run(q, kv, out=out, **scales)
             return Outputs(out=out)
+        return self.prepared(spec, page, cache, plan_ms, call, lambda o: Outputs(out=p.unflatten(o.out.clone())),
+                             side, template_ran=template_of(wrapper), **self.wrapper_kwargs())
+
+    def prepared(self, spec: AttnSpec, page: int, cache, plan_ms: float, call, finish, side: dict,
+                 **info) -> Prepared:
+        """The case ready to time: what runs (the wrapper's ``run``, GQA, the cache, its shared pages, and
+        ``info``), called once untimed (the JIT build, if any, happens at ``plan`` or at this first run), with
+        the milliseconds of its ``plan``."""
         info = self.base_info() | {"kernel": f"flashinfer.{self.wrapper}.run", "gqa": "native" if spec.gqa else "none",
-                                   "cache": f"paged, {page} tokens a page", "template_ran": template_of(wrapper),
-                                   "shared_pages": cache.shared_pages} | self.wrapper_kwargs()
-        prepared = Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out.clone())), side=side)
-        first_call(prepared, inputs.q.device)  # the JIT build, if any, happens at plan or at this first run
+                                   "cache": f"paged, {page} tokens a page", "shared_pages": cache.shared_pages} | info
+        prepared = first_call(Prepared(fn=call, info=info, finish=finish, side=side), cache.k_cache.device)
         prepared.info["plan_ms"] = round(plan_ms, 4)
         return prepared
 
@@ -292,12 +298,6 @@ def timed_plan(plan, device: torch.device) -> float:
     plan()
     sync(device)
     return (time.perf_counter() - start) * 1e3
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device (a plan's copies) before its time is read; nothing on a CPU (the tests' fakes)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def template_of(wrapper) -> str:
@@ -413,13 +413,8 @@ class FlashInferPOD(_FlashInferPaged):
             out = q_all.new_empty(q_all.shape[0], spec.heads_q, spec.head_dim_v)
             out[rows["p"]], out[rows["d"]] = o.out
             return Outputs(out=p.unflatten(out))
-        info = self.base_info() | {"kernel": "flashinfer.BatchPODWithPagedKVCacheWrapper.run",
-                                   "gqa": "native" if spec.gqa else "none", "cache": f"paged, {page} tokens a page",
-                                   "template_ran": "fa2 (POD)", "prefill_requests": len(parts["p"]),
-                                   "decode_requests": len(parts["d"]), "shared_pages": cache.shared_pages}
-        prepared = first_call(Prepared(fn=call, info=info, finish=finish, side=side), device)
-        prepared.info["plan_ms"] = round(plan_ms, 4)
-        return prepared
+        return self.prepared(spec, page, cache, plan_ms, call, finish, side, template_ran="fa2 (POD)",
+                             prefill_requests=len(parts["p"]), decode_requests=len(parts["d"]))
 
 
 class FlashInferPersistent(_FlashInferPaged):
@@ -458,12 +453,8 @@ class FlashInferPersistent(_FlashInferPaged):
             # Its LSE (base 2, always returned) is not handed to the check: on an H100 it was up to 3e-4 off the
             # exact one (natural log), six times the float32 floor the check holds an LSE to, with the output exact.
             return Outputs(out=p.unflatten(o.out.clone()))
-        info = self.base_info() | {"kernel": "flashinfer.BatchAttention.run", "gqa": "native" if spec.gqa else "none",
-                                   "cache": f"paged, {page} tokens a page", "template_ran": "persistent (fa2-style)",
-                                   "shared_pages": cache.shared_pages, "indices_kept": indices.shape[0]}
-        prepared = first_call(Prepared(fn=call, info=info, finish=finish, side=side), device)
-        prepared.info["plan_ms"] = round(plan_ms, 4)
-        return prepared
+        return self.prepared(spec, page, cache, plan_ms, call, finish, side, template_ran="persistent (fa2-style)",
+                             indices_kept=indices.shape[0])
 
 
 class FlashInferCascade(_FlashInferPaged):
@@ -505,15 +496,10 @@ class FlashInferCascade(_FlashInferPaged):
         def call() -> Outputs:
             with torch.no_grad():
                 return Outputs(out=wrapper.run(q, kv))
-        info = self.base_info() | {"kernel": "flashinfer.MultiLevelCascadeAttentionWrapper.run",
-                                   "gqa": "native" if spec.gqa else "none", "cache": f"paged, {page} tokens a page",
-                                   "template_ran": template_of(wrapper._batch_prefill_wrappers[0])
-                                   if hasattr(wrapper, "_batch_prefill_wrappers") else "unknown",
-                                   "shared_pages": shared}
-        prepared = first_call(Prepared(fn=call, info=info, finish=lambda o: Outputs(out=p.unflatten(o.out)), side=side),
-                              device)
-        prepared.info["plan_ms"] = round(plan_ms, 4)
-        return prepared
+        template = (template_of(wrapper._batch_prefill_wrappers[0]) if hasattr(wrapper, "_batch_prefill_wrappers")
+                    else "unknown")
+        return self.prepared(spec, page, cache, plan_ms, call, lambda o: Outputs(out=p.unflatten(o.out)), side,
+                             template_ran=template)
 
 
 def page_metadata(block_table: torch.Tensor, seqlens_k, page_size: int):

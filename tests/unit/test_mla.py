@@ -126,6 +126,30 @@ def test_the_mla_kernels_take_mla_cases_only():
     assert registry.get("flashmla").extra_reason(mla, "cuda") is None
 
 
+SERVING_FA3 = {"FLASHATTENTION_DISABLE_HDIM96": True, "FLASHATTENTION_DISABLE_HDIM192": True,
+               "FLASHATTENTION_DISABLE_HDIM256": True, "FLASHATTENTION_DISABLE_FP16": True,
+               "FLASHATTENTION_DISABLE_FP8": True, "FLASH_ATTENTION_DISABLE_HDIMDIFF64": False,
+               "FLASH_ATTENTION_DISABLE_HDIMDIFF192": True}
+"""The serving FlashAttention-3 wheel's build flags (its flash_attn_config), the build fa3-mla runs on."""
+
+
+def test_the_mla_kernels_take_deepseeks_decode_shape(monkeypatch):
+    # every MLA kernel was refused on the GPU with "head size > 512" (fa3-mla: "> 128") after the default head-size
+    # bound went down to 512: their own extra checks passed, the capability check did not
+    from attnbench.backends import fa3, mla
+    from attnbench.backends.base import check_capabilities
+    monkeypatch.setattr(fa3, "build_flags", lambda: SERVING_FA3)
+    monkeypatch.setattr(mla, "build_flags", lambda: SERVING_FA3)
+    decode = AttnSpec(seqlens_q=(1,) * 4, seqlens_k=(700, 65, 1500, 3000), heads_q=128, heads_kv=1, head_dim=576,
+                      head_dim_v=512, dtype="bf16", causal=True, mla=True, page_size=64)
+    for name in ("flashmla", "fa3-mla", "flashinfer-mla"):
+        backend = registry.get(name)
+        assert check_capabilities(backend.capabilities, decode, "cuda") is None, name
+        assert backend.extra_reason(decode, "cuda") is None, name
+    monkeypatch.setattr(mla, "build_flags", lambda: SERVING_FA3 | {"FLASH_ATTENTION_DISABLE_HDIMDIFF64": True})
+    assert "HDIMDIFF64" in registry.get("fa3-mla").extra_reason(decode, "cuda")
+
+
 def test_the_cli_runs_the_deepseek_preset_on_the_cpu(tmp_path):
     from reliability_helpers import attnbench
     db = tmp_path / "r.db"

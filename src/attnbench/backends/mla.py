@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from dataclasses import replace
 
 import torch
 
@@ -37,8 +38,8 @@ from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
 
 LATENT, ROPE = 512, 64
 """DeepSeek-V3's latent (value) and rope widths: a cached row is LATENT + ROPE = 576 wide."""
-_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(LATENT + ROPE,), varlen=True,
-                     backward=False, min_compute_capability=(9, 0), paged=True)
+_CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), head_dims=(LATENT + ROPE,),
+                     max_head_dim=LATENT + ROPE, varlen=True, backward=False, min_compute_capability=(9, 0), paged=True)
 
 
 class _MLABackend(KernelBackend):
@@ -119,9 +120,15 @@ class Fa3MLA(Fa3Build, _MLABackend):
     install = "build it from flash-attention's hopper/ folder with the 64/512 head-dim pair (the serving wheel has it)"
     declared = _CAPS
 
+    @property
+    def capabilities(self) -> Capabilities:
+        # the build's head-size kernels are not this path's: it runs the 64-wide rope part as q/k with the latent
+        # as qv (the HDIMDIFF64 kernels, checked below), not a 576-wide head
+        return replace(super().capabilities, max_head_dim=_CAPS.max_head_dim)
+
     def extra_reason(self, spec: AttnSpec, device) -> str | None:
         flags = build_flags()
-        for flag in ("FLASHATTENTION_DISABLE_HDIMDIFF64", "FLASHATTENTION_DISABLE_PAGEDKV"):
+        for flag in ("FLASH_ATTENTION_DISABLE_HDIMDIFF64", "FLASHATTENTION_DISABLE_PAGEDKV"):  # setup.py's spellings
             if flags.get(flag):
                 return f"this FlashAttention-3 build was made with {flag}"
         return _MLABackend.extra_reason(self, spec, device)

@@ -107,9 +107,9 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
     elem, kv_elem = spec.torch_dtype.itemsize, spec.kv_torch_dtype.itemsize
     tq, tk = _tokens(spec)
     caps = getattr(backend, "capabilities", None)
-    if spec.shared_prefix:  # stored once; written out again for a backend that takes no prefix
+    if spec.shared_prefix:  # the inputs store it once; a backend that takes no prefix gets it written out again
         compact = kv_tokens(spec)
-        tk = compact if caps is not None and caps.shared_prefix else tk + compact
+        tk = compact if backend is None or caps.shared_prefix else tk + compact
     if caps is not None and caps.paged:  # the cache a paged kernel builds beside the inputs
         tk += kv_tokens(spec)
     q = tq * spec.heads_q * spec.head_dim * elem

@@ -145,3 +145,17 @@ def test_an_oom_inside_an_sdpa_kernel_probe_is_an_oom_record_not_unsupported(mon
     Runner(RunOptions(device="cpu", backends=("sdpa-math",), timing=TimingConfig(warmup=0, repeat=1)), run_id="r",
            env_id=None, sink=out.append).run([AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32")])
     assert [(r.status, r.reason) for r in out] == [("oom", "CUDA out of memory. Tried to allocate 128.00 GiB")]
+
+
+def test_a_shared_prefix_is_counted_once_in_the_inputs():
+    # the cascade batches (128 and 256 decodes over one 32k prefix) were refused as needing 65 and 130 GiB of
+    # inputs on an 80 GB GPU: the inputs' estimate wrote the prefix out for every request, the inputs store it once
+    from attnbench.inputs import make_inputs
+    spec = AttnSpec(seqlens_q=(1,) * 8, seqlens_k=(80,) * 8, heads_q=4, heads_kv=2, head_dim=16, dtype="bf16",
+                    causal=True, shared_prefix=64)
+    x = make_inputs(spec, "cpu", seed=0)
+    held = sum(t.numel() * t.element_size() for t in (x.q, x.k, x.v, x.dout, x.prefix_k, x.prefix_v))
+    assert memory.estimate(spec).inputs == held
+    written_out = 8 * 80 * 2 * 16 * 2 * 2  # every request's 80 keys and values, for a kernel that takes no prefix
+    assert memory.estimate(spec, registry.get("sdpa-math")).inputs == held + written_out
+    assert memory.estimate(spec, registry.get("flex")).inputs == held

@@ -419,11 +419,32 @@ def test_backend_options_are_refused_with_what_they_accept(capsys, item, needle)
 def test_valid_backend_options_keep_their_types(monkeypatch):
     from attnbench.backends import options, registry
     monkeypatch.setattr(registry, "_extra", {})
+    monkeypatch.setattr(options, "_configured", {})
     got = options.apply(["flex.compile=false", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
                          "flashinfer.backend=fa2", "sparge.topk=0.5"])
     assert got == {"flex": {"compile": False}, "flashinfer-paged": {"page_size": 64}, "flex-sparse": {"sparsity": 0},
                    "flashinfer": {"backend": "fa2"}, "sparge": {"topk": 0.5}}
     assert registry.get("flex").compile is False and registry.get("flashinfer-paged").page_size == 64
+
+
+def test_one_commands_backend_options_do_not_carry_into_the_next(monkeypatch):
+    # a script that makes several plans in one process (benchmarks/serving.py's sets) got the sum of their options:
+    # a decode set after a tensor-core set ran on tensor cores, recorded under the plain name
+    from attnbench.backends import options, registry
+    plugin = registry.get("naive").__class__
+    monkeypatch.setattr(registry, "_extra", {"mine": plugin})
+    monkeypatch.setattr(options, "_configured", {})
+    options.apply(["flashinfer-decode.use_tensor_cores=true", "flashinfer-paged.page_size=64"])
+    assert registry.get("flashinfer-decode").use_tensor_cores is True
+    options.apply(["flashinfer-paged.backend=fa2"])
+    assert registry.get("flashinfer-decode").use_tensor_cores is False  # not named again: itself again
+    paged = registry.get("flashinfer-paged")
+    assert (paged.backend, paged.page_size) == ("fa2", 16)
+    with pytest.raises(ValueError, match="page_size"):
+        options.apply(["flashinfer-paged.page_size=0"])
+    assert registry.get("flashinfer-paged").backend == "fa2"  # a refused command changes nothing
+    options.apply([])
+    assert registry.get("flashinfer-paged").backend == "auto" and registry.registered("mine") is plugin
 
 
 # ---- inputs bounded before they are used ---------------------------------------------------------------

@@ -87,6 +87,7 @@ def test_constructor_and_cpu_backward_reasons():
 
 def test_backend_opt_registers_a_configured_backend(monkeypatch):
     monkeypatch.setattr(registry, "_extra", {})
+    monkeypatch.setattr(options, "_configured", {})
     assert options.parse(["flex-sparse.sparsity=0.25", "flex-sparse.pattern=local"]) == \
         {"flex-sparse": {"sparsity": 0.25, "pattern": "local"}}
     options.apply(["flex-sparse.sparsity=0.25", "flex-sparse.pattern=local"])

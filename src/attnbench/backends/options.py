@@ -1,8 +1,9 @@
 """Backend options from the command line: ``--backend-opt NAME.KEY=VALUE`` (repeatable).
 
 Each option becomes a constructor keyword of backend NAME; the configured backend is registered
-under the same name for the rest of the process, so every command path (run, e2e) gets it through
-``registry.get``. Values are read as YAML scalars: ``0.5`` is a float, ``true`` a bool, ``local`` a string.
+under the same name, so every command path (run, e2e) gets it through ``registry.get``, until the next
+``apply``: a command's options replace the previous command's, and a backend they do not name is itself
+again (a script that makes several plans in one process gets each plan's options, not the sum). Values are read as YAML scalars: ``0.5`` is a float, ``true`` a bool, ``local`` a string.
 
 Every value is checked when the option is parsed, before anything runs, against what the backend's
 constructor declares: its parameter annotations give the type (a ``bool`` takes ``true`` or ``false``
@@ -116,9 +117,15 @@ def check(cls, name: str, kwargs: dict) -> dict:
     return out
 
 
+_configured: dict[str, object] = {}
+"""The backends the last ``apply`` configured, each with what was registered under its name before (None: nothing)."""
+
+
 def apply(items: list[str] | None) -> dict[str, dict]:
-    """Parse ``items`` and register each configured backend; ValueError naming the bad option."""
+    """Parse ``items`` and register each configured backend in place of those an earlier ``apply`` configured;
+    ValueError naming the bad option (and nothing changed)."""
     options = parse(items)
+    factories = {}
     for name, kwargs in options.items():
         if name not in registry.names():
             raise ValueError(f"--backend-opt {name}: unknown backend; known: {', '.join(registry.names())}")
@@ -128,6 +135,20 @@ def apply(items: list[str] | None) -> dict[str, dict]:
             cls(**kwargs)  # validate now: a bad option is a usage error, not a failed case later
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"--backend-opt {name}: {exc}") from None
-        registry.register(name, functools.partial(cls, **kwargs))
+        factories[name] = functools.partial(cls, **kwargs)
         options[name] = kwargs
+    reset()
+    for name, factory in factories.items():
+        _configured[name] = registry.registered(name)
+        registry.register(name, factory)
     return options
+
+
+def reset() -> None:
+    """Undo the last ``apply``: each backend it configured is what it was before."""
+    for name, before in _configured.items():
+        if before is None:
+            registry.unregister(name)
+        else:
+            registry.register(name, before)
+    _configured.clear()

@@ -91,6 +91,16 @@ def register(name: str, factory) -> None:
     _extra[name] = factory
 
 
+def registered(name: str):
+    """The class or factory registered under ``name`` (None: none, the built-in or entry point serves it)."""
+    return _extra.get(name)
+
+
+def unregister(name: str) -> None:
+    """Forget what was registered under ``name`` (a built-in of that name serves it again)."""
+    _extra.pop(name, None)
+
+
 def _entry_points() -> dict[str, object]:
     try:
         eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)

@@ -14,7 +14,8 @@ and backward). Those calls can overlap samples the main process is taking; for a
 sample is slow, an outlier that the median does not follow. A long case takes few samples and the calls
 can move its median (STA cases on an H100 came out up to 2x slow with a tight spread), so the runner
 times a case whose call needs ``runner.long_case_ms`` or more at the device's peak rate (15 ms on a GPU
-by default: such cases get the fewest samples) only when no worker is running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
+by default: such cases get the fewest samples), or that is bound by memory and streams it for
+``runner.MEMORY_BOUND_MS`` or more (a worker making its inputs shares the bandwidth), only when no worker is running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
 A case timed while workers were busy says so in its record (``info["compile_workers_busy"]``).
 """
 

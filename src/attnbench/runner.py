@@ -80,6 +80,10 @@ def long_case_ms(timing: TimingConfig, device_type: str) -> float:
     return timing.max_time_for(device_type) / MIN_SAMPLES
 
 
+MEMORY_BOUND_MS = 0.25
+"""A memory-bound case that needs this long at the device's bandwidth waits for the compile workers (they share it)."""
+
+
 @dataclass
 class PhaseClock:
     """Wall seconds spent per phase of a run (inputs, prepare, check, timing, ...)."""
@@ -120,7 +124,7 @@ class Runner:
         """Compiles cases ahead in worker processes during ``run``."""
         self.device_lost = False
         """Set when a case left this process's CUDA context unusable; no more work runs in it."""
-        self._ideal_ms: dict[AttnSpec, float] = {}
+        self._ideal_ms: dict[AttnSpec, tuple[float, float]] = {}
         self.sessions = None
         """External profilers in a sweep (``timing.external.ProfileSessions``): one process per backend."""
         if self.device.type == "cpu" and options.cpu is not None:  # the run's own setting, as timeit's number
@@ -274,14 +278,21 @@ class Runner:
 
     def _long_while_compiling(self, spec: AttnSpec, busy: bool) -> bool:
         """A compile worker is running and ``spec``'s call takes at least ``long_case_ms`` at the device's peak
-        rate. Each compile ends with calls of the compiled kernel on the same GPU; a long case takes few
-        samples, so those calls move its median instead of showing as outliers (STA cases on an H100,
-        2026-11-24: up to 2x slow with a tight spread)."""
+        rate, or it is bound by memory and streams ``MEMORY_BOUND_MS`` or more of it. Each compile ends with
+        calls of the compiled kernel on the same GPU, and a worker makes its case's inputs there: a long case
+        takes few samples, so those calls move its median instead of showing as outliers (STA cases on an H100,
+        2026-11-24: up to 2x slow with a tight spread); a memory-bound one shares the bandwidth with them for its
+        whole sampling (a 64-request decode batch over 4k-32k keys on an H100, 2026-11-25: one kernel took 2.29 ms
+        beside six workers and 1.84 ms beside two, its whole spread moved; another, timed after them, 1.79 ms)."""
         if not busy:
             return False
         if spec not in self._ideal_ms:
-            self._ideal_ms[spec] = metrics.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
-        return self._ideal_ms[spec] >= long_case_ms(self.options.timing, self.device.type)
+            compute = metrics.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
+            memory = metrics.bytes_moved(spec) / (self.ceilings.gbps * 1e9) * 1e3
+            self._ideal_ms[spec] = (compute, memory)
+        compute, memory = self._ideal_ms[spec]
+        return max(compute, memory) >= long_case_ms(self.options.timing, self.device.type) or \
+            (memory > compute and memory >= MEMORY_BOUND_MS)
 
     def _release_inputs(self) -> bool:
         """Free the device memory of the previous shape; False when the CUDA context turned out lost."""

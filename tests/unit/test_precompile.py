@@ -156,3 +156,27 @@ def test_a_long_case_is_timed_after_the_compile_workers_not_beside_them():
     runner._start_precompiler = lambda cases: workers
     runner.run([long_, short])
     assert done == [16, 64] and workers.drained_at == 1
+
+
+def test_a_memory_bound_case_is_timed_after_the_compile_workers_not_beside_them():
+    # the workers make their cases' inputs and call their kernels on the same GPU: a decode batch that streams its
+    # cache shares the bandwidth with them for its whole sampling (an H100: 2.29 ms beside six workers, 1.84 beside two)
+    from attnbench import metrics
+    from attnbench.plausibility import Ceilings
+    from attnbench.runner import MEMORY_BOUND_MS, Runner, RunOptions
+    from attnbench.timing import TimingConfig
+    timing = TimingConfig(warmup=0, repeat=1, min_time_ms=0)
+    small = AttnSpec(batch=1, seqlens_q=(16,), heads_q=1, head_dim=8, dtype="fp32")
+    streaming = AttnSpec(batch=1, seqlens_q=(1,), seqlens_k=(4096,), heads_q=1, head_dim=64, dtype="fp32")
+    # a pretend device whose compute is endless and whose bandwidth makes the decode need 2x MEMORY_BOUND_MS
+    gbps = metrics.bytes_moved(streaming) / (2 * MEMORY_BOUND_MS * 1e-3) / 1e9
+    assert metrics.bytes_moved(small) / (gbps * 1e9) * 1e3 < MEMORY_BOUND_MS
+    done: list = []
+    runner = Runner(RunOptions(device="cpu", backends=("naive",), ceilings=Ceilings(1e9, gbps, "test"),
+                               timing=timing), run_id="t", env_id=None,
+                    sink=lambda record: done.append(record.spec.seqlens_k[0]))
+    runner.done = done
+    workers = _BusyWorkers(runner)                     # still running when only the decode is left
+    runner._start_precompiler = lambda cases: workers
+    runner.run([streaming, small])
+    assert done == [16, 4096] and workers.drained_at == 1

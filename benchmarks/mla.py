@@ -1,7 +1,8 @@
-"""MLA decode through attnbench at FlashMLA's own benchmark shapes, beside that benchmark's numbers.
+"""MLA decode through attnbench at FlashMLA's own benchmark shapes, beside that benchmark's numbers, and the
+MLA kernels side by side at 16, 64 and 128 heads.
 
-    python3 benchmarks/mla.py run  --db mla.db [--run-id mla] [--backends flashmla,fa3-mla] [--heads 128]
-    python3 benchmarks/mla.py page --db mla.db --script-log flashmla-bench.log [-o page.md]
+    python3 benchmarks/mla.py run  --db mla.db [--set flashmla|compare] [--run-id mla] [--backends ...] [--heads 128]
+    python3 benchmarks/mla.py page --db mla.db --script-log flashmla-bench.log [--compare-run mla-compare] [-o page.md]
 
 The shapes are ``benchmark/bench_flash_mla.py``'s in deepseek-ai/FlashMLA: b = 128 requests, s_q = 1, h_q = 128
 (``--heads``), one KV head, d = 576, dv = 512, causal, bf16, pages of 64, cache lengths ``L + 2·i`` for request i
@@ -9,6 +10,12 @@ with L = 1k, 2k, 4k, 8k, 16k, 32k, and its default softmax scale 1/√576. Its b
 attnbench counts MLA (the same formulas: ``attnbench.metrics``). ``--script-log`` is the output of that script
 run as its authors do (``python3 benchmark/bench_flash_mla.py --one --target flash_mla``); the page sets its
 times beside attnbench's.
+
+``--set compare`` (run id ``mla-compare``): every MLA kernel installed (FlashMLA, FlashInfer's MLA wrapper,
+FlashAttention-3's ``qv`` path) at 16, 64 and 128 heads, 128 requests with mean caches of 1k to 64k, and 1 to 256
+requests at 8k, each kernel on the same inputs and checked against the exact reference; the page gives time, the
+latent cache read in GB/s and % of the device's measured read bandwidth (``attnbench calibrate`` into the same
+store first), and TF/s.
 """
 
 from __future__ import annotations
@@ -20,28 +27,54 @@ from pathlib import Path
 
 LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 BATCH = 128
+KERNELS = ("flashmla", "flashinfer-mla", "fa3-mla")
+COMPARE_HEADS = (16, 64, 128)
+COMPARE = tuple((BATCH, n) for n in (1024, 4096, 16384, 65536)) + tuple((b, 8192) for b in (1, 16, 256))
+"""(requests, shortest cache) of the comparison; request i caches n + 2·i tokens, as FlashMLA's benchmark."""
+
+
+def spec(heads: int, batch: int, n: int):
+    from attnbench.spec import AttnSpec
+    return AttnSpec(seqlens_q=(1,) * batch, seqlens_k=tuple(n + 2 * i for i in range(batch)), heads_q=heads,
+                    heads_kv=1, head_dim=576, head_dim_v=512, dtype="bf16", causal=True, mla=True, page_size=64)
 
 
 def specs(heads: int) -> list:
-    from attnbench.spec import AttnSpec
-    return [AttnSpec(seqlens_q=(1,) * BATCH, seqlens_k=tuple(n + 2 * i for i in range(BATCH)), heads_q=heads,
-                     heads_kv=1, head_dim=576, head_dim_v=512, dtype="bf16", causal=True, mla=True, page_size=64)
-            for n in LENGTHS]
+    return [spec(heads, BATCH, n) for n in LENGTHS]
 
 
 def cmd_run(args) -> None:
+    import subprocess
+    import sys
+
+    from attnbench.accuracy.check import AccuracyChecker
     from attnbench.cli.run import execute, plan_from_options
-    plan = plan_from_options({"backends": args.backends.split(","), "db": args.db, "device": "cuda",
+    backends = args.backends or ",".join(KERNELS if args.set == "compare" else KERNELS[::2])
+    plan = plan_from_options({"backends": backends.split(","), "db": args.db, "device": "cuda",
                               "skip_missing": True, "check": not args.no_check})
-    plan = dataclasses.replace(plan, specs=[s for h in args.heads.split(",") for s in specs(int(h))])
-    run_id, records, phases = execute(plan, run_id=args.run_id, checker=None)
+    if args.set == "compare":
+        if args.calibrate:  # the device's read bandwidth into the store: the page's percentages
+            subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
+        chosen = [spec(h, b, n) for h in COMPARE_HEADS for b, n in COMPARE]
+    else:
+        chosen = [s for h in args.heads.split(",") for s in specs(int(h))]
+    plan = dataclasses.replace(plan, specs=chosen)
+    run_id = args.run_id or ("mla-compare" if args.set == "compare" else "mla")
+    run_id, records, phases = execute(plan, run_id=run_id, checker=None if args.no_check else AccuracyChecker())
     for r in records:
         print(f"{r.backend:>10} {r.spec.label()[:60]:<60} {r.status:>6} "
               f"{(r.median_ms or 0) * 1e3:8.1f} µs {r.gbps or 0:6.0f} GB/s {r.tflops or 0:5.0f} TF/s", flush=True)
 
 
-def cell(r) -> str:
-    return f"{r.median_ms * 1e3:.0f} µs · {r.gbps:.0f} GB/s · {r.tflops:.0f} TF/s" if r else "—"
+def cell(r, read_gbps: float | None = None) -> str:
+    if r is None or r.status == "unsupported":
+        return "—"
+    if r.status != "ok":
+        return r.status
+    verdict = (r.accuracy or {}).get("verdict")
+    pct = f" · {100 * r.gbps / read_gbps:.0f}%" if read_gbps else ""
+    mark = "" if verdict in ("pass", None) else f" ({verdict})"
+    return f"{r.median_ms * 1e3:.0f} µs · {r.gbps:.0f} GB/s{pct} · {r.tflops:.0f} TF/s{mark}"
 
 
 SCRIPT_LINE = re.compile(r"perf flash_mla: ([\d.]+) ms, (\d+) TFLOPS, (\d+) GB/s")
@@ -63,10 +96,39 @@ def cmd_page(args) -> None:
         ratio = f"{f.median_ms / s[0]:.3f}" if f and s else "—"
         lines.append(f"| {mean} | " + (f"{s[0] * 1e3:.0f} µs · {s[2]:.0f} GB/s · {s[1]:.0f} TF/s" if s else "—")
                      + f" | {cell(f)} | {ratio} | {cell(a)} |")
+    lines += compare_table(store, args.compare_run)
     text = "\n".join(lines) + "\n"
     if args.output:
         Path(args.output).write_text(text)
     print(text)
+
+
+def compare_table(store, run_id: str) -> list[str]:
+    """The comparison run as a table: a row per (heads, requests, mean cache), a column per kernel; and why a kernel
+    has no cell."""
+    records = store.records(run_id) if any(r["run_id"] == run_id for r in store.runs()) else []
+    if not records:
+        return []
+    env = store.env(records[0].env_id) or {}
+    read = store.peaks(env.get("device_name", "?")).get("read")
+    read_gbps = float(read["value"]) if read else None
+    by = {(r.backend, r.spec): r for r in records}
+    kernels = [k for k in KERNELS if any(b == k and r.status != "unsupported" for (b, _), r in by.items())]
+    lines = ["", f"## The MLA kernels side by side (run `{run_id}`)", "",
+             "Each cell: median time, the latent cache read in GB/s"
+             + (f" and % of the measured read bandwidth ({read_gbps:.0f} GB/s)" if read_gbps else "")
+             + ", TF/s; every cell passed its check against the exact reference unless it says otherwise.", "",
+             "| heads | requests | mean cache | " + " | ".join(f"`{k}`" for k in kernels) + " |",
+             "|---:|---:|---:|" + "---:|" * len(kernels)]
+    for s in dict.fromkeys(s for (_, s) in by):
+        mean = sum(s.seqlens_k) / len(s.seqlens_k)
+        lines.append(f"| {s.heads_q} | {len(s.seqlens_k)} | {mean:.0f} | "
+                     + " | ".join(cell(by.get((k, s)), read_gbps) for k in kernels) + " |")
+    reasons = sorted({(r.backend, r.status, (r.reason or "")[:150]) for r in records if r.status != "ok"})
+    if reasons:
+        lines += ["", "Cells without a time, by kernel and reason:", ""]
+        lines += [f"- `{b}` {status}: {reason}" for b, status, reason in reasons]
+    return lines
 
 
 def main() -> None:
@@ -74,14 +136,18 @@ def main() -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run")
     run.add_argument("--db", required=True)
-    run.add_argument("--run-id", default="mla")
-    run.add_argument("--backends", default="flashmla,fa3-mla")
-    run.add_argument("--heads", default="128")
+    run.add_argument("--set", choices=("flashmla", "compare"), default="flashmla")
+    run.add_argument("--run-id", default=None, help="default: mla (the flashmla set), mla-compare")
+    run.add_argument("--backends", default=None, help="default: flashmla,fa3-mla (flashmla set), every MLA kernel")
+    run.add_argument("--heads", default="128", help="the flashmla set's head counts")
     run.add_argument("--no-check", action="store_true", help="time only (the GPU tests check the kernels)")
+    run.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                     help="the store has this device's peaks already")
     page = sub.add_parser("page")
     page.add_argument("--db", required=True)
     page.add_argument("--run-id", default="mla")
     page.add_argument("--script-log", default=None)
+    page.add_argument("--compare-run", default="mla-compare")
     page.add_argument("-o", "--output", default=None)
     args = ap.parse_args()
     cmd_run(args) if args.command == "run" else cmd_page(args)

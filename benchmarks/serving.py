@@ -12,7 +12,13 @@ Sets (batches in attnbench's grammar, ``attnbench.serving``; 32 query heads of 1
 - ``pages``: 64 decodes over 1k..16k keys (8 KV heads) at pages of 1, 16, 64, 128, 256;
 - ``mixed``: prefills of 2048 new tokens over 4k keys beside 128 decodes over 4k, from no prefill to prefills only;
 - ``fp8``: 64 decodes over 2k..16k keys, bf16 KV cache and fp8 (one descale per tensor);
-- ``anchors-fa2``: the anchors on ``flashinfer-paged`` pinned to FlashInfer's FA2 template.
+- ``long``: the same at 4k..32k keys, bf16 and fp8;
+- ``cascade``: 32 to 256 decodes over the cascade post's 32k shared prefix (how the speedup grows with the batch);
+- ``SET-fa2``: the set on ``flashinfer-paged`` pinned to FlashInfer's FA2 template; ``SET-tc``: on
+  ``flashinfer-decode`` with ``use_tensor_cores`` (its tensor-core kernel, FlashInfer's FA2 prefill template).
+
+``run`` takes every kernel installed here by default (FA4 needs its own environment: ``--backends fa4-paged``
+there, into the same store under another run id, and both ids to ``page``).
 
 ``run`` first measures the device's read bandwidth (``attnbench calibrate``: the percentages are of it).
 """
@@ -27,8 +33,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-KERNELS = ("fa3-paged", "flashinfer-paged", "flashinfer-decode", "flashinfer-pod", "flashinfer-persistent",
-           "flashinfer-cascade", "fa2-paged", "flex")
+KERNELS = ("fa3-paged", "fa4-paged", "flashinfer-paged", "flashinfer-decode", "flashinfer-pod",
+           "flashinfer-persistent", "flashinfer-cascade", "fa2-paged", "flex")
+VARIANTS = {"fa2": ("flashinfer-paged", "backend=fa2"), "tc": ("flashinfer-decode", "use_tensor_cores=true")}
+"""set suffix -> the one kernel it runs and the option it sets (the page's column: "KERNEL (SUFFIX)")."""
+CASCADE_BATCHES = (32, 64, 128, 256)
 MIXED = ("128q1kv4k", "1q2kkv4k_128q1kv4k", "2q2kkv4k_128q1kv4k", "4q2kkv4k_128q1kv4k", "8q2kkv4k_128q1kv4k",
          "16q2kkv4k_64q1kv4k", "16q2kkv4k")
 
@@ -46,8 +55,17 @@ def sets() -> dict[str, list]:
            + _specs("2q2k_128q1kv2k", 8, page_size=1),
            "pages": [s for p in (1, 16, 64, 128, 256) for s in _specs("64q1kv1k..16k", 8, page_size=p)],
            "mixed": [s for m in MIXED for s in _specs(m, 8, page_size=16)],
-           "fp8": [s for kv in (None, "fp8") for s in _specs("64q1kv2k..16k", 8, page_size=16, kv_dtype=kv)]}
+           "fp8": [s for kv in (None, "fp8") for s in _specs("64q1kv2k..16k", 8, page_size=16, kv_dtype=kv)],
+           "long": [s for kv in (None, "fp8") for s in _specs("64q1kv4k..32k", 8, page_size=16, kv_dtype=kv)],
+           "cascade": [s for n in CASCADE_BATCHES
+                       for s in _specs(f"{n}q1kv33024", 32, shared_prefix=32768, page_size=16)]}
     return out
+
+
+def split_set(name: str) -> tuple[str, str | None]:
+    """'fp8-tc' -> ('fp8', 'tc'); 'pages' -> ('pages', None)."""
+    base, _, suffix = name.rpartition("-")
+    return (base, suffix) if base and suffix in VARIANTS else (name, None)
 
 
 def cmd_run(args) -> None:
@@ -59,14 +77,24 @@ def cmd_run(args) -> None:
         sys.exit("serving.py: needs a CUDA GPU")
     if args.calibrate:  # the device's peaks (read bandwidth included) into the store: the page's percentages
         subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
+    from attnbench.backends import registry
     all_sets = sets()
+    if args.backends:
+        backends = args.backends.split(",")
+    else:
+        backends = [b for b in KERNELS if registry.get(b).unavailable_reason() is None]
+        print(f"serving.py: kernels {', '.join(backends)}; not here: "
+              f"{', '.join(b for b in KERNELS if b not in backends) or 'none'}", flush=True)
     for name in args.sets.split(","):
-        backends = [b for b in (args.backends.split(",") if args.backends else KERNELS)]
+        base, variant = split_set(name)
+        if base not in all_sets:
+            sys.exit(f"serving.py: unknown set {name!r}; sets: {', '.join(all_sets)} (each also as SET-fa2, SET-tc)")
         options = {"backends": backends, "db": args.db, "device": "cuda", "skip_missing": True}
-        if name == "anchors-fa2":  # FlashInfer's batched prefill on its FA2 template, as its POD figure compares
-            options |= {"backends": ["flashinfer-paged"], "backend_opt": ["flashinfer-paged.backend=fa2"]}
+        if variant:  # one kernel with one option, e.g. FlashInfer's batched prefill on its FA2 template
+            kernel, option = VARIANTS[variant]
+            options |= {"backends": [kernel], "backend_opt": [f"{kernel}.{option}"]}
         plan = plan_from_options(options)
-        plan = dataclasses.replace(plan, specs=all_sets[name.removesuffix("-fa2")])
+        plan = dataclasses.replace(plan, specs=all_sets[base])
         run_id, records, phases = execute(plan, run_id=f"{args.run_id}+{name}", checker=AccuracyChecker())
         ok = sum(r.status == "ok" for r in records)
         print(f"{name}: {ok}/{len(records)} cases ok in {phases['total']:.0f} s, stored as run {run_id}", flush=True)
@@ -83,7 +111,7 @@ def _cell(r, read_gbps: float | None, what: str) -> str:
     if r.status != "ok":
         return r.status
     verdict = (r.accuracy or {}).get("verdict")
-    mark = "" if verdict in ("pass", None) else f" ({verdict})"
+    mark = ("" if verdict in ("pass", None) else f" ({verdict})") + (" †" if r.info.get("compile_workers_busy") else "")
     if what == "kv":
         gbps = metrics.kv_bytes(r.spec) / (r.median_ms * 1e-3) / 1e9
         pct = f" · {100 * gbps / read_gbps:.0f}%" if read_gbps else ""
@@ -100,10 +128,10 @@ def cmd_page(args) -> None:
     runs = sorted((r for r in store.runs() if r["run_id"].startswith(prefixes) and r["run_id"] not in skipped_runs),
                   key=lambda r: prefixes.index(r["run_id"].split("+", 1)[0] + "+"))
     for run in runs:  # a later run id's record of a case replaces an earlier one's
-        name = run["run_id"].split("+", 1)[1]
+        base, variant = split_set(run["run_id"].split("+", 1)[1])
         for r in store.records(run["run_id"]):
-            column = r.backend + (" (fa2)" if name.endswith("-fa2") else "")
-            recs[(name.removesuffix("-fa2"), column, r.spec)] = r
+            ran = variant or ("tc" if r.info.get("use_tensor_cores") else None)  # the column says what ran
+            recs[(base, r.backend + (f" ({ran})" if ran else ""), r.spec)] = r
     if not recs:
         sys.exit(f"serving.py: no records of runs {args.run_id}+... in {args.db}")
     first = next(iter(recs.values()))
@@ -121,16 +149,21 @@ def cmd_page(args) -> None:
              "Each cell: median time per batch, then the rate the batch is judged by — decode-dominated batches the "
              "KV cache read (distinct bytes: a shared prefix once, fp8 at one byte) in GB/s and % of the measured "
              "read bandwidth; the others TF/s of the attended pairs and new tokens per second. Every batch is "
-             "checked against the exact reference per request; a cell says when the check did not pass.", ""]
+             "checked against the exact reference per request; a cell says when the check did not pass. † : timed while "
+             "compile-ahead workers were preparing other cases on the same GPU (`info.compile_workers_busy`).", ""]
     for name, title, what in (("anchors", "Published anchors at their own shapes", "both"),
                               ("pages", "Page size (64 decodes over 1k–16k keys, 32/8 heads)", "kv"),
                               ("mixed", "Mixed batches (prefills of 2048 over 4k beside decodes over 4k, pages of 16)",
                                "flops"),
-                              ("fp8", "fp8 KV cache against bf16 (64 decodes over 2k–16k keys, pages of 16)", "kv")):
+                              ("fp8", "fp8 KV cache against bf16 (64 decodes over 2k–16k keys, pages of 16)", "kv"),
+                              ("long", "fp8 KV cache against bf16 at longer caches (64 decodes over 4k–32k keys, "
+                               "pages of 16)", "kv"),
+                              ("cascade", "A shared prefix of 32768 tokens as the batch grows (decodes with 256 keys "
+                               "of their own, 32 heads, pages of 16)", "kv")):
         specs = list(dict.fromkeys(s for (n, _, s) in recs if n == name))
         if not specs:
             continue
-        columns = [c for b in KERNELS for c in (b, f"{b} (fa2)")]
+        columns = [c for b in KERNELS for c in (b, *(f"{b} ({v})" for v, (k, _) in VARIANTS.items() if k == b))]
         backends = [b for b in columns if any((name, b, s) in recs and recs[(name, b, s)].status != "unsupported"
                                               for s in specs)]  # a kernel that takes none of the set: no column
         lines += [f"## {title}", "", "| batch | " + " | ".join(backends) + " |", "|---|" + "---:|" * len(backends)]
@@ -176,7 +209,7 @@ def _append_table(recs: dict) -> list[str]:
     one row per batch, the write's median over the kernels that timed it (the same write for each: the cache layout
     is shared) and the fastest kernel's attention."""
     rows = []
-    for name in ("anchors", "fp8"):
+    for name in ("anchors", "fp8", "long"):
         for spec in dict.fromkeys(s for (n, _, s) in recs if n == name):
             timed = [r for (n, _, s), r in recs.items() if n == name and s == spec and r.status == "ok"]
             writes = sorted(r.info["append"]["median_ms"] for r in timed if "append" in r.info)
@@ -217,7 +250,7 @@ def main() -> None:
     run = sub.add_parser("run", help="time the sets into the store")
     run.add_argument("--db", required=True)
     run.add_argument("--run-id", default="serving")
-    run.add_argument("--sets", default="anchors,anchors-fa2,pages,mixed,fp8")
+    run.add_argument("--sets", default="anchors,anchors-fa2,pages,mixed,fp8,fp8-tc,long,long-tc,cascade")
     run.add_argument("--backends", default=None, help="only these kernels (default: every serving kernel)")
     run.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                      help="the store has this device's peaks already")

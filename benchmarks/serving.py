@@ -150,7 +150,9 @@ def cmd_page(args) -> None:
              "KV cache read (distinct bytes: a shared prefix once, fp8 at one byte) in GB/s and % of the measured "
              "read bandwidth; the others TF/s of the attended pairs and new tokens per second. Every batch is "
              "checked against the exact reference per request; a cell says when the check did not pass. † : timed while "
-             "compile-ahead workers were preparing other cases on the same GPU (`info.compile_workers_busy`).", ""]
+             "compile-ahead workers were preparing other cases on the same GPU (`info.compile_workers_busy`). "
+             "Columns: `flashinfer-paged (fa2)` is the prefill wrapper pinned to FlashInfer's FA2 template, "
+             "`flashinfer-decode (tc)` the decode wrapper on tensor cores (`use_tensor_cores`).", ""]
     for name, title, what in (("anchors", "Published anchors at their own shapes", "both"),
                               ("pages", "Page size (64 decodes over 1k–16k keys, 32/8 heads)", "kv"),
                               ("mixed", "Mixed batches (prefills of 2048 over 4k beside decodes over 4k, pages of 16)",

@@ -2,13 +2,14 @@
 # Seed 000 (benchmark_attn.py): duration, TFLOP/s and bandwidth against sequence length for a single
 # sequence (128 ... 64k) and for groups of 128-token sequences (1 ... 256 per call), at the seed's
 # defaults (32 q-heads, 32 kv-heads, head size 128, fp16, batch 1, warm-up 10, repeat 100), with every
-# backend that runs here; then the profiler series for FA2: CUDA events against Nsight Compute (and
-# Nsight Systems where it is installed).
+# backend that runs here; then the profiler series: the same kernels, single and grouped, under Nsight Compute
+# and Nsight Systems where they are installed (a profiler process per kernel, not per case: --profiler-batch).
 #
 #   bash benchmarks/seeds/seed000.sh OUT [BACKENDS]       # BACKENDS: comma list; default every runnable one
 #
 # Writes OUT/seed000.db, OUT/*.png (duration/performance/bandwidth, single and grouped, and the profiler
-# series), OUT/*.txt logs and OUT/report.html. Needs a CUDA GPU for the profiler series (skipped on CPU).
+# series of FA2, FA3 and cuDNN), OUT/profilers.md (every kernel's series side by side), OUT/times.txt (each
+# series' wall time), OUT/*.txt logs and OUT/report.html. PROFILED=comma,list narrows the profiler series. Needs a CUDA GPU for the profiler series (skipped on CPU).
 # SEED_QUICK=1 shrinks every axis (for a smoke test of the script itself, e.g. on CPU).
 set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
@@ -27,11 +28,16 @@ pick=(); [ -n "$backends" ] && pick=(--backends "$backends")
 common=(--db "$db" --quiet --no-causal --pass fwd "${shape[@]}" "${pick[@]}")
 isolate=(--isolate)  # a kernel that crashes the process costs one case, not the sweep
 
-ab run "${common[@]}" "${isolate[@]}" --seq-lens "${single[@]}" --run-id seed000-single > "$out/single.txt" 2>&1 \
-  || echo "single-sequence run ended with status $? (see single.txt)"
+timed() {  # timed NAME COMMAND...: run it, and append its wall seconds to times.txt
+  local name=$1 t0=$SECONDS; shift; "$@"; local rc=$?
+  echo "$name: $((SECONDS - t0)) s" >> "$out/times.txt"; return $rc
+}
+: > "$out/times.txt"
+timed events-single ab run "${common[@]}" "${isolate[@]}" --seq-lens "${single[@]}" --run-id seed000-single \
+  > "$out/single.txt" 2>&1 || echo "single-sequence run ended with status $? (see single.txt)"
 group_lens=(); for n in "${groups[@]}"; do group_lens+=("$(yes 128 | head -n "$n" | paste -sd,)"); done
-ab run "${common[@]}" "${isolate[@]}" --seq-lens "${group_lens[@]}" --run-id seed000-grouped > "$out/grouped.txt" 2>&1 \
-  || echo "grouped run ended with status $? (see grouped.txt)"
+timed events-grouped ab run "${common[@]}" "${isolate[@]}" --seq-lens "${group_lens[@]}" --run-id seed000-grouped \
+  > "$out/grouped.txt" 2>&1 || echo "grouped run ended with status $? (see grouped.txt)"
 for kind in single grouped; do
   x=seq_len; suffix=""; [ $kind = grouped ] && { x=num_seqs; suffix=_grouped; }
   for fig in duration:ms performance:tflops bandwidth:gbps; do
@@ -39,24 +45,31 @@ for kind in single grouped; do
   done
 done
 
-# Profiler series (benchmark_attn.py's "cuda" / "ncu" / "nsys"): the kernels timed by CUDA events, then re-run
-# under each profiler (kernel times per case). PROFILED picks the kernels (default: FA2, FA3 and cuDNN where they run).
+# Profiler series (benchmark_attn.py's "cuda" / "ncu" / "nsys"): every kernel the events series timed, re-run under
+# each profiler, single and grouped; a kernel's cases share one profiler process. The figures show FA2, FA3 and
+# cuDNN (where they run); profilers.md has every kernel.
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  fa2=${PROFILED:-$(python3 -c "from attnbench.backends import registry as r; a = r.available('cuda')
-print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or 'sdpa-flash')")}
-  series=(seed000-single)
-  if command -v ncu > /dev/null; then
-    ab run "${common[@]}" --backends "$fa2" --seq-lens "${profiled[@]}" --profiler ncu --repeat 5 \
-      --run-id seed000-ncu --no-check > "$out/ncu.txt" 2>&1 && series+=(seed000-ncu)
-  else echo "ncu not installed: no ncu series" | tee -a "$out/profilers.txt"; fi
-  if command -v nsys > /dev/null; then
-    ab run "${common[@]}" --backends "$fa2" --seq-lens "${profiled[@]}" --profiler nsys --run-id seed000-nsys \
-      --no-check > "$out/nsys.txt" 2>&1 && series+=(seed000-nsys)
-  else echo "nsys not installed: no nsys series" | tee -a "$out/profilers.txt"; fi
-  for fig in duration:ms performance:tflops; do
-    ab plot --db "$db" --run "${series[@]}" --backend "$fa2" --x seq_len --y "${fig#*:}" --logy \
-      -o "$out/profilers_${fig%%:*}.png" > /dev/null
+  profiled_backends=${PROFILED:-$(python3 -c "from attnbench.results.store import ResultStore as S
+with S('$db', create=False) as s: print(','.join(sorted({r.backend for r in s.records('seed000-single') if r.status == 'ok'})))")}
+  plotted=$(python3 -c "import sys; a = sys.argv[1].split(',')
+print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or a[0])" "$profiled_backends")
+  series=(seed000-single); grouped_series=(seed000-grouped)
+  for prof in ncu nsys; do
+    if ! command -v $prof > /dev/null; then echo "$prof not installed: no $prof series" | tee -a "$out/profilers.txt"; continue; fi
+    extra=(); [ $prof = ncu ] && extra=(--repeat 5)  # ncu replays every timed kernel: fewer calls
+    timed $prof-single ab run "${common[@]}" --backends "$profiled_backends" --seq-lens "${profiled[@]}" --profiler $prof \
+      "${extra[@]}" --run-id seed000-$prof --no-check > "$out/$prof.txt" 2>&1 && series+=(seed000-$prof)
+    timed $prof-grouped ab run "${common[@]}" --backends "$profiled_backends" --seq-lens "${group_lens[@]}" \
+      --profiler $prof "${extra[@]}" --run-id seed000-$prof-grouped --no-check > "$out/$prof-grouped.txt" 2>&1 \
+      && grouped_series+=(seed000-$prof-grouped)
   done
+  for fig in duration:ms performance:tflops; do
+    ab plot --db "$db" --run "${series[@]}" --backend "$plotted" --x seq_len --y "${fig#*:}" --logy \
+      -o "$out/profilers_${fig%%:*}.png" > /dev/null
+    ab plot --db "$db" --run "${grouped_series[@]}" --backend "$plotted" --x num_seqs --y "${fig#*:}" --logy \
+      -o "$out/profilers_${fig%%:*}_grouped.png" > /dev/null
+  done
+  python3 "$(dirname "$0")/tables.py" seed000 --db "$db" --run "${series[@]}" "${grouped_series[@]}" -o "$out/profilers.md"
 fi
 ab report --db "$db" --run seed000-single seed000-grouped -o "$out/report.html" > /dev/null
 ab export --db "$db" --all-runs --format csv -o "$out/seed000.csv"

@@ -1,5 +1,6 @@
 """The seed write-ups' own output formats, from runs in an attnbench store.
 
+    python3 benchmarks/seeds/tables.py seed000 --db DB --run RUN [RUN ...]      # benchmark_attn.py's series, side by side
     python3 benchmarks/seed_tables.py seed001 --db DB --run RUN [RUN ...]      # seed 001's performance table
     python3 benchmarks/seed_tables.py seed003 --db DB --run RUN [RUN ...] -o FILE.json   # seed 003's results
 
@@ -61,6 +62,35 @@ def seed001_tables(records: list[Record]) -> str:
     return "\n".join(out)
 
 
+def _series(run_id: str) -> tuple[str, str]:
+    """seed000.sh's run id -> (series, sequences): seed000-single -> (events, single), seed000-ncu-grouped -> (ncu,
+    grouped)."""
+    name = run_id.removeprefix("seed000-")
+    kind = "grouped" if name.endswith("grouped") else "single"
+    name = name.removesuffix("-grouped").removesuffix("grouped")
+    return (name if name not in ("", "single") else "events"), kind
+
+
+def seed000_tables(records: list[Record]) -> str:
+    """benchmark_attn.py's series (CUDA events, ncu, nsys) side by side: per kernel and sequence kind, a row per
+    sequence length (single) or number of 128-token sequences (grouped), each series' median in ms."""
+    series = list(dict.fromkeys(_series(r.run_id)[0] for r in records))
+    cells: dict[tuple[str, str], dict[int, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        name, kind = _series(r.run_id)
+        x = len(r.spec.seqlens_q) if kind == "grouped" else r.spec.seqlens_q[0]
+        ok = r.status == "ok" and r.median_ms is not None
+        cells[(r.backend, kind)][x][name] = f"{r.median_ms:.4g}" if ok else r.status
+    out = []
+    for (backend, kind), rows in sorted(cells.items()):
+        axis = "sequences of 128" if kind == "grouped" else "seq_len"
+        out += [f"### {backend}, {'grouped sequences' if kind == 'grouped' else 'single sequence'} (ms)", "",
+                f"| {axis} | " + " | ".join(series) + " |", "|---:|" + "---:|" * len(series)]
+        out += [f"| {x} | " + " | ".join(row.get(name, "—") for name in series) + " |" for x, row in sorted(rows.items())]
+        out.append("")
+    return "\n".join(out)
+
+
 def seed003_rows(records: list[Record]) -> list[dict]:
     """Seed 003's rows: per backend, causal setting and shape, the three passes side by side."""
     rows: dict[tuple, dict] = {}
@@ -84,7 +114,7 @@ def seed003_rows(records: list[Record]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("format", choices=("seed001", "seed003"))
+    parser.add_argument("format", choices=("seed000", "seed001", "seed003"))
     parser.add_argument("--db", type=Path, required=True)
     parser.add_argument("--run", nargs="+", required=True)
     parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
@@ -96,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"seed_tables: no records for run(s) {', '.join(args.run)} in {args.db}", file=sys.stderr)
         return 2
-    if args.format == "seed001":
+    if args.format == "seed000":
+        text = seed000_tables(records)
+    elif args.format == "seed001":
         text = seed001_tables(records)
     else:
         text = json.dumps(seed003_rows(records), indent=1)

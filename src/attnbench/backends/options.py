@@ -3,7 +3,8 @@
 Each option becomes a constructor keyword of backend NAME; the configured backend is registered
 under the same name, so every command path (run, e2e) gets it through ``registry.get``, until the next
 ``apply``: a command's options replace the previous command's, and a backend they do not name is itself
-again (a script that makes several plans in one process gets each plan's options, not the sum). Values are read as YAML scalars: ``0.5`` is a float, ``true`` a bool, ``local`` a string.
+again (a script that makes several plans in one process gets each plan's options, not their sum).
+Values are read as YAML scalars: ``0.5`` is a float, ``true`` a bool, ``local`` a string.
 
 Every value is checked when the option is parsed, before anything runs, against what the backend's
 constructor declares: its parameter annotations give the type (a ``bool`` takes ``true`` or ``false``

@@ -21,14 +21,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name", ["flashmla", "fa3-mla", "flashinfer-mla", "naive", "sdpa-math"])
+MLA_KERNELS = ("flashmla", "fa3-mla", "flashinfer-mla")
+ALLOWED_REFUSALS = ("build", "compute capability")
+"""Why an installed MLA kernel may refuse DeepSeek's shape: its build left the path out, or the GPU is too old."""
+
+
+@pytest.mark.parametrize("name", [*MLA_KERNELS, "naive", "sdpa-math"])
 def test_mla_decode_passes_the_check(name):
     backend = registry.get(name)
     if backend.unavailable_reason():
         pytest.skip(f"{name}: {backend.unavailable_reason()}")
+    refused = backend.supports(CASES[0], "cuda")
+    if refused and name in MLA_KERNELS and not any(ok in refused for ok in ALLOWED_REFUSALS):
+        # an installed MLA kernel refusing DeepSeek's decode shape is attnbench's fault, not a reason to skip (a
+        # head-size bound once refused all three, and this test skipped them)
+        pytest.fail(f"{name} refuses the shape it was written for: {refused}")
     cases = [c for c in CASES if backend.supports(c, "cuda") is None]
     if not cases:
-        pytest.skip(f"{name}: {backend.supports(CASES[0], 'cuda')}")
+        pytest.skip(f"{name}: {refused}")
     runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=2, repeat=5)),
                     run_id="mla", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
     records = runner.run(cases)

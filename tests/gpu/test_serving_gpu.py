@@ -44,9 +44,10 @@ def test_each_serving_kernel_passes_every_batch_it_takes(name):
     if backend.unavailable_reason():
         pytest.skip(f"{name}: {backend.unavailable_reason()}")
     cases = [c for c in CASES.values() if backend.supports(c, "cuda") is None]
-    if not cases:  # an installed kernel refusing every serving batch: only its build may be why, not attnbench
+    if not cases:  # an installed kernel refusing every serving batch: its build or the GPU may be why, not attnbench
         reasons = {backend.supports(c, "cuda") for c in CASES.values()}
-        assert all("build" in r for r in reasons), f"{name} takes none of the serving cases: {sorted(reasons)}"
+        assert all("build" in r or "compute capability" in r for r in reasons), \
+            f"{name} takes none of the serving cases: {sorted(reasons)}"
         pytest.skip(f"{name} takes none of the serving cases: {sorted(reasons)[0]}")
     runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=2, repeat=5)),
                     run_id="serving", env_id=None, sink=lambda r: None, checker=AccuracyChecker())

@@ -1,7 +1,8 @@
 """MLA decode through attnbench at FlashMLA's own benchmark shapes, beside that benchmark's numbers, and the
 MLA kernels side by side at 16, 64 and 128 heads.
 
-    python3 benchmarks/mla.py run  --db mla.db [--set flashmla|compare] [--run-id mla] [--backends ...] [--heads 128]
+    python3 benchmarks/mla.py run  --db mla.db [--set flashmla|compare|compare-fa2|prefill] [--run-id ID]
+                                   [--backends ...] [--heads 128]
     python3 benchmarks/mla.py page --db mla.db --script-log flashmla-bench.log [--compare-run mla-compare] [-o page.md]
 
 The shapes are ``benchmark/bench_flash_mla.py``'s in deepseek-ai/FlashMLA: b = 128 requests, s_q = 1, h_q = 128
@@ -15,7 +16,12 @@ times beside attnbench's.
 FlashAttention-3's ``qv`` path) at 16, 64 and 128 heads, 128 requests with mean caches of 1k to 64k, and 1 to 256
 requests at 8k, each kernel on the same inputs and checked against the exact reference; the page gives time, the
 latent cache read in GB/s and % of the device's measured read bandwidth (``attnbench calibrate`` into the same
-store first), and TF/s.
+store first), and TF/s. FlashInfer's wrapper runs its FA3 template there (``backend=fa3``); ``--set compare-fa2``
+(run id ``mla-compare-fa2``) runs it again on its FA2 template, and the page sets both columns side by side.
+
+``--set prefill`` (run id ``mla-prefill``): DeepSeek-V3's prefill as ordinary attention, 128 heads of q/k 192 and
+v 128, causal, softmax scale 1/√192, bf16, 16k tokens a batch (1 × 16k to 16 × 1k), forward and forward+backward,
+on every installed kernel that takes the head-size pair (FlashAttention-3 needs a build with it: 192 and 192/128).
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ KERNELS = ("flashmla", "flashinfer-mla", "fa3-mla")
 COMPARE_HEADS = (16, 64, 128)
 COMPARE = tuple((BATCH, n) for n in (1024, 4096, 16384, 65536)) + tuple((b, 8192) for b in (1, 16, 256))
 """(requests, shortest cache) of the comparison; request i caches n + 2·i tokens, as FlashMLA's benchmark."""
+TEMPLATES = {"compare": "fa3", "compare-fa2": "fa2"}
+"""The comparison sets and the FlashInfer template each pins (``flashinfer-mla.backend=``)."""
+PREFILL_KERNELS = ("fa3", "fa4", "flex", "sdpa-cudnn", "sdpa-efficient")
+PREFILL_TOKENS = 16384
+PREFILL_LENGTHS = (1024, 4096, 16384)
 
 
 def spec(heads: int, batch: int, n: int):
@@ -43,27 +54,50 @@ def specs(heads: int) -> list:
     return [spec(heads, BATCH, n) for n in LENGTHS]
 
 
+def prefill_specs() -> list:
+    from attnbench.spec import AttnSpec
+    return [AttnSpec(seqlens_q=(n,) * (PREFILL_TOKENS // n), seqlens_k=(n,) * (PREFILL_TOKENS // n), heads_q=128,
+                     heads_kv=128, head_dim=192, head_dim_v=128, dtype="bf16", causal=True, scale=192 ** -0.5,
+                     pass_=p) for p in ("fwd", "fwd_bwd") for n in PREFILL_LENGTHS]
+
+
+def default_run_id(name: str) -> str:
+    return {"flashmla": "mla", "prefill": "mla-prefill"}.get(name, f"mla-{name}")
+
+
 def cmd_run(args) -> None:
     import subprocess
     import sys
 
     from attnbench.accuracy.check import AccuracyChecker
     from attnbench.cli.run import execute, plan_from_options
-    backends = args.backends or ",".join(KERNELS if args.set == "compare" else KERNELS[::2])
-    plan = plan_from_options({"backends": backends.split(","), "db": args.db, "device": "cuda",
-                              "skip_missing": True, "check": not args.no_check})
-    if args.set == "compare":
+    default = {"flashmla": KERNELS[::2], "compare": KERNELS, "compare-fa2": ("flashinfer-mla",),
+               "prefill": PREFILL_KERNELS}[args.set]
+    options = {"backends": (args.backends or ",".join(default)).split(","), "db": args.db, "device": "cuda",
+               "skip_missing": True, "check": not args.no_check}
+    if args.set in TEMPLATES:
+        options["backend_opt"] = [f"flashinfer-mla.backend={TEMPLATES[args.set]}"]
+    plan = plan_from_options(options)
+    if args.set in TEMPLATES:
         if args.calibrate:  # the device's read bandwidth into the store: the page's percentages
             subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
         chosen = [spec(h, b, n) for h in COMPARE_HEADS for b, n in COMPARE]
+    elif args.set == "prefill":
+        chosen = prefill_specs()
     else:
         chosen = [s for h in args.heads.split(",") for s in specs(int(h))]
     plan = dataclasses.replace(plan, specs=chosen)
-    run_id = args.run_id or ("mla-compare" if args.set == "compare" else "mla")
+    run_id = args.run_id or default_run_id(args.set)
     run_id, records, phases = execute(plan, run_id=run_id, checker=None if args.no_check else AccuracyChecker())
     for r in records:
-        print(f"{r.backend:>10} {r.spec.label()[:60]:<60} {r.status:>6} "
+        print(f"{column(r):>21} {r.spec.label()[:50]:<50} {r.status:>6} "
               f"{(r.median_ms or 0) * 1e3:8.1f} µs {r.gbps or 0:6.0f} GB/s {r.tflops or 0:5.0f} TF/s", flush=True)
+
+
+def column(r) -> str:
+    """A record's column: the kernel, and FlashInfer's template where one was pinned."""
+    template = (r.info or {}).get("template")
+    return r.backend + (f" ({template})" if template and template != "auto" else "")
 
 
 def cell(r, read_gbps: float | None = None) -> str:
@@ -96,25 +130,33 @@ def cmd_page(args) -> None:
         ratio = f"{f.median_ms / s[0]:.3f}" if f and s else "—"
         lines.append(f"| {mean} | " + (f"{s[0] * 1e3:.0f} µs · {s[2]:.0f} GB/s · {s[1]:.0f} TF/s" if s else "—")
                      + f" | {cell(f)} | {ratio} | {cell(a)} |")
-    lines += compare_table(store, args.compare_run)
+    lines += compare_table(store, args.compare_run.split(","))
+    lines += prefill_table(store, args.prefill_run)
     text = "\n".join(lines) + "\n"
     if args.output:
         Path(args.output).write_text(text)
     print(text)
 
 
-def compare_table(store, run_id: str) -> list[str]:
-    """The comparison run as a table: a row per (heads, requests, mean cache), a column per kernel; and why a kernel
-    has no cell."""
-    records = store.records(run_id) if any(r["run_id"] == run_id for r in store.runs()) else []
+def stored(store, run_ids: list[str]) -> list:
+    known = {r["run_id"] for r in store.runs()}
+    return [r for run_id in run_ids if run_id in known for r in store.records(run_id)]
+
+
+def compare_table(store, run_ids: list[str]) -> list[str]:
+    """The comparison runs as a table: a row per (heads, requests, mean cache), a column per kernel (and FlashInfer
+    template); and why a kernel has no cell."""
+    records = stored(store, run_ids)
     if not records:
         return []
     env = store.env(records[0].env_id) or {}
     read = store.peaks(env.get("device_name", "?")).get("read")
     read_gbps = float(read["value"]) if read else None
-    by = {(r.backend, r.spec): r for r in records}
-    kernels = [k for k in KERNELS if any(b == k and r.status != "unsupported" for (b, _), r in by.items())]
-    lines = ["", f"## The MLA kernels side by side (run `{run_id}`)", "",
+    by = {(column(r), r.spec): r for r in records}
+    kernels = sorted({k for (k, _), r in by.items() if r.status != "unsupported"},
+                     key=lambda k: (KERNELS.index(k.split()[0]) if k.split()[0] in KERNELS else len(KERNELS), k))
+    runs = ", ".join(f"`{i}`" for i in run_ids)
+    lines = ["", f"## The MLA kernels side by side (runs {runs})", "",
              "Each cell: median time, the latent cache read in GB/s"
              + (f" and % of the measured read bandwidth ({read_gbps:.0f} GB/s)" if read_gbps else "")
              + ", TF/s; every cell passed its check against the exact reference unless it says otherwise.", "",
@@ -124,11 +166,44 @@ def compare_table(store, run_id: str) -> list[str]:
         mean = sum(s.seqlens_k) / len(s.seqlens_k)
         lines.append(f"| {s.heads_q} | {len(s.seqlens_k)} | {mean:.0f} | "
                      + " | ".join(cell(by.get((k, s)), read_gbps) for k in kernels) + " |")
-    reasons = sorted({(r.backend, r.status, (r.reason or "")[:150]) for r in records if r.status != "ok"})
-    if reasons:
-        lines += ["", "Cells without a time, by kernel and reason:", ""]
-        lines += [f"- `{b}` {status}: {reason}" for b, status, reason in reasons]
-    return lines
+    return lines + missing(records)
+
+
+def missing(records) -> list[str]:
+    reasons = sorted({(column(r), r.status, (r.reason or "")[:150]) for r in records if r.status != "ok"})
+    if not reasons:
+        return []
+    return ["", "Cells without a time, by kernel and reason:", ""] + [f"- `{b}` {status}: {reason}"
+                                                                       for b, status, reason in reasons]
+
+
+def prefill_table(store, run_id: str) -> list[str]:
+    """The prefill run: a row per (pass, requests x length), a column per kernel: time and TF/s."""
+    records = stored(store, [run_id])
+    if not records:
+        return []
+    by = {(r.backend, r.spec): r for r in records}
+    kernels = [k for k in dict.fromkeys(r.backend for r in records)
+               if any(r.backend == k and r.status != "unsupported" for r in records)]
+    lines = ["", f"## DeepSeek-V3 prefill: 128 heads, q/k 192, v 128, causal (run `{run_id}`)", "",
+             "Each cell: median time and TF/s; every cell passed its check against the exact reference (output, and "
+             "dQ/dK/dV for forward+backward) unless it says otherwise.", "",
+             "| pass | sequences | " + " | ".join(f"`{k}`" for k in kernels) + " |", "|---|---:|" + "---:|" * len(kernels)]
+    for s in dict.fromkeys(s for (_, s) in by):
+        shape = f"{len(s.seqlens_q)} × {s.seqlens_q[0]}"
+        lines.append(f"| {s.pass_} | {shape} | " + " | ".join(prefill_cell(by.get((k, s))) for k in kernels) + " |")
+    return lines + missing(records)
+
+
+def prefill_cell(r) -> str:
+    if r is None or r.status == "unsupported":
+        return "—"
+    if r.status != "ok":
+        return r.status
+    verdict = (r.accuracy or {}).get("verdict")
+    mark = "" if verdict in ("pass", None) else f" ({verdict})"
+    time = f"{r.median_ms:.2f} ms" if r.median_ms >= 1 else f"{r.median_ms * 1e3:.0f} µs"
+    return f"{time} · {r.tflops:.0f} TF/s{mark}"
 
 
 def main() -> None:
@@ -136,9 +211,10 @@ def main() -> None:
     sub = ap.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run")
     run.add_argument("--db", required=True)
-    run.add_argument("--set", choices=("flashmla", "compare"), default="flashmla")
-    run.add_argument("--run-id", default=None, help="default: mla (the flashmla set), mla-compare")
-    run.add_argument("--backends", default=None, help="default: flashmla,fa3-mla (flashmla set), every MLA kernel")
+    run.add_argument("--set", choices=("flashmla", "compare", "compare-fa2", "prefill"), default="flashmla")
+    run.add_argument("--run-id", default=None, help="default: mla (the flashmla set), mla-SET, mla-prefill")
+    run.add_argument("--backends", default=None,
+                     help="default: flashmla,fa3-mla (flashmla set), every MLA kernel (compare), the prefill kernels")
     run.add_argument("--heads", default="128", help="the flashmla set's head counts")
     run.add_argument("--no-check", action="store_true", help="time only (the GPU tests check the kernels)")
     run.add_argument("--no-calibrate", dest="calibrate", action="store_false",
@@ -147,7 +223,8 @@ def main() -> None:
     page.add_argument("--db", required=True)
     page.add_argument("--run-id", default="mla")
     page.add_argument("--script-log", default=None)
-    page.add_argument("--compare-run", default="mla-compare")
+    page.add_argument("--compare-run", default="mla-compare,mla-compare-fa2", help="comma-separated run ids")
+    page.add_argument("--prefill-run", default="mla-prefill")
     page.add_argument("-o", "--output", default=None)
     args = ap.parse_args()
     cmd_run(args) if args.command == "run" else cmd_page(args)

@@ -1,5 +1,6 @@
 """MLA decode on the GPU: FlashMLA, FlashAttention-3's qv path and the CPU-exact backends pass the accuracy
-check against the exact reference on the same latent cache (skipped where the package is not installed)."""
+check against the exact reference on the same latent cache; MLA prefill (q/k 192, v 128) forward and backward on
+the dense kernels that take the pair (skipped where the package is not installed or its build lacks the pair)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,26 @@ def test_mla_decode_passes_the_check(name):
         pytest.skip(f"{name}: {refused}")
     runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=2, repeat=5)),
                     run_id="mla", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
+    records = runner.run(cases)
+    assert [r.status for r in records] == ["ok"] * len(cases), [(r.status, r.reason) for r in records]
+    assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]
+
+
+PREFILL = [AttnSpec(seqlens_q=(1000, 77, 2048), heads_q=16, heads_kv=16, head_dim=192, head_dim_v=128, dtype="bf16",
+                    causal=causal, scale=192 ** -0.5, pass_="fwd_bwd") for causal in (True, False)]
+"""DeepSeek's prefill shape (q/k 192, v 128) at 16 heads, varlen, forward and backward."""
+
+
+@pytest.mark.parametrize("name", ["fa3", "fa3-varlen", "fa4", "flex", "sdpa-cudnn", "sdpa-efficient"])
+def test_mla_prefill_passes_the_check(name):
+    backend = registry.get(name)
+    if backend.unavailable_reason():
+        pytest.skip(f"{name}: {backend.unavailable_reason()}")
+    cases = [c for c in PREFILL if backend.supports(c, "cuda") is None]
+    if not cases:
+        pytest.skip(f"{name}: {backend.supports(PREFILL[0], 'cuda')}")
+    runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=1, repeat=3)),
+                    run_id="mla-prefill", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
     records = runner.run(cases)
     assert [r.status for r in records] == ["ok"] * len(cases), [(r.status, r.reason) for r in records]
     assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]

@@ -56,7 +56,7 @@ def specs(heads: int) -> list:
 
 def prefill_specs() -> list:
     from attnbench.spec import AttnSpec
-    return [AttnSpec(seqlens_q=(n,) * (PREFILL_TOKENS // n), seqlens_k=(n,) * (PREFILL_TOKENS // n), heads_q=128,
+    return [AttnSpec(batch=PREFILL_TOKENS // n, seqlens_q=(n,), heads_q=128,
                      heads_kv=128, head_dim=192, head_dim_v=128, dtype="bf16", causal=True, scale=192 ** -0.5,
                      pass_=p) for p in ("fwd", "fwd_bwd") for n in PREFILL_LENGTHS]
 
@@ -189,8 +189,8 @@ def prefill_table(store, run_id: str) -> list[str]:
              "Each cell: median time and TF/s; every cell passed its check against the exact reference (output, and "
              "dQ/dK/dV for forward+backward) unless it says otherwise.", "",
              "| pass | sequences | " + " | ".join(f"`{k}`" for k in kernels) + " |", "|---|---:|" + "---:|" * len(kernels)]
-    for s in dict.fromkeys(s for (_, s) in by):
-        shape = f"{len(s.seqlens_q)} × {s.seqlens_q[0]}"
+    for s in sorted(dict.fromkeys(s for (_, s) in by), key=lambda s: (s.pass_ != "fwd", s.seqlens_q[0])):
+        shape = f"{s.batch} × {s.seqlens_q[0]}"
         lines.append(f"| {s.pass_} | {shape} | " + " | ".join(prefill_cell(by.get((k, s))) for k in kernels) + " |")
     return lines + missing(records)
 

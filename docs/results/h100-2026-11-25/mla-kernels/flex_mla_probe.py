@@ -1,6 +1,7 @@
 """Does FlexAttention's compiled CUDA kernel take MLA decode's 576/512 head sizes? One dense case, timed by events."""
 import torch
 from torch.nn.attention.flex_attention import flex_attention
+
 fn = torch.compile(flex_attention, dynamic=False, fullgraph=True)
 for heads in (16, 128):
     b, n = 128, 4096
@@ -9,14 +10,16 @@ for heads in (16, 128):
     v = k[..., :512]
     try:
         out = fn(q, k, v, scale=192 ** -0.5, enable_gqa=True)
-        ref = torch.softmax((q.float() @ k.float().transpose(-1, -2).expand(b, heads, 576, n)[..., :, :] if False else
-                             torch.einsum("bhqd,bkd->bhqk", q.float(), k[:, 0].float())) * 192 ** -0.5, -1)
-        ref = torch.einsum("bhqk,bkd->bhqd", ref, v[:, 0].float())
+        probs = torch.softmax(torch.einsum("bhqd,bkd->bhqk", q.float(), k[:, 0].float()) * 192 ** -0.5, -1)
+        ref = torch.einsum("bhqk,bkd->bhqd", probs, v[:, 0].float())
         err = (out.float() - ref).abs().max().item()
         ts = []
         for _ in range(20):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); fn(q, k, v, scale=192 ** -0.5, enable_gqa=True); e.record(); torch.cuda.synchronize()
+            s.record()
+            fn(q, k, v, scale=192 ** -0.5, enable_gqa=True)
+            e.record()
+            torch.cuda.synchronize()
             ts.append(s.elapsed_time(e))
         ts.sort()
         gb = (b * n * 576 * 2) / (ts[10] * 1e-3) / 1e9

@@ -125,6 +125,21 @@ def test_ncu_profiler_mode_matches_events():
 
 
 @pytest.mark.parametrize("tool", ["nsys", "ncu"])
+def test_a_profiler_times_the_whole_backward_pass(tool):
+    """fwd_bwd under a profiler is the forward and the backward kernels, as events time it: autograd launches the
+    backward from a thread of its own, and ncu's NVTX filter once kept only the forward (a quarter of the time)."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed")
+    spec = AttnSpec(batch=2, seqlens_q=(2048,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd_bwd")
+    profiled = _run("sdpa-flash", spec, mode=tool, repeat=5)
+    assert profiled.status == "ok", profiled.reason
+    events = _run("sdpa-flash", spec, mode="events", repeat=20)
+    assert abs(profiled.median_ms / events.median_ms - 1) < 0.15, (profiled.median_ms, events.median_ms)
+    assert any("bwd" in n.lower() or "backward" in n.lower() for n in profiled.info["kernels"]), \
+        profiled.info["kernels"]
+
+
+@pytest.mark.parametrize("tool", ["nsys", "ncu"])
 def test_a_profiled_sweep_shares_one_process_per_backend_and_keeps_each_cases_time(tool):
     """Three cases of one backend in one profiler process give each its own time, as three processes do."""
     if shutil.which(tool) is None:

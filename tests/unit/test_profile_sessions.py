@@ -156,3 +156,56 @@ def test_a_bad_profiler_batch_is_one_line_and_exit_2(value):
 
     res = attnbench("run", "--device", "cpu", "--profiler-batch", value, "--seq-lens", "16", "--quiet")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--profiler-batch" in res.stderr, res.stderr
+
+
+def test_the_child_makes_fewer_calls_of_a_long_case_as_the_events_timer_samples(monkeypatch):
+    """A case whose calls would add up to more than the events timer's cap makes fewer of them (never under
+    MIN_SAMPLES) and says how many; the parent cuts the trace by that count."""
+    import time
+
+    from attnbench.backends import registry
+    from attnbench.backends.base import Prepared
+    from attnbench.timing.config import MIN_SAMPLES
+
+    real = registry.get
+    calls = {"n": 0}
+
+    class Slow:
+        name = "slow"
+
+        def prepare_case(self, spec, inputs):
+            def fn():
+                calls["n"] += 1
+                time.sleep(0.02)
+            return Prepared(fn=fn)
+
+    monkeypatch.setattr(registry, "get", lambda name: Slow() if name == "slow" else real(name))
+    job = {"device": "cpu", "seed": 0, "warmup": 10, "cold_l2": False, "max_time_ms": 100.0,
+           "cases": [{"spec": spec(32).to_dict(), "backend": "slow", "iterations": 30}]}
+    (slow,) = child.run_job(job)
+    assert slow["iterations"] == MIN_SAMPLES  # 20+ ms calls under a 100 ms cap: the fewest samples a median takes
+    assert calls["n"] - slow["iterations"] <= 2  # warm-up stopped after a quarter of the cap, not 10 calls
+    job["max_time_ms"] = None  # no cap (fixed configs): every call asked
+    assert child.run_job(job)[0]["iterations"] == 30
+    job = {"device": "cpu", "seed": 0, "warmup": 2, "cold_l2": False, "max_time_ms": 10_000.0,
+           "cases": [{"spec": spec(32).to_dict(), "backend": "naive", "iterations": 30}]}
+    assert child.run_job(job)[0]["iterations"] == 30  # calls well under the cap: every call asked
+
+
+def test_the_parent_cuts_the_trace_by_the_calls_the_child_made(ncu, monkeypatch):
+    real = ncu.__call__
+
+    def fewer(cmd, **kwargs):  # the child made 2 calls of the first case, not the 3 asked
+        job = json.loads(open(cmd[-1]).read())
+        job["cases"][0]["iterations"] = 2
+        open(cmd[-1], "w").write(json.dumps(job))
+        out = real(cmd, **kwargs)
+        results = json.loads(open(job["result"]).read())
+        results[0]["iterations"] = 2
+        open(job["result"], "w").write(json.dumps(results))
+        return out
+
+    monkeypatch.setattr(external.subprocess, "run", fewer)
+    s = sessions([(spec(100), "a"), (spec(200), "a")])
+    first, second = s.measure(spec(100), "a"), s.measure(spec(200), "a")
+    assert first[0] == pytest.approx([0.1] * 2) and second[0] == pytest.approx([0.2] * 3)

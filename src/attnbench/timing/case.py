@@ -106,7 +106,8 @@ def profile_sessions(ctx: CaseContext, cases, stopped=lambda: False):
     from attnbench.timing.external import ProfileSessions
     return ProfileSessions(ctx.config.mode, cases, iterations=ctx.config.repeat, device=str(ctx.device),
                            seed=ctx.seed, warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2,
-                           inputs=ctx.inputs, batch=ctx.config.profiler_batch, stopped=stopped)
+                           inputs=ctx.inputs, batch=ctx.config.profiler_batch,
+                           max_time_ms=ctx.config.max_time_for(ctx.device.type), stopped=stopped)
 
 
 def _external(spec, backend, ctx: CaseContext) -> tuple[list[float], dict]:

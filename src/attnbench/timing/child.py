@@ -1,9 +1,11 @@
 """Run cases' closures under an external profiler: ``python -m attnbench.timing.child JOB.json``.
 
-The parent (``external.py``) writes a job file: device, seed, warm-up, whether to flush the L2, and
-a list of cases (spec, backend name, calls). For each case the child prepares the backend and warms
+The parent (``external.py``) writes a job file: device, seed, warm-up, whether to flush the L2, the events
+timer's time cap, and a list of cases (spec, backend name, calls). A case makes the calls asked, or fewer where
+they would add up to more than the cap (as the events timer samples), and reports how many it made. For each case the child prepares the backend and warms
 up outside any range, then launches the marked sequence (``marked.py``) inside the NVTX/roctx range
-``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range. It
+``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range (with autograd's
+backward on the same thread, so a backward pass's kernels are inside it too). It
 writes what each backend reported (``Prepared.info``) or why it failed to the job's result file.
 Nothing is printed on stdout: the profiler's report goes there.
 
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from attnbench.backends.base import sync
+from attnbench.timing.config import MIN_SAMPLES
 
 
 def run_job(job: dict) -> list[dict]:
@@ -42,9 +46,7 @@ def run_job(job: dict) -> list[dict]:
         try:
             inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
             prepared = backend.prepare_case(spec, inputs)
-            for _ in range(max(1, job.get("warmup", 1))):
-                prepared.fn()
-            sync(device)
+            per_call_ms = _warm_up(prepared.fn, job.get("warmup", 1), job.get("max_time_ms"), device)
         except Exception as exc:  # noqa: BLE001 - the case failed; its range never opened
             inputs = prepared = None
             results.append({"backend": backend.name, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
@@ -53,12 +55,41 @@ def run_job(job: dict) -> list[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
-        with nvtx_range(TIMED_RANGE, device):
-            launch_marked(prepared.fn, case["iterations"], marker, flush)
+        # autograd runs a CUDA backward on a thread of its own, and NVTX push/pop ranges belong to the thread that
+        # opened them: without this, ncu's range filter kept only the forward kernels of a backward pass
+        iterations = _iterations(case["iterations"], per_call_ms, job.get("max_time_ms"))
+        with torch.autograd.set_multithreading_enabled(False), nvtx_range(TIMED_RANGE, device):
+            launch_marked(prepared.fn, iterations, marker, flush)
             sync(device)
-        results.append({"backend": backend.name, "info": prepared.info})
+        results.append({"backend": backend.name, "info": prepared.info, "iterations": iterations})
         del prepared, inputs
     return results
+
+
+def _warm_up(fn, warmup: int, max_time_ms: float | None, device: torch.device) -> float:
+    """Warm-up calls as the events timer makes them (``TimingConfig.warmup_calls``: at most a quarter of the
+    time cap after the first call); the wall ms of the last one, synchronized: what a call costs."""
+    def call() -> float:
+        started = time.perf_counter()
+        fn()
+        sync(device)
+        return (time.perf_counter() - started) * 1e3
+    last = call()
+    more = max(warmup - 1, 0)
+    if max_time_ms is not None and more:
+        more = int(min(more, max_time_ms / 4 // max(last, 1e-6)))
+    for _ in range(more):
+        last = call()
+    return last
+
+
+def _iterations(requested: int, per_call_ms: float, max_time_ms: float | None) -> int:
+    """The profiled calls of a case: ``requested``, fewer when they would add up to more than the time cap, as
+    the events timer stops sampling there (never fewer than MIN_SAMPLES). Without it a profiler sweep ran three
+    times the events sweep's calls of every long case."""
+    if max_time_ms is None:
+        return requested
+    return min(requested, max(MIN_SAMPLES, int(max_time_ms // max(per_call_ms, 1e-6))))
 
 
 def _first_line(exc: BaseException) -> str:

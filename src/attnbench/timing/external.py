@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -73,10 +74,12 @@ Profiled = tuple[list[float], dict]
 
 
 def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int = 0, warmup: int = 5,
-                 cold_l2: bool = True, timeout_s: float = 900,
-                 inputs: dict | None = None) -> list[Profiled | CaseFailed]:
+                 cold_l2: bool = True, timeout_s: float = 900, inputs: dict | None = None,
+                 max_time_ms: float | None = None) -> list[Profiled | CaseFailed]:
     """Every case measured under ``tool`` in one child process (``inputs``: how the inputs are drawn,
-    ``InputDist.describe()``; None = N(0, 1)): per case, in order, its samples and info, or the CaseFailed
+    ``InputDist.describe()``; None = N(0, 1); ``max_time_ms``: the events timer's cap, which bounds a case's
+    calls as it bounds its samples; None = each case's ``iterations``): per case, in order, its samples and
+    info, or the CaseFailed
     that says why it failed. The list is shorter than ``cases`` when the child stopped early (a failure that
     left the CUDA context unusable): the cases after it were not run. Raises RuntimeError when the profiler
     or the child failed as a whole (a crash, a failure inside a timed range)."""
@@ -86,8 +89,9 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
     cold = cold_l2 and tool != "ncu"  # ncu flushes caches before every profiled kernel itself
     with tempfile.TemporaryDirectory(prefix="attnbench-") as tmp:
         tmp = Path(tmp)
+        cap = max_time_ms if max_time_ms is not None and math.isfinite(max_time_ms) else None
         job = {"device": device, "seed": seed, "inputs": inputs, "warmup": warmup, "cold_l2": cold,
-               "result": str(tmp / "result.json"),
+               "max_time_ms": cap, "result": str(tmp / "result.json"),
                "cases": [{"spec": c.spec.to_dict(), "backend": c.backend, "iterations": c.iterations} for c in cases]}
         (tmp / "job.json").write_text(json.dumps(job))
         child = child_command(tmp / "job.json")
@@ -101,7 +105,7 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
         if proc.returncode != 0 or not (tmp / "result.json").exists():
             raise RuntimeError(f"{TOOLS[tool]} run failed (exit {proc.returncode}): {_last_line(proc.stderr or proc.stdout)}")
         reported = json.loads((tmp / "result.json").read_text())
-        ran = [c.iterations for c, r in zip(cases, reported) if "error" not in r]
+        ran = [r.get("iterations", c.iterations) for c, r in zip(cases, reported) if "error" not in r]
         kernels = _kernels(tool, proc.stdout, tmp, exe, timeout_s) if ran else []
     blocks = iter(split_marked(kernels, ran, cold=cold) if ran else [])
     out: list[Profiled | CaseFailed] = []
@@ -130,9 +134,10 @@ class ProfileSessions:
 
     def __init__(self, tool: str, cases: list[tuple[AttnSpec, str]], *, iterations: int, device: str,
                  seed: int = 0, warmup: int = 5, cold_l2: bool = True, inputs: dict | None = None,
-                 batch: int = 32, stopped=lambda: False):
+                 batch: int = 32, max_time_ms: float | None = None, stopped=lambda: False):
         self.tool, self.iterations, self.batch, self.stopped = tool, iterations, max(1, batch), stopped
-        self.options = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold_l2, "inputs": inputs}
+        self.options = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold_l2, "inputs": inputs,
+                        "max_time_ms": max_time_ms}
         self.pending: dict[str, list[AttnSpec]] = {}
         for spec, backend in cases:
             self.pending.setdefault(backend, []).append(spec)

@@ -174,3 +174,19 @@ def test_flex_runs_mla_with_a_value_narrower_than_the_key():
     got = backend.prepare_case(spec, inputs).fn().out
     want = reference_attention(spec, inputs, grads=False, dtype=torch.float64).out
     torch.testing.assert_close(got.double(), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("fields, message", [({"page_size": 16}, "pages of 64 tokens, not 16"),
+                                             ({"head_dim": 320, "head_dim_v": 256}, "head size 320")])
+def test_a_named_mla_kernel_that_takes_none_of_the_cases_is_an_error(monkeypatch, fields, message):
+    """--backends flashmla with a page size or latent/rope widths FlashMLA does not take: one line naming why
+    (the CLI exits 2 on a UserError), not a sweep of unsupported records."""
+    from attnbench.cli.common import UserError
+    from attnbench.cli.run import check_serving
+    backend = registry.get("flashmla")
+    monkeypatch.setattr(type(backend), "unavailable_reason", lambda self: None)  # as where FlashMLA is installed
+    case = AttnSpec(**({"seqlens_q": (1, 1), "seqlens_k": (100, 200), "heads_q": 16, "heads_kv": 1, "head_dim": 576,
+                        "head_dim_v": 512, "dtype": "bf16", "causal": True, "mla": True} | fields))
+    with pytest.raises(UserError, match=message):
+        check_serving(("flashmla",), [case], "cuda")
+    check_serving(("flashmla", "naive"), [case.replace(page_size=None, head_dim=576, head_dim_v=512)], "cuda")

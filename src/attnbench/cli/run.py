@@ -132,9 +132,9 @@ def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
 
 
 def check_serving(backends: tuple[str, ...], specs: list[AttnSpec], device: str) -> None:
-    """A backend named on the command line that takes none of a serving sweep's cases (a page size it cannot
-    take, a tree, an fp8 cache) is an error naming why, as for the variants."""
-    serving = [spec for spec in specs if spec.serving_features]
+    """A backend named on the command line that takes none of a serving or MLA sweep's cases (a page size it
+    cannot take, a tree, an fp8 cache, a latent or rope size) is an error naming why, as for the variants."""
+    serving = [spec for spec in specs if spec.serving_features or spec.mla]
     if not serving:
         return
     for name in backends:

@@ -90,8 +90,17 @@ def cmd_run(args) -> None:
     run_id = args.run_id or default_run_id(args.set)
     run_id, records, phases = execute(plan, run_id=run_id, checker=None if args.no_check else AccuracyChecker())
     for r in records:
-        print(f"{column(r):>21} {r.spec.label()[:50]:<50} {r.status:>6} "
-              f"{(r.median_ms or 0) * 1e3:8.1f} µs {r.gbps or 0:6.0f} GB/s {r.tflops or 0:5.0f} TF/s", flush=True)
+        print(line(r), flush=True)
+
+
+def line(r) -> str:
+    """A case's result in at most 100 columns: kernel, case, status, time and rates (or why it has none)."""
+    s = r.spec
+    case = (f"{s.heads_q} heads, {len(s.seqlens_k)} × {sum(s.seqlens_k) / len(s.seqlens_k):.0f}" if s.mla
+            else f"{s.batch} × {s.seqlens_q[0]} {s.pass_}")
+    result = (f"{r.median_ms * 1e3:9.1f} µs {r.gbps or 0:5.0f} GB/s {r.tflops or 0:4.0f} TF/s" if r.status == "ok"
+              else (r.reason or "")[:40])
+    return f"{column(r):<21} {case:<24} {r.status:<11} {result}"
 
 
 def column(r) -> str:

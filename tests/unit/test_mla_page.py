@@ -57,3 +57,14 @@ def test_the_page_sets_flashinfers_templates_and_the_prefill_run_side_by_side(tm
                     "| fwd | 4 × 4096 | 4.50 ms · 600 TF/s | — |",
                     "| fwd_bwd | 16 × 1024 | 6.25 ms · 410 TF/s | error |"], rows
     assert "- `flex` error: out of memory" in text
+
+
+def test_run_prints_a_case_a_line_within_100_columns():
+    ok = _ok("mla-compare", "flashinfer-mla", mla.spec(128, 256, 65536), 4.2763, "fa2", gbps=3058.0, tflops=626.0)
+    refused = Record(run_id="mla-prefill", backend="fa4", spec=mla.prefill_specs()[-1], status="unsupported",
+                     reason="flash_attn.cute not importable: ModuleNotFoundError: No module named 'flash_attn'")
+    lines = [mla.line(ok), mla.line(refused)]
+    assert lines[0].split() == ["flashinfer-mla", "(fa2)", "128", "heads,", "256", "×", "65791", "ok", "4276.3", "µs",
+                                "3058", "GB/s", "626", "TF/s"]
+    assert lines[1].startswith("fa4") and "1 × 16384 fwd_bwd" in lines[1] and "flash_attn.cute" in lines[1]
+    assert max(len(x) for x in lines) <= 100, lines

@@ -56,9 +56,9 @@ def specs(heads: int) -> list:
 
 def prefill_specs() -> list:
     from attnbench.spec import AttnSpec
-    return [AttnSpec(batch=PREFILL_TOKENS // n, seqlens_q=(n,), heads_q=128,
-                     heads_kv=128, head_dim=192, head_dim_v=128, dtype="bf16", causal=True, scale=192 ** -0.5,
-                     pass_=p) for p in ("fwd", "fwd_bwd") for n in PREFILL_LENGTHS]
+    return [AttnSpec(batch=PREFILL_TOKENS // n, seqlens_q=(n,), heads_q=128, heads_kv=128, head_dim=192, head_dim_v=128,
+                     dtype="bf16", causal=True, scale=192 ** -0.5, pass_=p)
+            for p in ("fwd", "fwd_bwd") for n in PREFILL_LENGTHS]
 
 
 def default_run_id(name: str) -> str:

@@ -1,12 +1,12 @@
 """Run cases' closures under an external profiler: ``python -m attnbench.timing.child JOB.json``.
 
 The parent (``external.py``) writes a job file: device, seed, warm-up, whether to flush the L2, the events
-timer's time cap, and a list of cases (spec, backend name, calls). A case makes the calls asked, or fewer where
-they would add up to more than the cap (as the events timer samples), and reports how many it made. For each case the child prepares the backend and warms
-up outside any range, then launches the marked sequence (``marked.py``) inside the NVTX/roctx range
-``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range (with autograd's
-backward on the same thread, so a backward pass's kernels are inside it too). It
-writes what each backend reported (``Prepared.info``) or why it failed to the job's result file.
+timer's time cap, and a list of cases (spec, backend name, calls). For each case the child prepares the backend
+and warms up outside any range, then launches the marked sequence (``marked.py``) inside the NVTX/roctx range
+``attnbench_timed`` and synchronises before closing it, so profilers can filter on the range (autograd's backward
+runs on the same thread, so a backward pass's kernels are inside it too). A case makes the calls asked, or fewer
+where they would add up to more than the cap (as the events timer samples), and reports how many it made, with
+what its backend reported (``Prepared.info``) or why it failed, in the job's result file.
 Nothing is printed on stdout: the profiler's report goes there.
 
 A case that fails before its timed range (preparing, warming up: out of memory, a shape the kernel refuses) is

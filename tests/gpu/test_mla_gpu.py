@@ -40,6 +40,11 @@ def test_mla_decode_passes_the_check(name):
     cases = [c for c in CASES if backend.supports(c, "cuda") is None]
     if not cases:
         pytest.skip(f"{name}: {refused}")
+    assert_checked(name, cases)
+
+
+def assert_checked(name: str, cases: list[AttnSpec]) -> None:
+    """``name`` runs every case and each passes the check against the exact reference."""
     runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=2, repeat=5)),
                     run_id="mla", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
     records = runner.run(cases)
@@ -47,8 +52,8 @@ def test_mla_decode_passes_the_check(name):
     assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]
 
 
-PREFILL = [AttnSpec(batch=2 if len(seqlens) == 1 else 1, seqlens_q=seqlens, heads_q=16, heads_kv=16, head_dim=192, head_dim_v=128, dtype="bf16",
-                    causal=causal, scale=192 ** -0.5, pass_="fwd_bwd")
+PREFILL = [AttnSpec(batch=2 if len(seqlens) == 1 else 1, seqlens_q=seqlens, heads_q=16, heads_kv=16, head_dim=192,
+                    head_dim_v=128, dtype="bf16", causal=causal, scale=192 ** -0.5, pass_="fwd_bwd")
            for seqlens in ((1000,), (1000, 77, 2048)) for causal in (True, False)]
 """DeepSeek's prefill shape (q/k 192, v 128) at 16 heads, dense and varlen, forward and backward."""
 
@@ -61,8 +66,4 @@ def test_mla_prefill_passes_the_check(name):
     cases = [c for c in PREFILL if backend.supports(c, "cuda") is None]
     if not cases:
         pytest.skip(f"{name}: {backend.supports(PREFILL[0], 'cuda')}")
-    runner = Runner(RunOptions(device="cuda", backends=(name,), timing=TimingConfig(warmup=1, repeat=3)),
-                    run_id="mla-prefill", env_id=None, sink=lambda r: None, checker=AccuracyChecker())
-    records = runner.run(cases)
-    assert [r.status for r in records] == ["ok"] * len(cases), [(r.status, r.reason) for r in records]
-    assert all(r.accuracy["verdict"] == "pass" for r in records), [r.accuracy for r in records]
+    assert_checked(name, cases)

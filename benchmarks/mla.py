@@ -109,15 +109,21 @@ def column(r) -> str:
     return r.backend + (f" ({template})" if template and template != "auto" else "")
 
 
-def cell(r, read_gbps: float | None = None) -> str:
+def shown(r, text) -> str:
+    """A table cell: "—" where the kernel does not take the case, the status where it has no time, else ``text()``
+    and the check's verdict where it did not pass."""
     if r is None or r.status == "unsupported":
         return "—"
     if r.status != "ok":
         return r.status
     verdict = (r.accuracy or {}).get("verdict")
-    pct = f" · {100 * r.gbps / read_gbps:.0f}%" if read_gbps else ""
-    mark = "" if verdict in ("pass", None) else f" ({verdict})"
-    return f"{r.median_ms * 1e3:.0f} µs · {r.gbps:.0f} GB/s{pct} · {r.tflops:.0f} TF/s{mark}"
+    return text() + ("" if verdict in ("pass", None) else f" ({verdict})")
+
+
+def cell(r, read_gbps: float | None = None) -> str:
+    """A decode cell: time, the latent read in GB/s (and % of the read bandwidth), TF/s."""
+    return shown(r, lambda: f"{r.median_ms * 1e3:.0f} µs · {r.gbps:.0f} GB/s"
+                 + (f" · {100 * r.gbps / read_gbps:.0f}%" if read_gbps else "") + f" · {r.tflops:.0f} TF/s")
 
 
 SCRIPT_LINE = re.compile(r"perf flash_mla: ([\d.]+) ms, (\d+) TFLOPS, (\d+) GB/s")
@@ -148,8 +154,8 @@ def cmd_page(args) -> None:
 
 
 def stored(store, run_ids: list[str]) -> list:
-    known = {r["run_id"] for r in store.runs()}
-    return [r for run_id in run_ids if run_id in known for r in store.records(run_id)]
+    """The records of ``run_ids`` in order (a run not in the store has none)."""
+    return [r for run_id in run_ids for r in store.records(run_id)]
 
 
 def compare_table(store, run_ids: list[str]) -> list[str]:
@@ -205,14 +211,9 @@ def prefill_table(store, run_id: str) -> list[str]:
 
 
 def prefill_cell(r) -> str:
-    if r is None or r.status == "unsupported":
-        return "—"
-    if r.status != "ok":
-        return r.status
-    verdict = (r.accuracy or {}).get("verdict")
-    mark = "" if verdict in ("pass", None) else f" ({verdict})"
-    time = f"{r.median_ms:.2f} ms" if r.median_ms >= 1 else f"{r.median_ms * 1e3:.0f} µs"
-    return f"{time} · {r.tflops:.0f} TF/s{mark}"
+    """A prefill cell: time (ms from 1 ms on) and TF/s."""
+    return shown(r, lambda: (f"{r.median_ms:.2f} ms" if r.median_ms >= 1 else f"{r.median_ms * 1e3:.0f} µs")
+                 + f" · {r.tflops:.0f} TF/s")
 
 
 def main() -> None:

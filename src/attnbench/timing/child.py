@@ -18,6 +18,7 @@ reported, and the parent profiles them again on their own.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from attnbench.backends.base import sync
-from attnbench.timing.config import MIN_SAMPLES
+from attnbench.timing.config import MIN_SAMPLES, TimingConfig
 
 
 def run_job(job: dict) -> list[dict]:
@@ -68,17 +69,15 @@ def run_job(job: dict) -> list[dict]:
 
 def _warm_up(fn, warmup: int, max_time_ms: float | None, device: torch.device) -> float:
     """Warm-up calls as the events timer makes them (``TimingConfig.warmup_calls``: at most a quarter of the
-    time cap after the first call); the wall ms of the last one, synchronized: what a call costs."""
+    time cap after the first call; None = no cap); the wall ms of the last one, synchronized: what a call costs."""
     def call() -> float:
         started = time.perf_counter()
         fn()
         sync(device)
         return (time.perf_counter() - started) * 1e3
     last = call()
-    more = max(warmup - 1, 0)
-    if max_time_ms is not None and more:
-        more = int(min(more, max_time_ms / 4 // max(last, 1e-6)))
-    for _ in range(more):
+    config = TimingConfig(warmup=warmup, max_time_ms=math.inf if max_time_ms is None else max_time_ms)
+    for _ in range(config.warmup_calls(last, device.type)):
         last = call()
     return last
 

@@ -17,6 +17,8 @@ times a case whose call needs ``runner.long_case_ms`` or more at the device's pe
 by default: such cases get the fewest samples), or that is bound by memory and streams it for
 ``runner.MEMORY_BOUND_MS`` or more (a worker making its inputs shares the bandwidth), only when no worker is running: other cases go first, and when only long ones are left it waits for the workers (``drain``).
 A case timed while workers were busy says so in its record (``info["compile_workers_busy"]``).
+
+The workers and the main process must look for Triton kernels in one directory: see ``share_triton_cache``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,28 @@ def worker_count(jobs: int, cpus: int | None = None) -> int:
     """Workers for ``jobs`` compiles: one per two host cores left after the main process, at most 6."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     return max(0, min(jobs, MAX_WORKERS, (cpus - 2) // 2))
+
+
+def share_triton_cache(device: str) -> str | None:
+    """Point ``TRITON_CACHE_DIR`` at the directory inductor would pick, unless the user has set it; the
+    directory the run's processes share (None where torch does not say which it is).
+
+    Triton looks in ``~/.triton/cache`` until a process builds its first inductor kernel (a flex graph);
+    inductor then points ``TRITON_CACHE_DIR`` at its own directory, for the rest of that process. A worker
+    that had compiled a flex case put SpargeAttn's kernels in one directory, a main process that had not
+    yet run flex looked in the other, or the other way round: on an H100 default sweep the main process
+    compiled SpargeAttn's kernels again, 2 s a case, 24 s a run. Set before the workers start, it is one
+    directory for every process (spawned workers inherit the environment).
+    """
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return os.environ["TRITON_CACHE_DIR"]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    except ImportError:  # torch < 2.5: the directory is left to each process, as before
+        return None
+    index = int(device.partition(":")[2] or 0)
+    os.environ["TRITON_CACHE_DIR"] = triton_cache_dir(index)
+    return os.environ["TRITON_CACHE_DIR"]
 
 
 def _init_worker() -> None:
@@ -82,6 +106,7 @@ class Precompiler:
         if workers < 1 or not cases:
             return
         self.workers = workers
+        share_triton_cache(device)
         # spawn: a forked child would inherit this process's CUDA context, which CUDA does not allow.
         self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_init_worker)

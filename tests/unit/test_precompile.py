@@ -6,9 +6,11 @@ import logging
 import os
 from pathlib import Path
 
+import pytest
+
 from attnbench.backends.naive import NaiveBackend
 from attnbench.inputs import InputDist
-from attnbench.precompile import Precompiler, worker_count
+from attnbench.precompile import Precompiler, share_triton_cache, worker_count
 from attnbench.spec import AttnSpec
 
 
@@ -180,3 +182,46 @@ def test_a_memory_bound_case_is_timed_after_the_compile_workers_not_beside_them(
     runner._start_precompiler = lambda cases: workers
     runner.run([streaming, small])
     assert done == [16, 4096] and workers.drained_at == 1
+
+
+class ReportsTritonCache(NaiveBackend):
+    """Naive attention whose prepare writes the Triton cache directory its process sees."""
+
+    name = "test-reports-triton-cache"
+    compiles_ahead = True
+
+    def __init__(self, report: str):
+        self.report = report
+
+    def prepare(self, spec, inputs):
+        Path(self.report).write_text(os.environ.get("TRITON_CACHE_DIR", "unset"))
+        return super().prepare(spec, inputs)
+
+
+def test_the_workers_and_the_main_process_share_one_triton_cache(tmp_path, monkeypatch):
+    pytest.importorskip("torch._inductor.runtime.cache_dir_utils")
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    report = tmp_path / "seen"
+    backend = ReportsTritonCache(str(report))
+    ahead = Precompiler([(_spec(17), backend)], device="cpu", seed=0, inputs_dist=InputDist(), workers=1)
+    ahead.wait(_spec(17), backend.name)
+    ahead.close()
+    # inductor's own directory for the device, set here before the worker started: the worker saw it too
+    assert os.environ["TRITON_CACHE_DIR"] == triton_cache_dir(0) == report.read_text()
+
+
+def test_the_shared_triton_cache_is_the_devices_own(monkeypatch):
+    pytest.importorskip("torch._inductor.runtime.cache_dir_utils")
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    second = triton_cache_dir(1)
+    assert second.endswith("1") and second != triton_cache_dir(0)
+    assert share_triton_cache("cuda:1") == second == os.environ["TRITON_CACHE_DIR"]
+
+
+def test_a_triton_cache_the_user_set_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert share_triton_cache("cuda:1") == str(tmp_path / "mine") == os.environ["TRITON_CACHE_DIR"]

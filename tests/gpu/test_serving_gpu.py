@@ -45,7 +45,8 @@ def test_each_serving_kernel_passes_every_batch_it_takes(name):
         pytest.skip(f"{name}: {backend.unavailable_reason()}")
     cases = [c for c in CASES.values() if backend.supports(c, "cuda") is None]
     if not cases:  # an installed kernel refusing every serving batch: its build or the GPU may be why, not attnbench
-        reasons = {backend.supports(c, "cuda") for c in CASES.values()}
+        # (trees and fp8 caches are features a kernel has or not; the batches every serving kernel takes are the others)
+        reasons = {backend.supports(c, "cuda") for key, c in CASES.items() if key not in ("tree", "fp8 kv")}
         assert all("build" in r or "compute capability" in r for r in reasons), \
             f"{name} takes none of the serving cases: {sorted(reasons)}"
         pytest.skip(f"{name} takes none of the serving cases: {sorted(reasons)[0]}")

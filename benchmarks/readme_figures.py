@@ -1,9 +1,9 @@
 """The README's and the results page's H100 default-sweep figures, drawn again from the stored records.
 
-    python3 benchmarks/readme_figures.py [--csv docs/results/h100-2026-11-25/default-sweep.csv] [--out docs/img]
+    python3 benchmarks/readme_figures.py [--csv docs/results/h100-2026-11-26/default-sweep.csv] [--out docs/img]
     python3 benchmarks/readme_figures.py --db /tmp/h100.db      # also: the records as a store, for `report`
 
-The CSV is the export of the H100 default sweep whose summary the README prints (2026-11-25, 736 records, no
+The CSV is the export of the H100 default sweep whose summary the README prints (2026-11-26, 736 records, no
 raw samples: the figures carry no CI band, which at the GPU's ~0.3% CI would not show anyway). Each record is
 rebuilt from its row (the case from its label) and drawn by ``attnbench.report.plots`` as the report draws it:
 exact kernels (ms and TF/s), approximate kernels and the API forms of one kernel.
@@ -21,9 +21,9 @@ from attnbench.results.record import Record
 from attnbench.spec import AttnSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / "docs/results/h100-2026-11-25/default-sweep.csv"
-RUN_ID = "20261125-173914-5bb601"
-CONTEXT = "b2 h16 d128 bf16 · NVIDIA H100 80GB HBM3 · 2026-11-25"
+CSV = ROOT / "docs/results/h100-2026-11-26/default-sweep.csv"
+RUN_ID = "20261126-004709-55b1e8"
+CONTEXT = "b2 h16 d128 bf16 · NVIDIA H100 80GB HBM3 · 2026-11-26"
 LABEL = re.compile(r"b(\d+) s(\d+) h(\d+)(?:/(\d+))? d(\d+) (\w+)( causal)?$")
 APPROXIMATE = ("sage", "sparge")
 """Families of the approximate backends in that run (the CSV keeps the verdict, not info.exact)."""
@@ -73,7 +73,7 @@ def main() -> None:
         from attnbench.results.store import ResultStore
         with ResultStore(args.db) as store:
             store.add_env("h100", {"device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130"})
-            store.start_run(RUN_ID, command="attnbench run --db /tmp/h2/sweep.db", config={}, env_id="h100",
+            store.start_run(RUN_ID, command="attnbench run --db /tmp/main4.db", config={}, env_id="h100",
                             version="0.1.0")
             for r in records:
                 r.env_id = "h100"

@@ -1,5 +1,5 @@
-"""What an external profiler costs a sweep: the same cases timed by events, and by nsys and ncu with the
-backend's cases in one profiler process (the default) and with a process per case.
+"""What an external profiler costs a sweep: the same cases timed by events, and by nsys and ncu with many cases
+in one profiler process (the default: nsys any backend's, ncu one backend's) and with a process per case.
 
     python3 benchmarks/profiler_cost.py --out DIR [--backends fa2,fa3,sdpa-cudnn] [--seq-lens 1k 4k 16k]
                                         [--modes events,nsys,nsys-1,ncu,ncu-1] [-- EXTRA RUN FLAGS]

@@ -160,6 +160,30 @@ def test_a_profiled_sweep_shares_one_process_per_backend_and_keeps_each_cases_ti
     assert shared[0].median_ms < shared[1].median_ms < shared[2].median_ms  # each case its own block
 
 
+def test_an_nsys_sweep_of_two_backends_shares_one_process_and_keeps_each_cases_time():
+    """nsys takes the next cases of any backend into its session: four cases of two kernels in one process give
+    each case its own backend's kernels and time, as four processes do."""
+    if shutil.which("nsys") is None:
+        pytest.skip("nsys not installed")
+    specs = [AttnSpec(batch=2, seqlens_q=(s,), heads_q=16, head_dim=128, dtype="bf16", pass_="fwd")
+             for s in (1024, 4096)]
+
+    def sweep(batch):
+        cfg = TimingConfig(warmup=3, repeat=5, min_time_ms=0.0, mode="nsys", profiler_batch=batch)
+        return Runner(RunOptions(device="cuda", backends=("sdpa-flash", "sdpa-cudnn"), timing=cfg), run_id="t",
+                      env_id=None, sink=lambda r: None).run(specs)
+    shared, alone = sweep(32), sweep(1)
+    assert [r.status for r in shared + alone] == ["ok"] * 8, [r.reason for r in shared + alone]
+    assert {r.info["profiler_session"]["cases"] for r in shared} == {4}
+    for a, b in zip(shared, alone):
+        assert (a.backend, a.spec) == (b.backend, b.spec)
+        assert a.info["kernels"] == b.info["kernels"], (a.backend, a.info["kernels"], b.info["kernels"])
+        assert abs(a.median_ms / b.median_ms - 1) < 0.05, (a.backend, a.spec.label(), a.median_ms, b.median_ms)
+    flash, cudnn = (next(r for r in shared if r.backend == name and r.spec == specs[0])
+                    for name in ("sdpa-flash", "sdpa-cudnn"))
+    assert flash.info["kernels"] != cudnn.info["kernels"]
+
+
 def test_calibrate_measures_plausible_peaks():
     from attnbench.timing.peaks import calibrate
     got = calibrate("cuda", matmul_n=4096, copy_bytes=512 * 2**20, repeat=10)["measured"]

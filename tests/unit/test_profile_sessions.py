@@ -209,3 +209,45 @@ def test_the_parent_cuts_the_trace_by_the_calls_the_child_made(ncu, monkeypatch)
     s = sessions([(spec(100), "a"), (spec(200), "a")])
     first, second = s.measure(spec(100), "a"), s.measure(spec(200), "a")
     assert first[0] == pytest.approx([0.1] * 2) and second[0] == pytest.approx([0.2] * 3)
+
+
+class FakeRun:
+    """run_external's stand-in: records each session's (backend, seq_len) cases; every call lasts seq_len / 1000 ms."""
+
+    def __init__(self):
+        self.jobs: list[list[tuple[str, int]]] = []
+
+    def __call__(self, tool, cases, **kwargs):
+        self.jobs.append([(c.backend, c.spec.seqlens_q[0]) for c in cases])
+        if any(c.spec.seqlens_q[0] == CRASH_SEQ for c in cases):
+            raise RuntimeError("Nsight Systems run failed (exit -11): Segmentation fault")
+        return [([c.spec.seqlens_q[0] / 1000] * c.iterations, {"backend": c.backend}) for c in cases]
+
+
+@pytest.mark.parametrize("tool, jobs", [
+    ("nsys", [[("a", 100), ("b", 100), ("a", 200)], [("b", 200)]]),  # any backend's next cases, batch by batch
+    ("ncu", [[("a", 100), ("a", 200)], [("b", 100), ("b", 200)]]),  # a process per backend
+    ("rocprof", [[("a", 100), ("a", 200)], [("b", 100), ("b", 200)]])])
+def test_nsys_takes_the_next_cases_of_any_backend_ncu_and_rocprof_those_of_one(monkeypatch, tool, jobs):
+    fake = FakeRun()
+    monkeypatch.setattr(external, "run_external", fake)
+    cases = [(spec(n), b) for n in (100, 200) for b in ("a", "b")]  # the runner's order: shape-major
+    s = external.ProfileSessions(tool, cases, iterations=2, device="cuda", batch=3)
+    for sp, backend in cases:
+        samples, info = s.measure(sp, backend)
+        assert samples == pytest.approx([sp.seqlens_q[0] / 1000] * 2) and info["backend"] == backend
+    assert fake.jobs == jobs and not s.done
+
+
+def test_a_crashed_session_of_several_backends_is_profiled_again_one_case_per_process(monkeypatch):
+    fake = FakeRun()
+    monkeypatch.setattr(external, "run_external", fake)
+    cases = [(spec(100), "a"), (spec(100), "b"), (spec(CRASH_SEQ), "a"), (spec(300), "b")]
+    s = external.ProfileSessions("nsys", cases, iterations=1, device="cuda")
+    assert s.measure(spec(100), "a")[1]["profiler_session"]["cases"] == 1
+    assert s.measure(spec(100), "b")[0] == pytest.approx([0.1])
+    with pytest.raises(RuntimeError, match="exit -11"):
+        s.measure(spec(CRASH_SEQ), "a")
+    assert s.measure(spec(300), "b")[1]["profiler_session"]["cases"] == 1
+    assert fake.jobs == [[("a", 100), ("b", 100), ("a", CRASH_SEQ), ("b", 300)], [("a", 100)], [("b", 100)],
+                         [("a", CRASH_SEQ)], [("b", 300)]]

@@ -378,10 +378,10 @@ def run(
         "--timing", rich_help_panel="Timing", help="events (per call, cold L2), graph (CUDA graph, rotating inputs), profiler (kernel time).")] = None,
     profiler: Annotated[str | None, typer.Option(
         "--profiler", rich_help_panel="Timing", help="none, torch (= --timing profiler), or kernel times from a re-run of "
-        "the cases under ncu, nsys or rocprof (one process for up to --profiler-batch cases of a backend).")] = None,
+        "the cases under ncu, nsys or rocprof (one process for up to --profiler-batch cases).")] = None,
     profiler_batch: Annotated[int | None, typer.Option(
-        "--profiler-batch", rich_help_panel="Timing", help="ncu / nsys / rocprof: most cases of a backend profiled in one "
-        "process (default: 32; 1 = a process per case).")] = None,
+        "--profiler-batch", rich_help_panel="Timing", help="ncu / nsys / rocprof: most cases profiled in one process "
+        "(nsys: of any backend; ncu, rocprof: of one) (default: 32; 1 = a process per case).")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
         "--min-time-ms", rich_help_panel="Timing", help="Sample until this much time is measured per case (default: 100).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(

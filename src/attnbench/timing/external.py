@@ -121,15 +121,18 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
 
 
 class ProfileSessions:
-    """``--profiler ncu|nsys|rocprof`` over a sweep: one profiler process per backend, not one per case.
+    """``--profiler ncu|nsys|rocprof`` over a sweep: one profiler process for many cases, not one per case.
 
-    A profiler run costs seconds before the first kernel (the profiler, Python, torch, the backend's import)
-    and after the last (nsys writes and exports its report). When the runner reaches a backend's first case,
-    that case and the backend's next cases of the run (up to ``batch``) are profiled in one child, each inside
-    its own timed range; their results wait here until the runner reaches them. A case that fails in the child
-    fails alone (its record says why). When the child fails as a whole (a crash, an unreadable trace) its
-    cases are profiled one at a time, each in its own process, so one bad case cannot take the others' times.
-    Each record carries ``profiler_session``: how many cases shared the process and its wall time."""
+    A profiler run costs seconds before the first kernel (the profiler, Python, torch, the backends' imports)
+    and after the last (nsys writes and exports its report). When the runner reaches a case not yet profiled,
+    that case and the next ones of the run (up to ``batch``) are profiled in one child, each inside its own
+    timed range; their results wait here until the runner reaches them. nsys takes the next cases of any
+    backend, so a sweep over many kernels pays its start once per ``batch`` cases; ncu and rocprof take the
+    next cases of the same backend (a process per backend), so a kernel that brings its process down costs only
+    its own cases a second try. A case that fails in the child fails alone (its record says why). When the
+    child fails as a whole (a crash, an unreadable trace) its cases are profiled one at a time, each in its own
+    process, so one bad case cannot take the others' times. Each record carries ``profiler_session``: how many
+    cases shared the process and its wall time."""
 
     def __init__(self, tool: str, cases: list[tuple[AttnSpec, str]], *, iterations: int, device: str,
                  seed: int = 0, warmup: int = 5, cold_l2: bool = True, inputs: dict | None = None,
@@ -137,54 +140,61 @@ class ProfileSessions:
         self.tool, self.iterations, self.batch, self.stopped = tool, iterations, max(1, batch), stopped
         self.options = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold_l2, "inputs": inputs,
                         "max_time_ms": max_time_ms}
-        self.pending: dict[str, list[AttnSpec]] = {}
+        self.any_backend = tool == "nsys"
+        """Whether one process takes cases of several backends (nsys), or of one (ncu, rocprof)."""
+        self.pending: dict[str, list[tuple[str, AttnSpec]]] = {}
+        """The (backend, spec) cases not profiled yet, in the run's order, per group (a backend, or all)."""
         for spec, backend in cases:
-            self.pending.setdefault(backend, []).append(spec)
+            self.pending.setdefault(self._group(backend), []).append((backend, spec))
         self.done: dict[tuple[str, AttnSpec], Profiled | Exception] = {}
         self.alone: set[tuple[str, AttnSpec]] = set()
         """Cases of a failed session: each is profiled in its own process when the runner reaches it."""
 
+    def _group(self, backend: str) -> str:
+        return "" if self.any_backend else backend
+
     def measure(self, spec: AttnSpec, backend: str) -> Profiled:
-        """The case's samples and info (profiling it, and the backend's next cases, if it is not done yet)."""
+        """The case's samples and info (profiling it, and the next cases, if it is not done yet)."""
         key = (backend, spec)
         if key not in self.done:
-            self._profile(spec, backend)
+            self._profile(key)
         result = self.done.pop(key)
         if isinstance(result, Exception):
             raise result
         return result
 
-    def _profile(self, spec: AttnSpec, backend: str) -> None:
-        queue = self.pending.get(backend, [])
-        if spec in queue:
-            queue.remove(spec)
-        batch = [spec]
-        while (backend, spec) not in self.alone and queue and len(batch) < self.batch:
-            s = queue.pop(0)
-            if (backend, s) not in self.alone:  # a case of a failed session waits for its turn, alone
-                batch.append(s)
+    def _profile(self, key: tuple[str, AttnSpec]) -> None:
+        queue = self.pending.get(self._group(key[0]), [])
+        if key in queue:
+            queue.remove(key)
+        batch = [key]
+        while key not in self.alone and queue and len(batch) < self.batch:
+            case = queue.pop(0)
+            if case not in self.alone:  # a case of a failed session waits for its turn, alone
+                batch.append(case)
         started = time.perf_counter()
         try:
-            results = run_external(self.tool, [ExternalCase(spec=s, backend=backend, iterations=self.iterations)
-                                               for s in batch], timeout_s=900 + 120 * (len(batch) - 1), **self.options)
+            results = run_external(self.tool, [ExternalCase(spec=s, backend=b, iterations=self.iterations)
+                                               for b, s in batch], timeout_s=900 + 120 * (len(batch) - 1), **self.options)
         except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
             if self.stopped():  # Ctrl-C reached the profiler too: this case ends with the run, not as an error
                 raise KeyboardInterrupt from exc
             if len(batch) == 1:
                 raise
-            log.warning("%s session of %d %s cases failed (%s); profiling them one at a time", self.tool,
-                        len(batch), backend, _last_line(str(exc)))
-            self.alone.update((backend, s) for s in batch)
-            self._profile(spec, backend)
+            backends = ", ".join(dict.fromkeys(b for b, _ in batch))
+            log.warning("%s session of %d cases (%s) failed (%s); profiling them one at a time", self.tool,
+                        len(batch), backends, _last_line(str(exc)))
+            self.alone.update(batch)
+            self._profile(key)
             return
         wall = time.perf_counter() - started
         session = {"cases": len(batch), "wall_s": round(wall, 2), "per_case_s": round(wall / len(batch), 2)}
-        for s, result in zip(batch, results):
-            self.done[(backend, s)] = result if isinstance(result, Exception) else (result[0], result[1] | {
+        for case, result in zip(batch, results):
+            self.done[case] = result if isinstance(result, Exception) else (result[0], result[1] | {
                 "profiler_session": session})
         # the child stopped early (a failure left its CUDA context unusable): the cases after it run each on
         # their own when the runner reaches them
-        self.alone.update((backend, s) for s in batch[len(results):])
+        self.alone.update(batch[len(results):])
 
 
 def _kernels(tool: str, stdout: str, tmp: Path, exe: str, timeout_s: float):

@@ -3,7 +3,8 @@
 # sequence (128 ... 64k) and for groups of 128-token sequences (1 ... 256 per call), at the seed's
 # defaults (32 q-heads, 32 kv-heads, head size 128, fp16, batch 1, warm-up 10, repeat 100), with every
 # backend that runs here; then the profiler series: the same kernels, single and grouped, under Nsight Compute
-# and Nsight Systems where they are installed (a profiler process per kernel, not per case: --profiler-batch).
+# and Nsight Systems where they are installed (ncu: a process per kernel; nsys: a process per 32 cases of any
+# kernel; --profiler-batch).
 #
 #   bash benchmarks/seeds/seed000.sh OUT [BACKENDS]       # BACKENDS: comma list; default every runnable one
 #
@@ -46,8 +47,8 @@ for kind in single grouped; do
 done
 
 # Profiler series (benchmark_attn.py's "cuda" / "ncu" / "nsys"): every kernel the events series timed, re-run under
-# each profiler, single and grouped; a kernel's cases share one profiler process. The figures show FA2, FA3 and
-# cuDNN (where they run); profilers.md has every kernel.
+# each profiler, single and grouped; cases share profiler processes (ncu: one per kernel; nsys: one per 32
+# cases). The figures show FA2, FA3 and cuDNN (where they run); profilers.md has every kernel.
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   profiled_backends=${PROFILED:-$(python3 -c "from attnbench.results.store import ResultStore as S
 with S('$db', create=False) as s: print(','.join(sorted({r.backend for r in s.records('seed000-single') if r.status == 'ok'})))")}

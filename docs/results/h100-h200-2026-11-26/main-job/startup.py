@@ -11,12 +11,17 @@ def mark(name):
 
 
 import torch  # noqa: E402
+
 mark("import torch")
-torch.cuda.init(); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+torch.cuda.init()
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
 mark("CUDA context")
 import attnbench.cli  # noqa: E402,F401
+
 mark("import attnbench.cli")
 from attnbench.backends import registry  # noqa: E402
+
 names = registry.names() if hasattr(registry, "names") else []
 for name in names:
     b = registry.get(name)
@@ -27,9 +32,11 @@ for name in names:
         marks.append((f"  available? {name} ({'no' if why else 'yes'})", time.perf_counter()))
 mark("every backend's availability")
 from attnbench.results import env as envmod  # noqa: E402
+
 envmod.collect("cuda")
 mark("environment recorded")
 from attnbench import plausibility  # noqa: E402
+
 plausibility.ceilings("cuda")
 mark("plausibility ceilings")
 last = t0

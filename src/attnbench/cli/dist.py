@@ -115,8 +115,7 @@ def dist(
     output: Annotated[Path | None, typer.Option("--output", help="Also write the records to FILE.json or .csv.")] = None,
     seed: common.Seed = 0,
 ) -> None:
-    """Context-parallel attention over the ranks of a torchrun job (or --nproc N here): per-rank diffs,
-    per-device speed."""
+    """Context-parallel attention over a torchrun job's ranks (or --nproc N): per-rank diffs, per-device speed."""
     rank_env = common.env_int("RANK", 0)
     if rank_env and os.environ.get("TORCHELASTIC_RUN_ID"):
         # torchrun stops the other ranks when one fails: rank 0 or the rank that failed says why, the rest end

@@ -33,8 +33,7 @@ def backends(
     device: common.Device = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """List every known backend: available here or not (with the reason and how to install it), version and
-    capabilities."""
+    """List every known backend: available here or not (why, how to install it), version, capabilities."""
     dev = common.resolve_device(device)
     rows = [_backend_row(name, dev) for name in registry.names()]
     if as_json:

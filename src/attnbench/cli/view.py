@@ -254,9 +254,11 @@ def runs(db: common.Db = None) -> None:
 
 
 def repair(db: common.Db = None) -> None:
-    """Keep one record per case of each run (the first one written) in a store that holds more: stores
-    written by attnbench before the store itself forbade duplicates (concurrent writers, resumes of a live run).
-    The file is checked first and replaced whole by a repaired copy; any refusal leaves it as it was."""
+    """Keep one record per case of each run (the first one written) in a store that holds more.
+
+    Such stores were written by attnbench before the store itself forbade duplicates (concurrent writers,
+    resumes of a live run). The file is checked first and replaced whole by a repaired copy; any refusal
+    leaves it as it was."""
     from attnbench.results import repair as repairmod
     done = repairmod.repair(Path(db or DEFAULT_DB))
     common.console.print(f"removed {done.removed} duplicate record{'s' * (done.removed != 1)} from {done.path} "

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from attnbench.backends.base import sync
-from attnbench.timing.config import MIN_SAMPLES, TimingConfig
+from attnbench.timing.config import TimingConfig
 
 
 def run_job(job: dict) -> list[dict]:
@@ -38,6 +38,8 @@ def run_job(job: dict) -> list[dict]:
     from attnbench.timing.nvtx import nvtx_range
 
     device = torch.device(job["device"])
+    cap = job.get("max_time_ms")  # the events timer's time cap (None: none, fixed configs)
+    config = TimingConfig(warmup=job.get("warmup", 1), max_time_ms=math.inf if cap is None else cap)
     flush = L2Flusher(device) if job.get("cold_l2") else None
     marker = Marker(device)
     results = []
@@ -47,7 +49,7 @@ def run_job(job: dict) -> list[dict]:
         try:
             inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
             prepared = backend.prepare_case(spec, inputs)
-            per_call_ms = _warm_up(prepared.fn, job.get("warmup", 1), job.get("max_time_ms"), device)
+            per_call_ms = _warm_up(prepared.fn, config, device)
         except Exception as exc:  # noqa: BLE001 - the case failed; its range never opened
             inputs = prepared = None
             results.append({"backend": backend.name, "error": f"{type(exc).__name__}: {_first_line(exc)}"})
@@ -56,9 +58,9 @@ def run_job(job: dict) -> list[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
+        iterations = config.calls_within_cap(case["iterations"], per_call_ms, device.type)
         # autograd runs a CUDA backward on a thread of its own, and NVTX push/pop ranges belong to the thread that
         # opened them: without this, ncu's range filter kept only the forward kernels of a backward pass
-        iterations = _iterations(case["iterations"], per_call_ms, job.get("max_time_ms"))
         with torch.autograd.set_multithreading_enabled(False), nvtx_range(TIMED_RANGE, device):
             launch_marked(prepared.fn, iterations, marker, flush)
             sync(device)
@@ -67,28 +69,18 @@ def run_job(job: dict) -> list[dict]:
     return results
 
 
-def _warm_up(fn, warmup: int, max_time_ms: float | None, device: torch.device) -> float:
+def _warm_up(fn, config: TimingConfig, device: torch.device) -> float:
     """Warm-up calls as the events timer makes them (``TimingConfig.warmup_calls``: at most a quarter of the
-    time cap after the first call; None = no cap); the wall ms of the last one, synchronized: what a call costs."""
+    time cap after the first call); the wall ms of the last one, synchronized: what a call costs."""
     def call() -> float:
         started = time.perf_counter()
         fn()
         sync(device)
         return (time.perf_counter() - started) * 1e3
     last = call()
-    config = TimingConfig(warmup=warmup, max_time_ms=math.inf if max_time_ms is None else max_time_ms)
     for _ in range(config.warmup_calls(last, device.type)):
         last = call()
     return last
-
-
-def _iterations(requested: int, per_call_ms: float, max_time_ms: float | None) -> int:
-    """The profiled calls of a case: ``requested``, fewer when they would add up to more than the time cap, as
-    the events timer stops sampling there (never fewer than MIN_SAMPLES). Without it a profiler sweep ran three
-    times the events sweep's calls of every long case."""
-    if max_time_ms is None:
-        return requested
-    return min(requested, max(MIN_SAMPLES, int(max_time_ms // max(per_call_ms, 1e-6))))
 
 
 def _first_line(exc: BaseException) -> str:

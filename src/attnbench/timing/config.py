@@ -128,6 +128,15 @@ class TimingConfig:
             return max(self.warmup - 1, 0)
         return int(min(self.warmup - 1, budget // max(first_call_ms, 1e-6)))
 
+    def calls_within_cap(self, requested: int, per_call_ms: float, device_type: str) -> int:
+        """Calls to launch in one go of a call costing ``per_call_ms`` (an external profiler's timed range):
+        ``requested``, fewer where they would add up to more than the time cap, where ``samples_wanted`` stops
+        sampling (never fewer than MIN_SAMPLES)."""
+        cap = self.max_time_for(device_type)
+        if not math.isfinite(cap):
+            return requested
+        return min(requested, max(MIN_SAMPLES, int(cap // max(per_call_ms, 1e-6))))
+
     def samples_wanted(self, samples_ms: list[float], device_type: str, elapsed_ms: float | None = None) -> int:
         """How many more samples to take: 0 once both ``repeat`` and the minimum time are met, or the
         time cap is reached (with at least MIN_SAMPLES), or ``max_repeat``. ``elapsed_ms`` is the wall

@@ -10,7 +10,8 @@
 #
 # Writes OUT/seed000.db, OUT/*.png (duration/performance/bandwidth, single and grouped, and the profiler
 # series of FA2, FA3 and cuDNN), OUT/profilers.md (every kernel's series side by side), OUT/times.txt (each
-# series' wall time), OUT/*.txt logs and OUT/report.html. PROFILED=comma,list narrows the profiler series. Needs a CUDA GPU for the profiler series (skipped on CPU).
+# series' wall time), OUT/*.txt logs and OUT/report.html. PROFILED=comma,list narrows the profiler series.
+# Needs a CUDA GPU for the profiler series (skipped on CPU).
 # SEED_QUICK=1 shrinks every axis (for a smoke test of the script itself, e.g. on CPU).
 set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)

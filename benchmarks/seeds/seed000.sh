@@ -2,9 +2,9 @@
 # Seed 000 (benchmark_attn.py): duration, TFLOP/s and bandwidth against sequence length for a single
 # sequence (128 ... 64k) and for groups of 128-token sequences (1 ... 256 per call), at the seed's
 # defaults (32 q-heads, 32 kv-heads, head size 128, fp16, batch 1, warm-up 10, repeat 100), with every
-# backend that runs here; then the profiler series: the same kernels, single and grouped, under Nsight Compute
-# and Nsight Systems where they are installed (ncu: a process per kernel; nsys: a process per 32 cases of any
-# kernel; --profiler-batch).
+# backend that runs here; then the profiler series: the same kernels but the exact references, single and
+# grouped, under Nsight Compute and Nsight Systems where they are installed (ncu: a process per kernel; nsys: a
+# process per 32 cases of any kernel; --profiler-batch).
 #
 #   bash benchmarks/seeds/seed000.sh OUT [BACKENDS]       # BACKENDS: comma list; default every runnable one
 #
@@ -49,10 +49,14 @@ done
 
 # Profiler series (benchmark_attn.py's "cuda" / "ncu" / "nsys"): every kernel the events series timed, re-run under
 # each profiler, single and grouped; cases share profiler processes (ncu: one per kernel; nsys: one per 32
-# cases). The figures show FA2, FA3 and cuDNN (where they run); profilers.md has every kernel.
+# cases). The exact references (naive PyTorch, SDPA's math kernel) are timed by the events series only: a grouped
+# call of theirs is a few kernels per sequence, up to 256 sequences, and ncu replays every one (on an H100 they
+# took 7.5 of the ncu grouped series' 12 minutes). The figures show FA2, FA3 and cuDNN (where they run);
+# profilers.md has every kernel.
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   profiled_backends=${PROFILED:-$(python3 -c "from attnbench.results.store import ResultStore as S
-with S('$db', create=False) as s: print(','.join(sorted({r.backend for r in s.records('seed000-single') if r.status == 'ok'})))")}
+with S('$db', create=False) as s: print(','.join(sorted({r.backend for r in s.records('seed000-single')
+                                                    if r.status == 'ok' and r.backend not in ('naive', 'sdpa-math')})))")}
   plotted=$(python3 -c "import sys; a = sys.argv[1].split(',')
 print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or a[0])" "$profiled_backends")
   series=(seed000-single); grouped_series=(seed000-grouped)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -71,22 +72,50 @@ def _series(run_id: str) -> tuple[str, str]:
     return (name if name not in ("", "single") else "events"), kind
 
 
+def _ratio_cell(ratios: list[float]) -> str:
+    """The median of a profiler's times over the events times, and their range."""
+    if not ratios:
+        return "—"
+    return f"{statistics.median(ratios):.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else "")
+
+
 def seed000_tables(records: list[Record]) -> str:
-    """benchmark_attn.py's series (CUDA events, ncu, nsys) side by side: per kernel and sequence kind, a row per
-    sequence length (single) or number of 128-token sequences (grouped), each series' median in ms."""
+    """benchmark_attn.py's series (CUDA events, ncu, nsys) side by side. First a summary: per kernel and sequence
+    kind, each profiler's median over the events median (the median of those ratios over the lengths both timed, and
+    their range). Then per kernel and sequence kind, a row per sequence length (single) or number of 128-token
+    sequences (grouped), each series' median in ms; rows where no series ran the case (a kernel without
+    variable-length input, asked for groups) are left out and counted under the table."""
     series = list(dict.fromkeys(_series(r.run_id)[0] for r in records))
+    profilers = [name for name in series if name != "events"]
     cells: dict[tuple[str, str], dict[int, dict[str, str]]] = defaultdict(lambda: defaultdict(dict))
+    times: dict[tuple[str, str], dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in records:
         name, kind = _series(r.run_id)
         x = len(r.spec.seqlens_q) if kind == "grouped" else r.spec.seqlens_q[0]
         ok = r.status == "ok" and r.median_ms is not None
         cells[(r.backend, kind)][x][name] = f"{r.median_ms:.4g}" if ok else r.status
+        if ok:
+            times[(r.backend, kind)][x][name] = r.median_ms
+    order = sorted(cells, key=lambda key: (key[1] != "single", key[0]))  # single sequences first
     out = []
-    for (backend, kind), rows in sorted(cells.items()):
+    if profilers and "events" in series:
+        out += ["### Each profiler against the events series (time ÷ events time: median over the lengths, range)", "",
+                "| kernel | sequences | " + " | ".join(profilers) + " |", "|---|---|" + "---:|" * len(profilers)]
+        for key in order:
+            ratios = {p: [row[p] / row["events"] for row in times[key].values() if p in row and "events" in row]
+                      for p in profilers}
+            if any(ratios.values()):
+                out.append(f"| {key[0]} | {key[1]} | " + " | ".join(_ratio_cell(ratios[p]) for p in profilers) + " |")
+        out.append("")
+    for key in order:
+        backend, kind = key
         axis = "sequences of 128" if kind == "grouped" else "seq_len"
+        shown = {x: row for x, row in cells[key].items() if any(cell != "unsupported" for cell in row.values())}
         out += [f"### {backend}, {'grouped sequences' if kind == 'grouped' else 'single sequence'} (ms)", "",
                 f"| {axis} | " + " | ".join(series) + " |", "|---:|" + "---:|" * len(series)]
-        out += [f"| {x} | " + " | ".join(row.get(name, "—") for name in series) + " |" for x, row in sorted(rows.items())]
+        out += [f"| {x} | " + " | ".join(row.get(name, "—") for name in series) + " |" for x, row in sorted(shown.items())]
+        if left := sorted(set(cells[key]) - set(shown)):
+            out.append(f"\nUnsupported by every series: {', '.join(map(str, left))} {axis.split()[0]}.")
         out.append("")
     return "\n".join(out)
 

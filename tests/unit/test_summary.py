@@ -203,6 +203,10 @@ def test_figures_keep_panels_readable_and_a_colour_per_backend():
     # every built-in backend has a colour set for it, and a (colour, marker) of its own
     assert set(EXACT + APPROX) | {"fa4", "xformers", "flashinfer", "flex-sparse", "sta"} <= set(styles.COLOURS)
     assert len({(styles.colour(b), styles.marker(b)) for b in styles.COLOURS}) == len(styles.COLOURS)
+    # a grouped-sequence sweep draws the variable-length kernels together (fa2-varlen and sdpa-varlen were both purple)
+    varlen = ["fa2-varlen", "fa2-varlen-qkvpacked", "fa3-varlen", "fa4-varlen", "sdpa-varlen", "sage-varlen", "flex",
+              "naive", "sdpa-math", "xformers", "flashinfer"]
+    assert len({styles.colour(b) for b in varlen}) == len(varlen)
     # key lengths equal to query lengths: one figure, not two
     assert plots.plot_axes(rows) == ["seq_len"]
     same = [r for r in rows if r["seq_len"] == 4096]

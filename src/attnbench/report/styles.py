@@ -3,7 +3,8 @@ family, a line style per variant of a line (another run, batch, dtype ...), holl
 kernels; and log axes ticked at 1, 2, 5, 10 with plain numbers.
 
 Colours are fixed per built-in backend so that the backends drawn together (the exact kernels of a sweep, the
-approximate ones, the API forms of one kernel) never share one; the sixteen colours cannot keep 37 backends
+approximate ones, the API forms of one kernel, the variable-length kernels of a grouped-sequence sweep) never
+share one; the sixteen colours cannot keep 37 backends
 apart everywhere, so where two share a colour their family's marker tells them apart. Other backends (plug-ins,
 context-parallel methods) get a colour from a hash of their name: stable, not guaranteed distinct.
 """
@@ -22,8 +23,9 @@ COLOURS = {
     "naive": "grey", "naive-scale-scores": "black", "sdpa-math": "blue", "sdpa-flash": "orange",
     "sdpa-efficient": "green", "sdpa-cudnn": "red", "sdpa-varlen": "purple", "flex": "cyan", "fa2": "brown",
     "fa3": "pink", "fa4": "olive", "xformers": "navy", "flashinfer": "moss", "sta": "maroon", "sta-triton": "gold",
-    # API forms, beside fa2, fa3, fa4 and sage
-    "fa2-qkvpacked": "blue", "fa2-kvpacked": "green", "fa2-varlen": "purple", "fa2-varlen-qkvpacked": "cyan",
+    # API forms, beside fa2, fa3, fa4 and sage; the variable-length ones (a grouped-sequence sweep's lines, with
+    # flex and the references) also apart from each other and from sdpa-varlen and flex
+    "fa2-qkvpacked": "blue", "fa2-kvpacked": "green", "fa2-varlen": "teal", "fa2-varlen-qkvpacked": "black",
     "fa3-varlen": "orange", "fa4-varlen": "red", "sage-varlen": "plum",
     # approximate kernels: all distinct
     "sage": "gold", "sage2-fp8": "blue", "sage2-fp8-sm90": "red", "sage2-fp16": "green", "sparge": "orange",

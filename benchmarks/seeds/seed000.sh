@@ -9,8 +9,10 @@
 #   bash benchmarks/seeds/seed000.sh OUT [BACKENDS]       # BACKENDS: comma list; default every runnable one
 #
 # Writes OUT/seed000.db, OUT/*.png (duration/performance/bandwidth, single and grouped, and the profiler
-# series of FA2, FA3 and cuDNN), OUT/profilers.md (every kernel's series side by side), OUT/times.txt (each
-# series' wall time), OUT/*.txt logs and OUT/report.html. PROFILED=comma,list narrows the profiler series.
+# series of FA2, FA3 and cuDNN; grouped: of their variable-length kernels), OUT/profilers.md (every kernel's
+# series side by side), OUT/times.txt (each series' wall time), OUT/*.txt (each run's progress and summary) and
+# OUT/report.html. PROFILED=comma,list narrows the profiler series. On an H100 with the four seed wheels
+# (21 kernels profiled) the whole script took 20 minutes (2026-11-26).
 # Needs a CUDA GPU for the profiler series (skipped on CPU).
 # SEED_QUICK=1 shrinks every axis (for a smoke test of the script itself, e.g. on CPU).
 set -uo pipefail
@@ -27,7 +29,7 @@ else
   single=(128 256 512 1k 2k 4k 8k 16k 32k 64k); groups=(1 2 4 8 16 32 64 128 256); profiled=(128 256 512 1k 2k 4k 8k 16k)
 fi
 pick=(); [ -n "$backends" ] && pick=(--backends "$backends")
-common=(--db "$db" --quiet --no-causal --pass fwd "${shape[@]}" "${pick[@]}")
+common=(--db "$db" --no-causal --pass fwd "${shape[@]}" "${pick[@]}")
 isolate=(--isolate)  # a kernel that crashes the process costs one case, not the sweep
 
 timed() {  # timed NAME COMMAND...: run it, and append its wall seconds to times.txt
@@ -51,14 +53,18 @@ done
 # each profiler, single and grouped; cases share profiler processes (ncu: one per kernel; nsys: one per 32
 # cases). The exact references (naive PyTorch, SDPA's math kernel) are timed by the events series only: a grouped
 # call of theirs is a few kernels per sequence, up to 256 sequences, and ncu replays every one (on an H100 they
-# took 7.5 of the ncu grouped series' 12 minutes). The figures show FA2, FA3 and cuDNN (where they run);
-# profilers.md has every kernel.
+# took 7.5 of the ncu grouped series' 12 minutes). The figures show FA2, FA3 and cuDNN (grouped: FA2's, FA3's
+# and SDPA's variable-length kernels) where they ran; profilers.md has every kernel.
 if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   profiled_backends=${PROFILED:-$(python3 -c "from attnbench.results.store import ResultStore as S
 with S('$db', create=False) as s: print(','.join(sorted({r.backend for r in s.records('seed000-single')
                                                     if r.status == 'ok' and r.backend not in ('naive', 'sdpa-math')})))")}
-  plotted=$(python3 -c "import sys; a = sys.argv[1].split(',')
-print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or a[0])" "$profiled_backends")
+  pick_of() {  # pick_of WANTED: those of the comma list WANTED that were profiled, else the first profiled
+    python3 -c "import sys; a, w = sys.argv[1].split(','), sys.argv[2].split(',')
+print(','.join(b for b in w if b in a) or a[0])" "$profiled_backends" "$1"
+  }
+  plotted=$(pick_of fa2,fa3,sdpa-cudnn)
+  plotted_grouped=$(pick_of fa2-varlen,fa3-varlen,sdpa-varlen)  # groups of sequences take variable-length kernels
   series=(seed000-single); grouped_series=(seed000-grouped)
   for prof in ncu nsys; do
     if ! command -v $prof > /dev/null; then echo "$prof not installed: no $prof series" | tee -a "$out/profilers.txt"; continue; fi
@@ -72,7 +78,7 @@ print(','.join(b for b in ('fa2', 'fa3', 'sdpa-cudnn') if b in a) or a[0])" "$pr
   for fig in duration:ms performance:tflops; do
     ab plot --db "$db" --run "${series[@]}" --backend "$plotted" --x seq_len --y "${fig#*:}" --logy \
       -o "$out/profilers_${fig%%:*}.png" > /dev/null
-    ab plot --db "$db" --run "${grouped_series[@]}" --backend "$plotted" --x num_seqs --y "${fig#*:}" --logy \
+    ab plot --db "$db" --run "${grouped_series[@]}" --backend "$plotted_grouped" --x num_seqs --y "${fig#*:}" --logy \
       -o "$out/profilers_${fig%%:*}_grouped.png" > /dev/null
   done
   python3 "$(dirname "$0")/tables.py" seed000 --db "$db" --run "${series[@]}" "${grouped_series[@]}" -o "$out/profilers.md"

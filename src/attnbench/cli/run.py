@@ -380,8 +380,8 @@ def run(
         "--profiler", rich_help_panel="Timing", help="none, torch (= --timing profiler), or kernel times from a re-run of "
         "the cases under ncu, nsys or rocprof (one process for up to --profiler-batch cases).")] = None,
     profiler_batch: Annotated[int | None, typer.Option(
-        "--profiler-batch", rich_help_panel="Timing", help="ncu / nsys / rocprof: most cases profiled in one process "
-        "(nsys: of any backend; ncu, rocprof: of one) (default: 32; 1 = a process per case).")] = None,
+        "--profiler-batch", rich_help_panel="Timing", help="ncu / nsys / rocprof: most cases profiled in one process, "
+        "of any backend under nsys, of one under ncu and rocprof (default: 32; 1 = a process per case).")] = None,
     min_time_ms: Annotated[float | None, typer.Option(
         "--min-time-ms", rich_help_panel="Timing", help="Sample until this much time is measured per case (default: 100).")] = None,
     max_time_ms: Annotated[float | None, typer.Option(

@@ -4,9 +4,9 @@ kernels; and log axes ticked at 1, 2, 5, 10 with plain numbers.
 
 Colours are fixed per built-in backend so that the backends drawn together (the exact kernels of a sweep, the
 approximate ones, the API forms of one kernel, the variable-length kernels of a grouped-sequence sweep) never
-share one; the sixteen colours cannot keep 37 backends
-apart everywhere, so where two share a colour their family's marker tells them apart. Other backends (plug-ins,
-context-parallel methods) get a colour from a hash of their name: stable, not guaranteed distinct.
+share one; the palette cannot keep every backend apart everywhere, so where two share a colour their family's
+marker tells them apart. Other backends (plug-ins, context-parallel methods) get a colour from a hash of their
+name: stable, not guaranteed distinct.
 """
 
 from __future__ import annotations

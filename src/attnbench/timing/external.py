@@ -79,9 +79,9 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
     """Every case measured under ``tool`` in one child process (``inputs``: how the inputs are drawn,
     ``InputDist.describe()``; None = N(0, 1); ``max_time_ms``: the events timer's cap, which bounds a case's
     calls as it bounds its samples; None = each case's ``iterations``): per case, in order, its samples and
-    info, or the CaseFailed that says why it failed. The list is shorter than ``cases`` when the child stopped early (a failure that
-    left the CUDA context unusable): the cases after it were not run. Raises RuntimeError when the profiler
-    or the child failed as a whole (a crash, a failure inside a timed range)."""
+    info, or the CaseFailed that says why it failed. The list is shorter than ``cases`` when the child stopped
+    early (a failure that left the CUDA context unusable): the cases after it were not run. Raises RuntimeError
+    when the profiler or the child failed as a whole (a crash, a failure inside a timed range)."""
     exe = find_tool(tool)
     if exe is None:
         raise FileNotFoundError(f"{TOOLS[tool]} is not installed or not on PATH")

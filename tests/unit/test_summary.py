@@ -162,6 +162,17 @@ def test_fixed_axes_go_to_the_header_and_the_rows_are_the_swept_axis():
     assert built.pivots[0].row_axis == "seq" and built.pivots[0].groups[0].rows == ["64", "128"]
 
 
+def test_rows_of_grouped_sequences_grow_with_their_tokens():
+    """benchmark_attn.py's grouped series: 1…256 sequences of 128 tokens, labelled "128,128" up to eight sequences
+    and "16q128" past them; the rows follow the tokens (16q128 came before 128,128 by the sum of its numbers)."""
+    counts = (1, 2, 4, 8, 16, 32, 256)
+    records = [Record(run_id="r", backend="fa2-varlen", status="ok", median_ms=0.01 * n, tflops=1.0,
+                      spec=AttnSpec(seqlens_q=(128,) * n, heads_q=32, head_dim=128, dtype="fp16"))
+               for n in reversed(counts)]
+    rows = summary.build(records).pivots[0].groups[0].rows
+    assert rows == ["128", "128,128", "128,128,128,128", ",".join(["128"] * 8), "16q128", "32q128", "256q128"]
+
+
 def test_verify_grid_names_cases_and_marks_failures():
     spec = AttnSpec(batch=1, seqlens_q=(100,), heads_q=4, head_dim=64, dtype="fp32", causal=True, pass_="fwd_bwd")
     limits = {"out": {"max_abs": 1e-3}, "dq": {"max_abs": 2e-3}}

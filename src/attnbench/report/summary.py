@@ -81,11 +81,12 @@ def is_exact(r: Record) -> bool:
     return exact_of(r.status, r.accuracy, r.info)
 
 
-def _sort_key(value: str):
-    """Rows by the sum of their numbers (sizes grow down the table); a trace's steps ("step 605: 178q1kv...")
-    first by their names, in the trace's order where the names count up."""
+def _sort_key(value: str, tokens: int | None = None):
+    """Rows by size, growing down the table: the query tokens of their cases where known (a row of sequences
+    labelled "16q128" holds 2048, more than "128,128"), else the sum of the label's numbers; a trace's steps
+    ("step 605: 178q1kv...") first by their names, in the trace's order where the names count up."""
     name, rest = value.split(": ", 1) if ": " in value else ("", value)
-    return (_size_key(name) if name else (-1, ""), _size_key(rest))
+    return (_size_key(name) if name else (-1, ""), (tokens, rest) if tokens is not None else _size_key(rest))
 
 
 def _size_key(value: str):
@@ -216,9 +217,10 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     merged, columns, approx_column = _layout(exact, approx, width, len(ROW_TITLES.get(row_axis, row_axis)))
     unit, scale = unit_of(records, metric)
     groups = list(dict.fromkeys(g for g, _, _ in by_case))  # in the order the run measured them
+    tokens = {row: sum(r.spec.seqlens_q) for (_, row, _), r in by_case.items()} if row_axis == "seq" else {}
     built = []
     for g in groups:
-        rows = sorted({row for gg, row, _ in by_case if gg == g}, key=_sort_key)
+        rows = sorted({row for gg, row, _ in by_case if gg == g}, key=lambda row: _sort_key(row, tokens.get(row)))
         cells = {}
         for row in rows:
             members: dict[str, list[Record]] = defaultdict(list)

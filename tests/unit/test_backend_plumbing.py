@@ -344,14 +344,23 @@ def test_sdpa_varlen_on_torch_2_10_signature(monkeypatch):
     assert "window" in registry.get("sdpa-varlen").extra_reason(spec_(window=(3, 0)), "cuda")
 
 
-def test_xformers_refuses_windows_that_it_would_send_to_an_fa3_build_without_local(monkeypatch):
+def test_xformers_refuses_what_it_would_send_to_an_fa3_build_without_it(monkeypatch):
+    """On Hopper xformers hands FA3's cases to the installed flash_attn_3; a template the build left out
+    crashes the process (windows under the trimmed wheel, fp16 under the bf16-only serving build)."""
     import attnbench.backends.fa3 as fa3_module
     import attnbench.backends.xformers as xformers_module
     monkeypatch.setattr(xformers_module, "_hopper", lambda device: True)
-    flags = {"FLASHATTENTION_DISABLE_LOCAL": True}
+    flags = {"FLASHATTENTION_DISABLE_LOCAL": True, "FLASHATTENTION_DISABLE_FP16": True}
     monkeypatch.setattr(fa3_module, "build_flags", lambda: flags)
     backend = registry.get("xformers")
-    assert "no local attention" in backend.extra_reason(spec_(window=(64, 0)), "cuda")
-    assert backend.extra_reason(spec_(causal=True), "cuda") is None  # no window: not sent there
+    window = backend.extra_reason(spec_(window=(64, 0), dtype="bf16"), "cuda")
+    assert "sliding window" in window and "built without FP16, LOCAL" in window
+    assert "dtype fp16" in backend.extra_reason(spec_(causal=True, dtype="fp16"), "cuda")
+    assert "dtype fp16" in backend.extra_reason(spec_(seqlens_q=(17, 5), dtype="fp16"), "cuda")  # varlen too
+    assert backend.extra_reason(spec_(causal=True, dtype="bf16"), "cuda") is None  # the build has it
+    assert backend.extra_reason(spec_(dtype="fp32"), "cuda") is None  # not FA3's: xformers picks another operator
+    monkeypatch.setattr(xformers_module, "_hopper", lambda device: False)
+    assert backend.extra_reason(spec_(causal=True, dtype="fp16"), "cuda") is None  # not sent to FA3 before Hopper
+    monkeypatch.setattr(xformers_module, "_hopper", lambda device: True)
     flags.clear()  # a full FA3 build
     assert backend.extra_reason(spec_(window=(64, 0)), "cuda") is None

@@ -9,15 +9,25 @@ built in ``prepare``:
 - varlen: BlockDiagonalMask.from_seqlens(q_seqlen, kv_seqlen) over a (1, T, ...) batch, made causal with
   make_causal_from_bottomright() or causal-local with make_local_attention_from_bottomright(left + 1).
 Causal queries with no key (Sq > Sk) are undefined in xformers, so such cases are unsupported.
+On Hopper xformers hands the cases FA3 takes to an installed ``flash_attn_3`` package, and a template that
+build left out (``FLASHATTENTION_DISABLE_*``: fp16, windows, head sizes) crashes the process: such cases are
+unsupported, naming the build's switches.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import torch
 
-from attnbench.backends.base import Capabilities, Prepared, autograd_closure, expand_kv_heads
+from attnbench.backends.base import (
+    Capabilities,
+    Prepared,
+    autograd_closure,
+    check_capabilities,
+    expand_kv_heads,
+)
 from attnbench.backends.kernel import KernelBackend, accepts, device_capability, effective_window, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -49,9 +59,24 @@ def _hopper(device) -> bool:
     return (device_capability(str(device)) or (0, 0)) >= (9, 0)
 
 
-def _fa3_without_local() -> bool:
-    from attnbench.backends.fa3 import build_flags
-    return bool(build_flags().get("FLASHATTENTION_DISABLE_LOCAL"))
+def _fa3_build_lacks(spec: AttnSpec, device) -> str | None:
+    """What the installed flash_attn_3 build leaves out of a case that a full FA3 build would take.
+
+    On Hopper xformers sends the cases FA3 takes to the installed ``flash_attn_3`` package, whatever that build
+    was compiled with, and a missing template crashes the process (seen on an H100 with xformers 0.0.35: windows
+    under the trimmed wheel, fp16 under a bf16-only serving build, a segmentation fault each)."""
+    from attnbench.backends import fa3
+    flags = fa3.build_flags()
+    if not flags or not _hopper(device):
+        return None
+    full = replace(fa3.Fa3Build.declared, varlen=True)
+    if check_capabilities(full, spec, device) is not None:  # not a case FA3 takes: xformers picks another operator
+        return None
+    reason = check_capabilities(fa3.build_capabilities(full, flags), spec, device)
+    if reason is None:
+        return None
+    return (f"xformers sends this case on Hopper to the installed flash_attn_3, whose build lacks it: {reason} "
+            f"(built without {', '.join(fa3.disabled_features(flags))})")
 
 
 class Xformers(KernelBackend):
@@ -68,12 +93,7 @@ class Xformers(KernelBackend):
             return "causal with more queries than keys leaves queries without keys (undefined in xformers)"
         if spec.is_varlen and spec.has_window and effective_window(spec)[1] != 0:
             return "varlen windows must be causal (xformers has only causal local block-diagonal masks)"
-        if spec.has_window and _hopper(device) and _fa3_without_local():
-            # seen on an H100 with xformers 0.0.35 and the trimmed FA3 wheel: "This flash attention build does
-            # not support local attention" forward, a crashed process forward+backward
-            return ("xformers sends windows on Hopper to the installed flash_attn_3, and that build has no local "
-                    "attention (FLASHATTENTION_DISABLE_LOCAL)")
-        return None
+        return _fa3_build_lacks(spec, device)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         fn, bias = self.kernel(), attn_bias_for(spec, inputs)

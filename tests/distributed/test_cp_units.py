@@ -132,7 +132,7 @@ def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monk
     """FA3 through flash_attn_interface's _flash_attn_forward / _flash_attn_backward (their 3.0 signatures,
     backward's flag named is_causal), stood in for by the math kernel; a head size above the build's largest
     template is refused before any call, since the real build crashes the process instead of raising, while
-    one between templates runs with the next larger one the build has."""
+    one between templates runs with the next larger one the build has; a dtype the build lacks is refused."""
     import sys
     import types
 
@@ -156,11 +156,14 @@ def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monk
     monkeypatch.setitem(sys.modules, "flash_attn_interface", types.SimpleNamespace(
         _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=_flash_attn_backward))
     monkeypatch.setitem(sys.modules, "flash_attn_config", types.SimpleNamespace(CONFIG={"build_flags": {
-        f"FLASHATTENTION_DISABLE_HDIM{d}": True for d in (96, 192, 256)}}))
+        f"FLASHATTENTION_DISABLE_HDIM{d}": True for d in (96, 192, 256)} | {"FLASHATTENTION_DISABLE_FP16": True}}))
     fa3_backend.build_flags.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     try:
         kernel = get_kernel("fa3")
+        # a build without fp16 raises on it: the job refuses it up front (bench.py asks reason())
+        assert kernel.reason("cuda", "fp16") == "kernel fa3 takes bf16, not fp16"
+        assert kernel.reason("cuda", "bf16") is None
         torch.manual_seed(0)
         q, k, v, do = (torch.randn(1, 24, 2, 32, dtype=torch.float64) for _ in range(4))
         out, lse = kernel.fwd(q, k, v, True, 0.2)

@@ -289,7 +289,10 @@ def _fa3_kernel() -> LocalKernel:
                    (dout.contiguous(), q, k, v, out.contiguous(), lse.contiguous()))
         return dq, dk, dv
 
-    return LocalKernel(name="fa3", fwd=fwd, bwd=bwd, description="flash_attn_interface (FA3, Hopper)")
+    # a build without fp16 (FLASHATTENTION_DISABLE_FP16) raises on it: refused up front with the other checks
+    built = build_capabilities(Fa3Build.declared, build_flags()).dtypes
+    return LocalKernel(name="fa3", fwd=fwd, bwd=bwd, description="flash_attn_interface (FA3, Hopper)",
+                       dtypes=tuple(d for d in ("fp16", "bf16") if d in built))
 
 
 def _fa4_kernel() -> LocalKernel:

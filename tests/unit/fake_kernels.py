@@ -404,6 +404,8 @@ class BatchPrefillWithPagedKVCacheWrapper:
                  custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
                  variant_owns_mask=False):
         assert kv_layout == "NHD"
+        _record("prefill.init", {"backend": backend, "jit_args": jit_args, "jit_kwargs": jit_kwargs})
+        self.jit_args = jit_args
         self.planned = None
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
@@ -416,15 +418,32 @@ class BatchPrefillWithPagedKVCacheWrapper:
              uniform_q_len=None):
         self.planned = _record("prefill.plan", {k: v for k, v in locals().items() if k != "self"})
 
-    def run(self, q, paged_kv_cache, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
             return_lse=False, lse_base="log2", lse_layout="NH", enable_pdl=None, window_left=None, sinks=None,
             kv_cache_sf=None, skip_softmax_threshold_scale_factor=None, use_fp16_softmax=False, uses_spcompress=False):
         p = self.planned
         qo = p["qo_indptr"].tolist()
         reqs = _paged_requests(paged_kv_cache, p["paged_kv_indptr"], p["paged_kv_indices"], p["paged_kv_last_page_len"])
+        if self.jit_args is not None and self.jit_args[11] == "AttentionSink":  # run(q, cache, sink, sm_scale)
+            sink, scale = args
+            window = _fi_window(p["window_left"], p["causal"])
+            outs = [naive_attention(q[None, a:b], k[None], v[None], causal=p["causal"], window=window, scale=scale,
+                                    sinks=sink)[0] for (a, b), (k, v) in zip(zip(qo[:-1], qo[1:]), reqs, strict=True)]
+            return _into(out, torch.cat(outs))
+        assert not args
         outs = [dense_ref(q[None, a:b], k[None], v[None], p["sm_scale"], p["causal"], None)[0][0]
                 for (a, b), (k, v) in zip(zip(qo[:-1], qo[1:]), reqs, strict=True)]
         return _into(out, torch.cat(outs))
+
+
+SINK_DECL = {"fa2": "struct AttentionSink /* fa2 */", "fa3": "struct AttentionSink /* fa3 */"}
+"""flashinfer.jit.attention.variants.attention_sink_decl: the variant's C++ source per template."""
+
+
+def determine_attention_backend(device, pos_encoding_mode, use_fp16_qk_reductions, use_custom_mask, dtype_q,
+                                dtype_kv, head_dim_qk=None, head_dim_vo=None):
+    """flashinfer.utils' template choice, as on Hopper: fa3 unless ALiBi (pos_encoding_mode 2)."""
+    return "fa2" if pos_encoding_mode == 2 else "fa3"
 
 
 def _into(out, result):
@@ -513,7 +532,11 @@ def install(monkeypatch, family: str) -> None:
             "flashinfer", single_prefill_with_kv_cache=single_prefill_with_kv_cache,
             BatchPrefillWithRaggedKVCacheWrapper=BatchPrefillWithRaggedKVCacheWrapper,
             BatchDecodeWithPagedKVCacheWrapper=BatchDecodeWithPagedKVCacheWrapper,
-            BatchPrefillWithPagedKVCacheWrapper=BatchPrefillWithPagedKVCacheWrapper)},
+            BatchPrefillWithPagedKVCacheWrapper=BatchPrefillWithPagedKVCacheWrapper),
+            "flashinfer.jit": _module("flashinfer.jit"), "flashinfer.jit.attention": _module("flashinfer.jit.attention"),
+            "flashinfer.jit.attention.variants": _module("flashinfer.jit.attention.variants",
+                                                         attention_sink_decl=SINK_DECL),
+            "flashinfer.utils": _module("flashinfer.utils", determine_attention_backend=determine_attention_backend)},
     }[family]
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)

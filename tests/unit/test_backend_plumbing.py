@@ -288,6 +288,27 @@ def test_flashinfer_ragged_wrapper_planned_once_in_prepare(fake, monkeypatch, sp
     assert plan["causal"] is (spec.causal or spec.window == (4, 0))
 
 
+def test_flashinfer_sinks_build_a_jit_module_per_head_size(fake):
+    """FlashInfer's sink wrapper names its JIT module without the head size, so a machine's first build ran for
+    every head size (garbage for the others, seen on an H200); attnbench names the module after the head sizes."""
+    fake("flashinfer")
+    for d in (16, 32):
+        spec = spec_(seqlens_q=(7,), seqlens_k=(19,), heads_kv=2, head_dim=d, causal=True, sinks=True)
+        _, prepared, got = run("flashinfer", spec)
+        assert_matches_naive(spec, got)
+        assert prepared.info["jit_module"] == f"batch_prefill_attention_sink_float64_float64_qk{d}_vo{d}_swa_False_fa3"
+    inits = fk.calls("prefill.init")
+    assert [i["jit_args"][0] for i in inits] == [f"batch_prefill_attention_sink_float64_float64_qk{d}_vo{d}_swa_False_fa3"
+                                                 for d in (16, 32)]
+    assert [i["jit_args"][5:7] for i in inits] == [[16, 16], [32, 32]]
+    assert all(i["backend"] == "fa3" and i["jit_args"][12] == fk.SINK_DECL["fa3"] for i in inits)
+    window = spec_(seqlens_q=(7,), seqlens_k=(19,), heads_kv=2, window=(3, 0), sinks=True)
+    _, prepared, got = run("flashinfer", window)
+    assert_matches_naive(window, got)
+    assert prepared.info["jit_module"].endswith("_swa_True_fa3")
+    assert fk.calls("prefill.init")[-1]["jit_kwargs"]["use_sliding_window"] is True
+
+
 def test_flashinfer_window_must_be_left_only():
     assert "left side only" in registry.get("flashinfer").extra_reason(spec_(window=(3, 2)), "cuda")
     assert registry.get("flashinfer").extra_reason(spec_(window=(3, 2), causal=True), "cuda") is None

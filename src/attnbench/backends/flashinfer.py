@@ -19,7 +19,8 @@ The variants of today's models, forward only:
 - sinks: ``BatchAttentionWithAttentionSinkWrapper`` (a paged-KV prefill wrapper) over pages of one token,
   which is the contiguous K and V viewed as (tokens, 1, heads, dim): no copy. ``run(q, (k, v), sinks,
   sm_scale)``. FlashInfer's ordinary wrappers accept a ``sinks=`` argument too, but not every template applies
-  it, so they are not used for sinks.
+  it, so they are not used for sinks. The wrapper is built with a JIT module named after its head sizes
+  (``sink_wrapper``: FlashInfer's own name leaves them out, and one head size's build ran for the others).
 
 FlashInfer aligns causal masks to the lower right like the spec. Its window has a left side only
 (``window_left``; the right side is 0 when causal, unbounded otherwise), so windows with a bounded
@@ -178,9 +179,7 @@ class FlashInfer(KernelBackend):
         p, device, dtype = packed(spec, inputs), inputs.q.device, spec.torch_dtype
         q, k, v = (p.flatten(t).contiguous() for t in (inputs.q, inputs.k, inputs.v))
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        wrapper = mod.BatchAttentionWithAttentionSinkWrapper(
-            workspace, "NHD", backend=self.backend, q_data_type=dtype, kv_data_type=dtype,
-            head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v, window_left=left)
+        wrapper, module = sink_wrapper(mod, workspace, spec, self.backend, left)
         sequences = len(p.seqlens_k)
         wrapper.plan(p.cu_seqlens_q, p.cu_seqlens_k, torch.arange(k.shape[0], dtype=torch.int32, device=device),
                      torch.ones(sequences, dtype=torch.int32, device=device), spec.heads_q, spec.heads_kv,
@@ -193,8 +192,41 @@ class FlashInfer(KernelBackend):
                 return Outputs(out=p.unflatten(wrapper.run(q, cache, sinks, spec.softmax_scale)))
         info = self.base_info() | {"kernel": "flashinfer.BatchAttentionWithAttentionSinkWrapper.run",
                                    "window_left": left, "cache": "pages of one token (the contiguous K/V)",
-                                   "template": self.backend}
+                                   "template": self.backend, "jit_module": module}
         return Prepared(fn=call, info=info)
+
+
+def sink_wrapper(mod, workspace: torch.Tensor, spec: AttnSpec, backend: str, left: int):
+    """FlashInfer's sink wrapper for the case, as ``(wrapper, JIT module name)``.
+
+    ``BatchAttentionWithAttentionSinkWrapper`` (0.7.2) names its JIT module after the query dtype, the window
+    flag and the template only, and the build is cached on disk under that name: the first head size built on a
+    machine was then run for every other one (d64 after d128 on an H200: out rel-L2 1.8 against the exact
+    result, while d128 passed). The same wrapper is built here through its parent's public ``jit_args`` with a
+    name that also holds the head sizes and the key/value dtype; a FlashInfer without those pieces gets its own
+    wrapper (and its naming)."""
+    dtype = spec.torch_dtype
+    try:
+        variants = importlib.import_module(f"{mod.__name__}.jit.attention.variants")
+        utils = importlib.import_module(f"{mod.__name__}.utils")
+        template = backend if backend != "auto" else utils.determine_attention_backend(
+            workspace.device, 0, False, False, dtype, dtype, head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v)
+        decl = variants.attention_sink_decl[template]
+    except (ImportError, AttributeError, KeyError, TypeError):
+        wrapper = mod.BatchAttentionWithAttentionSinkWrapper(
+            workspace, "NHD", backend=backend, q_data_type=dtype, kv_data_type=dtype,
+            head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v, window_left=left)
+        return wrapper, "flashinfer's own name (no head size in it)"
+    name = str(dtype).removeprefix("torch.")
+    module = (f"batch_prefill_attention_sink_{name}_{name}_qk{spec.head_dim}_vo{spec.head_dim_v}"
+              f"_swa_{left >= 0}_{template}")
+    jit_args = [module, dtype, dtype, dtype, torch.int32, spec.head_dim, spec.head_dim_v, ["sink"], ["float"],
+                ["sm_scale"], ["double"], "AttentionSink", decl]
+    jit_kwargs = {"use_sliding_window": left >= 0, "use_fp16_qk_reduction": False, "pos_encoding_mode": 0,
+                  "paged_kv_stride_mode": "independent" if template == "fa2" else "runtime", "module_surface": "full"}
+    wrapper = mod.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=template, jit_args=jit_args,
+                                                      jit_kwargs=jit_kwargs)
+    return wrapper, module
 
 
 class _FlashInferPaged(KernelBackend):

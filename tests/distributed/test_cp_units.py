@@ -128,6 +128,15 @@ def test_fa2_adapter_needs_the_package_or_says_so():
             get_kernel("fa2")
 
 
+def test_fa4_kernel_refuses_the_copy_inside_flash_attn_2(monkeypatch):
+    """flash-attn 2's wheel carries an old flash_attn.cute that imports and then fails inside the CuTe DSL
+    (AttributeError, seen on an H100): the kernel is refused as the fa4 backend is, before any import."""
+    versions = {"flash-attn": "2.8.3.post2", "flash-attn-4": None}
+    monkeypatch.setattr("attnbench.backends.fa4._dist_version", versions.get)
+    with pytest.raises(KernelUnavailable, match="copy inside flash-attn 2.8.3.post2's wheel"):
+        get_kernel("fa4")
+
+
 def test_fa3_adapter_calls_its_low_level_ops_and_refuses_a_missing_template(monkeypatch):
     """FA3 through flash_attn_interface's _flash_attn_forward / _flash_attn_backward (their 3.0 signatures,
     backward's flag named is_causal), stood in for by the math kernel; a head size above the build's largest

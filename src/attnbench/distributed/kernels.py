@@ -296,6 +296,9 @@ def _fa3_kernel() -> LocalKernel:
 
 
 def _fa4_kernel() -> LocalKernel:
+    from attnbench.backends.fa4 import copied_fa4_reason
+    if copied := copied_fa4_reason("flash-attn-4"):  # FA2's copy imports, then fails inside the CuTe DSL
+        raise KernelUnavailable(f"kernel fa4: {copied}")
     try:
         from flash_attn.cute import interface as cute
     except ImportError as exc:

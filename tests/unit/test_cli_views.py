@@ -118,3 +118,9 @@ def test_a_comma_list_that_most_backends_skip_says_what_ran(tmp_path):
     res = cli("run", *SMALL, "--seq-lens", "64,96", "--backends", "naive", "--pass", "fwd", "--no-causal",
               "--db", tmp_path / "s.db")
     assert res.returncode == 0 and "grouped (varlen)" not in res.stdout  # asked for and run: nothing to say
+    res = cli("run", *SMALL, "--seq-lens", "64,64", "--backends", "naive,sdpa-flash,flex-sparse", "--pass", "fwd",
+              "--no-causal", "--db", tmp_path / "t.db")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())  # equal lengths: the summary's row is named 2q64
+    assert "--seq-lens 64,64 (row 2q64) ran as one grouped (varlen) case, a batch of 2 sequences" in text
+    assert "\n2q64 " in res.stdout

@@ -7,6 +7,8 @@ import re
 from collections import Counter, defaultdict
 
 from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
+from attnbench.serving import describe
+from attnbench.spec import LABEL_SEQUENCES
 
 
 def unshown_failures(records: list[Record], shown: list) -> list[str]:
@@ -33,11 +35,15 @@ def grouped_note(records: list[Record]) -> list[str]:
     backends = {r.backend for r in grouped}
     if not grouped or 2 * len(skipped) <= len(backends):
         return []
-    lists = list(dict.fromkeys(",".join(map(str, r.spec.seqlens_q)) for r in grouped))
-    first, more = lists[0], f" (and {len(lists) - 1} more grouped cases)" if len(lists) > 1 else ""
-    return [f"--seq-lens {first} ran as one grouped (varlen) case, a batch of {first.count(',') + 1} sequences{more}, "
-            f"which {len(skipped)} of {len(backends)} backends skip; one case per length: --seq-lens "
-            f"{first.replace(',', ' ')}"]
+    groups = list(dict.fromkeys(r.spec.seqlens_q for r in grouped))
+    lens, more = groups[0], f" (and {len(groups) - 1} more grouped cases)" if len(groups) > 1 else ""
+    skip = f"which {len(skipped)} of {len(backends)} backends skip"
+    row = f" (row {describe(lens, lens)})" if len(set(lens)) == 1 else ""  # the summary's name for it
+    if len(lens) > LABEL_SEQUENCES:  # too long to spell out, or to mean one case per length
+        return [f"{describe(lens, lens)} ran as one grouped (varlen) case of {len(lens)} sequences{more}, {skip}"]
+    first = ",".join(map(str, lens))
+    return [f"--seq-lens {first}{row} ran as one grouped (varlen) case, a batch of {len(lens)} sequences{more}, "
+            f"{skip}; one case per length: --seq-lens {first.replace(',', ' ')}"]
 
 
 def cpu_notes(records: list[Record]) -> list[str]:

@@ -42,6 +42,8 @@ def axes(r: Record) -> dict[str, str]:
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
         seq = describe(s.seqlens_q, s.seqlens_k)
+    elif s.is_varlen and len(set(s.seqlens_q)) == 1:  # a count ("8q128", as past eight); mixed lengths: a list
+        seq = describe(s.seqlens_q, s.seqlens_q)
     if (r.info or {}).get("batch_name"):  # a trace's step: its name first, as the trace calls it
         seq = f"{r.info['batch_name']}: {seq}"
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",

@@ -165,6 +165,19 @@ def test_report_renders_in_chromium(db, tmp_path):
     assert dom.index('class="pivot"') < dom.index("<img ")  # the answer comes before the figures
 
 
+def test_a_long_command_folds_on_the_run_line():
+    """A grouped sweep's command (256 sequences spelled out: 2,258 characters) ran past the page's right edge."""
+    from attnbench.report.html import COMMAND_SHOWN, command_html
+    short = "attnbench run --seq-lens 128 <x>"
+    assert command_html(short) == "<code>attnbench run --seq-lens 128 &lt;x&gt;</code></p>"
+    long = "attnbench run --seq-lens " + ",".join(["128"] * 256)
+    html = command_html(long)
+    line, fold = html.split("</p>")
+    assert line == f"<code>{long[:COMMAND_SHOWN]}…</code>"
+    assert fold.startswith('<details class="command"><summary>the whole command (1,048 characters)</summary>')
+    assert f"<code>{long}</code></details>" in fold
+
+
 def test_report_escapes_everything(synth_rows):
     from attnbench.report import html_tables
     from attnbench.results.record import Record

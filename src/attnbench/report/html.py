@@ -41,7 +41,8 @@ table[data-sortable] th{cursor:pointer}table[data-sortable] th:hover{background:
 .ok,.pass,.approx-pass{color:#17702a}.unsupported,.muted{color:#777}.oom,.unchecked,.dropped{color:#9a6700}
 .error,.nan,.mismatch,.implausible,.fail,.approx-fail{color:#b3261e;font-weight:bold}
 .plots figure{margin:6px 0 18px}.plots img{width:100%;height:auto;border:1px solid #e2e2e2}
-.lead{font-size:15px;margin:4px 0 10px}.notes{font-size:13px;color:#444;margin-top:0}
+.lead{font-size:15px;margin:4px 0 10px}.lead code,details.command code{overflow-wrap:anywhere}
+details.command{font-size:13px;margin:-6px 0 10px}.notes{font-size:13px;color:#444;margin-top:0}
 input.filter{margin:6px 0;padding:4px 8px;width:28em;font-size:13px}details>summary{cursor:pointer;font-weight:bold}
 """
 
@@ -87,6 +88,20 @@ def timed_once(rows: list[dict]) -> bool:
     return bool(drawn) and all((r.get("n") or 0) <= 1 for r in drawn)
 
 
+COMMAND_SHOWN = 300
+"""Characters of a run's command on its line; a longer one (a grouped sweep's 256-sequence --seq-lens) folds."""
+
+
+def command_html(command: str) -> str:
+    """The run's command closing its lead line; one longer than ``COMMAND_SHOWN`` is cut there, whole under a
+    fold below (it wraps at any character, never widening the page)."""
+    if len(command) <= COMMAND_SHOWN:
+        return f"<code>{escape(command)}</code></p>"
+    return (f"<code>{escape(command[:COMMAND_SHOWN])}…</code></p>"
+            f'<details class="command"><summary>the whole command ({len(command):,} characters)</summary>'
+            f"<code>{escape(command)}</code></details>")
+
+
 def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     records = [Record.from_row(r) for r in rows]
     run_id = run["run_id"]
@@ -95,7 +110,7 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     ok = sum(r.status == "ok" for r in records)
     parts = [f'<section class="run" id="run-{escape(run_id)}">', f"<h2>Run {escape(run_id)}</h2>",
              f'<p class="lead">{escape(device)} · {escape(started)} · run {escape(run.get("status") or "?")} · '
-             f"{ok} of {len(records)} cases ran · <code>{escape(run.get('command') or '')}</code></p>"]
+             f"{ok} of {len(records)} cases ran · {command_html(run.get('command') or '')}"]
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
     answer = summary.build(records, device=device, width=PIVOT_WIDTH)

@@ -63,8 +63,8 @@ def _fa3_build_lacks(spec: AttnSpec, device) -> str | None:
     """What the installed flash_attn_3 build leaves out of a case that a full FA3 build would take.
 
     On Hopper xformers sends the cases FA3 takes to the installed ``flash_attn_3`` package, whatever that build
-    was compiled with, and a missing template crashes the process (seen on an H100 with xformers 0.0.35: windows
-    under the trimmed wheel, fp16 under a bf16-only serving build, a segmentation fault each)."""
+    was compiled with, and a missing template raises or crashes the process (seen on an H100 with xformers 0.0.35:
+    windows under the trimmed wheel, fp16 under the bf16-only serving build, a segmentation fault)."""
     from attnbench.backends import fa3
     flags = fa3.build_flags()
     if not flags or not _hopper(device):

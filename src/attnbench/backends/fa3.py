@@ -79,6 +79,16 @@ def disabled_features(flags: dict[str, bool]) -> list[str]:
     return sorted(k.split("DISABLE_", 1)[1] for k, v in flags.items() if v and "DISABLE_" in k)
 
 
+def build_lacks(declared: Capabilities, spec: AttnSpec, device) -> str | None:
+    """Why the installed build cannot run a case that a full build with ``declared`` takes ("… in this
+    FlashAttention-3 build (built without X, Y)"); None when the full build would refuse it too, or this one has it."""
+    if check_capabilities(declared, spec, device) is not None:
+        return None
+    flags = build_flags()
+    reason = check_capabilities(build_capabilities(declared, flags), spec, device)
+    return reason and f"{reason} in this FlashAttention-3 build (built without {', '.join(disabled_features(flags))})"
+
+
 class Fa3Build:
     """Mixin of every backend that calls the installed FA3 build: its capabilities are ``declared`` narrowed
     to what the build contains, and a case only the build lacks is refused naming the missing switches."""
@@ -94,8 +104,8 @@ class Fa3Build:
         if unavailable := self.unavailable_reason():
             return unavailable
         reason = check_capabilities(self.capabilities, spec, device)
-        if reason and check_capabilities(self.declared, spec, device) is None:  # only this build lacks it
-            return f"{reason} in this FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})"
+        if reason:
+            return build_lacks(self.declared, spec, device) or reason
         if not reason and spec.is_fp8 and spec.pass_ != "fwd":
             reason = NO_FP8_BACKWARD
         return reason or self.extra_reason(spec, device)

@@ -21,13 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from attnbench.backends.base import (
-    Capabilities,
-    Prepared,
-    autograd_closure,
-    check_capabilities,
-    expand_kv_heads,
-)
+from attnbench.backends.base import Capabilities, Prepared, autograd_closure, expand_kv_heads
 from attnbench.backends.kernel import KernelBackend, accepts, device_capability, effective_window, packed
 from attnbench.inputs import AttnInputs
 from attnbench.spec import AttnSpec
@@ -65,18 +59,11 @@ def _fa3_build_lacks(spec: AttnSpec, device) -> str | None:
     On Hopper xformers sends the cases FA3 takes to the installed ``flash_attn_3`` package, whatever that build
     was compiled with, and a missing template raises or crashes the process (seen on an H100 with xformers 0.0.35:
     windows under the trimmed wheel, fp16 under the bf16-only serving build, a segmentation fault)."""
+    if not _hopper(device):
+        return None
     from attnbench.backends import fa3
-    flags = fa3.build_flags()
-    if not flags or not _hopper(device):
-        return None
-    full = replace(fa3.Fa3Build.declared, varlen=True)
-    if check_capabilities(full, spec, device) is not None:  # not a case FA3 takes: xformers picks another operator
-        return None
-    reason = check_capabilities(fa3.build_capabilities(full, flags), spec, device)
-    if reason is None:
-        return None
-    return (f"xformers sends this case on Hopper to the installed flash_attn_3, whose build lacks it: {reason} "
-            f"(built without {', '.join(fa3.disabled_features(flags))})")
+    lacks = fa3.build_lacks(replace(fa3.Fa3Build.declared, varlen=True), spec, device)
+    return lacks and f"xformers sends this case on Hopper to the installed flash_attn_3: {lacks}"
 
 
 class Xformers(KernelBackend):

@@ -267,11 +267,12 @@ def _fa3_kernel() -> LocalKernel:
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
         raise KernelUnavailable("kernel fa3 needs compute capability 9.0 (Hopper)")
     from attnbench.backends.fa3 import Fa3Build, build_capabilities, build_flags, disabled_features
+    built = build_capabilities(Fa3Build.declared, build_flags())  # what the installed build contains
 
     def check_head_dim(d: int) -> None:
         # a head size runs the smallest template >= it that the build has; above the largest, the real
         # build crashes the process instead of raising
-        largest = build_capabilities(Fa3Build.declared, build_flags()).max_head_dim
+        largest = built.max_head_dim
         if d > largest:
             raise KernelUnavailable(f"kernel fa3: head size {d} is above {largest}, the largest template of this "
                                     f"FlashAttention-3 build (built without {', '.join(disabled_features(build_flags()))})")
@@ -290,9 +291,8 @@ def _fa3_kernel() -> LocalKernel:
         return dq, dk, dv
 
     # a build without fp16 (FLASHATTENTION_DISABLE_FP16) raises on it: refused up front with the other checks
-    built = build_capabilities(Fa3Build.declared, build_flags()).dtypes
     return LocalKernel(name="fa3", fwd=fwd, bwd=bwd, description="flash_attn_interface (FA3, Hopper)",
-                       dtypes=tuple(d for d in ("fp16", "bf16") if d in built))
+                       dtypes=tuple(d for d in ("fp16", "bf16") if d in built.dtypes))
 
 
 def _fa4_kernel() -> LocalKernel:

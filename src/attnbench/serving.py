@@ -156,6 +156,14 @@ def describe(seqlens_q, seqlens_k) -> str:
     return "_".join(parts)
 
 
+def group_label(seqlens) -> str:
+    """A group of sequences as the summary's rows name it: equal lengths as a count ("8q128", the grammar of
+    ``describe``), mixed lengths as a list ("77,300,1")."""
+    if len(seqlens) > 1 and len(set(seqlens)) == 1:
+        return describe(seqlens, seqlens)
+    return ",".join(map(str, seqlens))
+
+
 def _short(n: int) -> str:
     for unit, size in (("m", 1024 ** 2), ("k", 1024)):
         if n >= size and n % size == 0:

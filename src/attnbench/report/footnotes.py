@@ -7,7 +7,7 @@ import re
 from collections import Counter, defaultdict
 
 from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
-from attnbench.serving import describe
+from attnbench.serving import describe, group_label
 from attnbench.spec import LABEL_SEQUENCES
 
 
@@ -38,10 +38,10 @@ def grouped_note(records: list[Record]) -> list[str]:
     groups = list(dict.fromkeys(r.spec.seqlens_q for r in grouped))
     lens, more = groups[0], f" (and {len(groups) - 1} more grouped cases)" if len(groups) > 1 else ""
     skip = f"which {len(skipped)} of {len(backends)} backends skip"
-    row = f" (row {describe(lens, lens)})" if len(set(lens)) == 1 else ""  # the summary's name for it
     if len(lens) > LABEL_SEQUENCES:  # too long to spell out, or to mean one case per length
         return [f"{describe(lens, lens)} ran as one grouped (varlen) case of {len(lens)} sequences{more}, {skip}"]
-    first = ",".join(map(str, lens))
+    first, label = ",".join(map(str, lens)), group_label(lens)
+    row = f" (row {label})" if label != first else ""  # the summary's name for it
     return [f"--seq-lens {first}{row} ran as one grouped (varlen) case, a batch of {len(lens)} sequences{more}, "
             f"{skip}; one case per length: --seq-lens {first.replace(',', ' ')}"]
 

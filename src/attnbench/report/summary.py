@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
-from attnbench.serving import describe, tree_label
+from attnbench.serving import describe, group_label, tree_label
 from attnbench.spec import LABEL_SEQUENCES
 from attnbench.variants import alibi_label
 
@@ -38,12 +38,10 @@ STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "
 def axes(r: Record) -> dict[str, str]:
     """The case's position on every axis, as short labels."""
     s = r.spec
-    seq = str(s.seqlens_q[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_q))
+    seq = str(s.seqlens_q[0]) if not s.is_varlen else group_label(s.seqlens_q)
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
         seq = describe(s.seqlens_q, s.seqlens_k)
-    elif s.is_varlen and len(set(s.seqlens_q)) == 1:  # a count ("8q128", as past eight); mixed lengths: a list
-        seq = describe(s.seqlens_q, s.seqlens_q)
     if (r.info or {}).get("batch_name"):  # a trace's step: its name first, as the trace calls it
         seq = f"{r.info['batch_name']}: {seq}"
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",

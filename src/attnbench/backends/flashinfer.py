@@ -121,13 +121,14 @@ class FlashInfer(KernelBackend):
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         # A right side of 0 is FlashInfer's causal flag, also for a non-causal window (left, 0).
         left, right = effective_window(spec)
+        template = self.template_ran(spec, inputs.q.device)
         if spec.sinks:
-            prepared = self._sinks(spec, inputs, left, right == 0)
+            prepared = self._sinks(spec, inputs, left, right == 0, template)
         elif not inputs.varlen and spec.batch == 1:
             prepared = self._single(spec, inputs, left, right == 0)
         else:
             prepared = self._ragged(spec, inputs, left, right == 0)
-        prepared.info["template_ran"] = self.template_ran(spec, inputs.q.device)
+        prepared.info["template_ran"] = template
         return first_call(prepared, inputs.q.device)
 
     def _single(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
@@ -173,13 +174,13 @@ class FlashInfer(KernelBackend):
                                    "template": self.backend}
         return Prepared(fn=closure, info=info)
 
-    def _sinks(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool) -> Prepared:
+    def _sinks(self, spec: AttnSpec, inputs: AttnInputs, left: int, causal: bool, template: str) -> Prepared:
         """The sink wrapper over pages of one token (the module docstring); only ``run`` is timed."""
         mod = importlib.import_module(self.package)
         p, device, dtype = packed(spec, inputs), inputs.q.device, spec.torch_dtype
         q, k, v = (p.flatten(t).contiguous() for t in (inputs.q, inputs.k, inputs.v))
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        wrapper, module = sink_wrapper(mod, workspace, spec, self.backend, left)
+        wrapper, module = sink_wrapper(mod, workspace, spec, template, left)
         sequences = len(p.seqlens_k)
         wrapper.plan(p.cu_seqlens_q, p.cu_seqlens_k, torch.arange(k.shape[0], dtype=torch.int32, device=device),
                      torch.ones(sequences, dtype=torch.int32, device=device), spec.heads_q, spec.heads_kv,
@@ -196,26 +197,23 @@ class FlashInfer(KernelBackend):
         return Prepared(fn=call, info=info)
 
 
-def sink_wrapper(mod, workspace: torch.Tensor, spec: AttnSpec, backend: str, left: int):
-    """FlashInfer's sink wrapper for the case, as ``(wrapper, JIT module name)``.
+def sink_wrapper(mod, workspace: torch.Tensor, spec: AttnSpec, template: str, left: int):
+    """FlashInfer's sink wrapper for the case and ``template`` (``FlashInfer.template_ran``), as ``(wrapper, JIT
+    module name)``.
 
     ``BatchAttentionWithAttentionSinkWrapper`` (0.7.2) names its JIT module after the query dtype, the window
     flag and the template only, and the build is cached on disk under that name: the first head size built on a
     machine was then run for every other one (d64 after d128 on an H200: out rel-L2 1.8 against the exact
     result, while d128 passed). The same wrapper is built here through its parent's public ``jit_args`` with a
-    name that also holds the head sizes and the key/value dtype; a FlashInfer without those pieces gets its own
-    wrapper (and its naming)."""
+    name that also holds the head sizes and the key/value dtype; a FlashInfer without those pieces, or whose
+    template is not known, gets its own wrapper (and its naming)."""
     dtype = spec.torch_dtype
     try:
-        variants = importlib.import_module(f"{mod.__name__}.jit.attention.variants")
-        utils = importlib.import_module(f"{mod.__name__}.utils")
-        template = backend if backend != "auto" else utils.determine_attention_backend(
-            workspace.device, 0, False, False, dtype, dtype, head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v)
-        decl = variants.attention_sink_decl[template]
-    except (ImportError, AttributeError, KeyError, TypeError):
+        decl = importlib.import_module(f"{mod.__name__}.jit.attention.variants").attention_sink_decl[template]
+    except (ImportError, AttributeError, KeyError):
         wrapper = mod.BatchAttentionWithAttentionSinkWrapper(
-            workspace, "NHD", backend=backend, q_data_type=dtype, kv_data_type=dtype,
-            head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v, window_left=left)
+            workspace, "NHD", backend=template if template in ("fa2", "fa3") else "auto", q_data_type=dtype,
+            kv_data_type=dtype, head_dim_qk=spec.head_dim, head_dim_vo=spec.head_dim_v, window_left=left)
         return wrapper, "flashinfer's own name (no head size in it)"
     name = str(dtype).removeprefix("torch.")
     module = (f"batch_prefill_attention_sink_{name}_{name}_qk{spec.head_dim}_vo{spec.head_dim_v}"

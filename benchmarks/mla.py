@@ -69,15 +69,14 @@ def cmd_run(args) -> None:
     import subprocess
     import sys
 
-    from attnbench.accuracy.check import AccuracyChecker
-    from attnbench.cli.run import execute, plan_from_options
+    from attnbench import api
     default = {"flashmla": KERNELS[::2], "compare": KERNELS, "compare-fa2": ("flashinfer-mla",),
                "prefill": PREFILL_KERNELS}[args.set]
     options = {"backends": (args.backends or ",".join(default)).split(","), "db": args.db, "device": "cuda",
                "skip_missing": True, "check": not args.no_check}
     if args.set in TEMPLATES:
         options["backend_opt"] = [f"flashinfer-mla.backend={TEMPLATES[args.set]}"]
-    plan = plan_from_options(options)
+    plan = api.plan(**options, check=not args.no_check)
     if args.set in TEMPLATES:
         if args.calibrate:  # the device's read bandwidth into the store: the page's percentages
             subprocess.run([sys.executable, "-m", "attnbench", "calibrate", "--db", args.db], check=True)
@@ -88,7 +87,7 @@ def cmd_run(args) -> None:
         chosen = [s for h in args.heads.split(",") for s in specs(int(h))]
     plan = dataclasses.replace(plan, specs=chosen)
     run_id = args.run_id or default_run_id(args.set)
-    run_id, records, phases = execute(plan, run_id=run_id, checker=None if args.no_check else AccuracyChecker())
+    records = api.run(plan, run_id=run_id, quiet=False)
     for r in records:
         print(line(r), flush=True)
 

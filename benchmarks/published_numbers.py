@@ -313,9 +313,8 @@ def group_run_id(run_id: str, group: str) -> str:
 def cmd_run(args) -> None:
     import torch
 
-    from attnbench.accuracy.check import AccuracyChecker
+    from attnbench import api
     from attnbench.backends import registry
-    from attnbench.cli.run import execute, plan_from_options
     if not torch.cuda.is_available() and not args.cpu_smoke:
         sys.exit("published_numbers: needs a CUDA GPU (the figures are H100 figures)")
     figures = [f for f in FIGURES if not args.figures or f.key in args.figures.split(",")]
@@ -343,14 +342,14 @@ def cmd_run(args) -> None:
             if args.cpu_smoke:
                 continue  # the profiler's kernel times need a GPU
             opts |= {"timing": "profiler", "check": False}  # the plain run checks the same calls
-        plan = plan_from_options(opts)
+        plan = api.plan(**opts)
         group_specs = g["specs"]
         if args.cpu_smoke:  # the script's own check: each figure's smallest shape, scaled down, on the CPU
             group_specs = list(dict.fromkeys(s.replace(batch=1, seqlens_q=(64,), seqlens_k=(64,), heads_q=2, heads_kv=2)
                                              for s in group_specs))
         plan = dataclasses.replace(plan, specs=group_specs)
-        checker = None if o.kernel_only else AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in group_specs))
-        run_id, records, _phases = execute(plan, run_id=group_run_id(args.run_id, group), checker=checker)
+        run_id = group_run_id(args.run_id, group)
+        records = api.run(plan, run_id=run_id, quiet=False)
         ok = sum(r.status == "ok" for r in records)
         print(f"{ok}/{len(records)} cases ok, stored in {args.db} as run {run_id}")
 

@@ -24,9 +24,9 @@ import time
 import torch
 
 from attnbench.accuracy.reference import BlockSizes, attention_backward, attention_forward, compute_dtype_for
+from attnbench.features.alibi import alibi_slopes
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
-from attnbench.variants import alibi_slopes
 
 TARGET_SECONDS = 10.0
 TARGET_BYTES = 4 * 10 ** 9

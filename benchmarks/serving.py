@@ -31,6 +31,7 @@ import dataclasses
 import datetime
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 KERNELS = ("fa3-paged", "fa4-paged", "flashinfer-paged", "flashinfer-decode", "flashinfer-pod",
@@ -71,8 +72,7 @@ def split_set(name: str) -> tuple[str, str | None]:
 def cmd_run(args) -> None:
     import torch
 
-    from attnbench.accuracy.check import AccuracyChecker
-    from attnbench.cli.run import execute, plan_from_options
+    from attnbench import api
     if not torch.cuda.is_available():
         sys.exit("serving.py: needs a CUDA GPU")
     if args.calibrate:  # the device's peaks (read bandwidth included) into the store: the page's percentages
@@ -93,9 +93,11 @@ def cmd_run(args) -> None:
         if variant:  # one kernel with one option, e.g. FlashInfer's batched prefill on its FA2 template
             kernel, option = VARIANTS[variant]
             options |= {"backends": [kernel], "backend_opt": [f"{kernel}.{option}"]}
-        plan = plan_from_options(options)
+        plan = api.plan(**options)
         plan = dataclasses.replace(plan, specs=all_sets[base])
-        run_id, records, phases = execute(plan, run_id=f"{args.run_id}+{name}", checker=AccuracyChecker())
+        run_id, started = f"{args.run_id}+{name}", time.perf_counter()
+        records = api.run(plan, run_id=run_id, quiet=False)
+        phases = {"total": time.perf_counter() - started}
         ok = sum(r.status == "ok" for r in records)
         print(f"{name}: {ok}/{len(records)} cases ok in {phases['total']:.0f} s, stored as run {run_id}", flush=True)
 

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import datetime
 import sys
+import time
 from pathlib import Path
 
 MODELS = {
@@ -37,11 +38,10 @@ BATCH = 4
 
 def model_specs(model: str, lengths=LENGTHS) -> list:
     """The preset's cases (every layer kind, both passes) with the variant and without it."""
-    from attnbench import presets
-    from attnbench.cli import common
+    from attnbench import api, presets
     opts = presets.apply({"seq_lens": list(lengths), "batch_size": [str(BATCH)], "dtype": ["bf16"],
                           "pass_": ["fwd", "fwd_bwd"]}, model)
-    with_variant = common.build_sweep(opts, "cuda").specs()
+    with_variant = api.plan(**opts, device="cpu").specs
     plain = [s.replace(sinks=False, softcap=None, alibi=None) for s in with_variant]
     return list(dict.fromkeys(with_variant + plain))
 
@@ -49,8 +49,7 @@ def model_specs(model: str, lengths=LENGTHS) -> list:
 def cmd_run(args) -> None:
     import torch
 
-    from attnbench.accuracy.check import AccuracyChecker
-    from attnbench.cli.run import execute, plan_from_options
+    from attnbench import api
     if not torch.cuda.is_available():
         sys.exit("variants.py: needs a CUDA GPU")
     for model in args.models.split(","):
@@ -58,10 +57,11 @@ def cmd_run(args) -> None:
         backends = [b for b in (args.backends.split(",") if args.backends else (*kernels, *DENSE_ONLY))
                     if (b in kernels or b in DENSE_ONLY) and b not in args.exclude.split(",")]
         specs = model_specs(model, args.lengths.split(","))
-        plan = plan_from_options({"backends": backends, "db": args.db, "device": "cuda", "skip_missing": True})
+        plan = api.plan(backends=backends, db=args.db, device="cuda", skip_missing=True)
         plan = dataclasses.replace(plan, specs=specs)
-        run_id, records, phases = execute(plan, run_id=f"{args.run_id}+{model}{args.suffix}",
-                                          checker=AccuracyChecker(grads_ahead=True))
+        run_id, started = f"{args.run_id}+{model}{args.suffix}", time.perf_counter()
+        records = api.run(plan, run_id=run_id, quiet=False)
+        phases = {"total": time.perf_counter() - started}
         ok = sum(r.status == "ok" for r in records)
         print(f"{model}: {ok}/{len(records)} cases ok in {phases['total']:.0f} s, stored as run {run_id}", flush=True)
 

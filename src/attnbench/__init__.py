@@ -1,3 +1,17 @@
-"""attnbench: benchmark, verify and compare attention kernels."""
+"""attnbench: benchmark, verify and compare attention kernels.
+
+From Python (``docs/api.md``): ``attnbench.run(seq_lens=[256], backends=["naive"])`` returns the records of a run,
+``attnbench.verify(...)`` those of a check, ``attnbench.plan(...)`` the validated run configuration and
+``attnbench.frame(records)`` a pandas DataFrame. Importing the package imports nothing else (no torch).
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["frame", "plan", "run", "verify"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from attnbench import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'attnbench' has no attribute {name!r}")

@@ -4,8 +4,9 @@ Dense inputs are ``q_bshd`` (batch, seq, heads, dim); with ``layout="bhsd"`` the
 (batch, heads, seq, dim) and exposed as bshd views. Varlen inputs are packed ``q_thd``
 (total_tokens, heads, dim) with int32 ``cu_seqlens`` offsets. Values are standard normal (never
 zeros) unless an ``InputDist`` asks for larger magnitudes or outliers, where the bugs of kernels that
-skip the running maximum or overflow in fp16 show. Cases with attention sinks also get the sink logits,
-float32 (Hq,), drawn after the other tensors (``variants.draw_sinks``).
+skip the running maximum or overflow in fp16 show. A case's features (``attnbench.features``) add the inputs
+they declare (``Feature.inputs``), drawn after q, k, v and dout by the feature itself, in ``extra`` by name and
+read as attributes (``inputs.<name>``; None when the case has no such input).
 
 FP8 cases (``spec.FP8_DTYPES``) draw the bf16 inputs of the same seed and quantize q, k and v to e4m3
 (``quantize``): each tensor, or each KV head (with the queries of its GQA group), is divided by
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import features
 from attnbench.spec import AttnSpec
-from attnbench.variants import draw_sinks
 
 DEFAULT_SEED = 0
 OUTLIER_SIGMAS = 16.0
@@ -95,12 +96,18 @@ class AttnInputs:
     """FP8 only: float32 (Hkv,) descales of q, k, v (value = stored x descale; q's per KV-head group)."""
     unquantized: AttnInputs | None = None
     """FP8 only: the bf16 inputs that were quantized."""
-    sinks: torch.Tensor | None = None
-    """Cases with attention sinks: float32 (Hq,) sink logits (``variants.draw_sinks``); None otherwise."""
+    extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """The inputs of the case's features, by name (module doc)."""
     prefix_k: torch.Tensor | None = None
     """Cases with a shared prefix: its keys, (P, Hkv, D), once for every request (module doc)."""
     prefix_v: torch.Tensor | None = None
     """Its values, (P, Hkv, Dv)."""
+
+    def __getattr__(self, name: str):
+        # a feature's input by its name (``inputs.<name>``); None when the case has none
+        if name in _FEATURE_INPUTS:
+            return self.__dict__.get("extra", {}).get(name)
+        raise AttributeError(name)
 
     @property
     def varlen(self) -> bool:
@@ -138,8 +145,11 @@ class AttnInputs:
         """Fresh leaf tensors sharing storage, with ``requires_grad`` set (for one backend's graph)."""
         def leaf(t):
             return t.detach().requires_grad_(requires_grad)
-        sinks = None if self.sinks is None else leaf(self.sinks)
-        return dataclasses.replace(self, q=leaf(self.q), k=leaf(self.k), v=leaf(self.v), sinks=sinks)
+        extra = {name: leaf(t) for name, t in self.extra.items()}
+        return dataclasses.replace(self, q=leaf(self.q), k=leaf(self.k), v=leaf(self.v), extra=extra)
+
+
+_FEATURE_INPUTS = frozenset(item.name for f in features.FEATURES for item in f.inputs)
 
 
 def cu_seqlens(lengths, device) -> torch.Tensor:
@@ -167,12 +177,19 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
         nonlocal drawn
         drawn += 1  # q, k, v, dout in that order: q and k carry the scale, dout no outliers
         t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
-        if dist is None or dist.is_default or drawn == 4:
+        if dist is None or dist.is_default or drawn == 4 or plain:
             return t
         return dist.apply(t, gen, scaled=drawn <= 2)
 
-    def sinks():  # drawn after q, k, v and dout, so those are the same with and without sinks
-        return draw_sinks(spec.heads_q, spec.seqlens_k, gen, device) if spec.sinks else None
+    plain = False  # a feature's inputs are drawn as it says, without --input-scale or --outliers
+
+    def extra(like_out):  # drawn after q, k, v and dout, so those are the same with and without features
+        nonlocal plain
+        out, plain = {}, True
+        for feature in features.active(spec):
+            out.update(feature.draw(spec, gen, device, like_out))
+        plain = False
+        return out
 
     if spec.is_varlen:
         seqs, prefix = spec.sequences, spec.shared_prefix
@@ -182,7 +199,8 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
             q=randn(tq, spec.heads_q, spec.head_dim), k=randn(sum(own), spec.heads_kv, spec.head_dim),
             v=randn(sum(own), spec.heads_kv, spec.head_dim_v), dout=randn(tq, spec.heads_q, spec.head_dim_v),
             cu_seqlens_q=cu_seqlens([s for s, _ in seqs], device), cu_seqlens_k=cu_seqlens(own, device),
-            max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed, sinks=sinks())
+            max_seqlen_q=max(s for s, _ in seqs), max_seqlen_k=max(s for _, s in seqs), seed=seed,
+            extra=extra(lambda: randn(tq, spec.heads_q, spec.head_dim_v)))
         if prefix:  # drawn last, so the requests' own tensors are those of the same seed's other cases
             inputs = dataclasses.replace(inputs, prefix_k=randn(prefix, spec.heads_kv, spec.head_dim),
                                          prefix_v=randn(prefix, spec.heads_kv, spec.head_dim_v))
@@ -198,7 +216,7 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
     return latent_values(spec, AttnInputs(
         q=dense(sq, spec.heads_q, spec.head_dim), k=dense(sk, spec.heads_kv, spec.head_dim),
         v=dense(sk, spec.heads_kv, spec.head_dim_v), dout=dense(sq, spec.heads_q, spec.head_dim_v),
-        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed, sinks=sinks()))
+        max_seqlen_q=sq, max_seqlen_k=sk, seed=seed, extra=extra(lambda: dense(sq, spec.heads_q, spec.head_dim_v))))
 
 
 def latent_values(spec: AttnSpec, inputs: AttnInputs) -> AttnInputs:

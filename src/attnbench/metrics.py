@@ -11,15 +11,16 @@ A sliding tile mask (``spec.sta``) is counted exactly too, per query head (each 
 
 The ``dense`` convention counts every pair (P = sq * sk, no causal discount), as many papers do.
 
-The variants of today's models add no FLOPs: a softcap's tanh and ALiBi's bias are elementwise work on the
-scores, like the softmax's exponential, which no convention counts; a sink is one more term per row. So a
-kernel's TF/s with and without a variant count the same matmuls, and the variant's cost shows as a lower
-rate. A sliding window counts exactly as ever (the pairs it keeps).
+The features of today's models (``attnbench.features``) add no FLOPs: their terms are elementwise work on the
+scores or the output, like the softmax's exponential, which no convention counts. So a kernel's TF/s with and
+without a feature count the same matmuls, and the feature's cost shows as a lower rate. A sliding window
+counts exactly as ever (the pairs it keeps).
 
 Bytes are the minimal traffic to device memory: forward reads Q, K, V (K/V at H_kv heads) and writes
 O and the fp32 log-sum-exp; backward reads Q, K, V, O, dO and LSE and writes dQ, dK, dV. Each tensor
 counts at its own element size: with fp8 inputs Q, K and V are one byte an element and O (bf16) two.
-Sinks add their fp32 logits (read) and, in the backward, their gradient (written): 4 bytes a head each.
+A feature's inputs are read once and, in the backward, their gradients written once (``Feature.input_bytes``:
+a per-head fp32 logit is 4 bytes a head; a per-token input is the output's size).
 
 Serving batches: a shared prefix is read once (the minimal traffic; a kernel that reads it once per request
 moves more, and shows a lower rate), and an fp8 KV cache counts one byte an element (its descales are a few
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnbench import features
 from attnbench.serving import tree_keep
 from attnbench.spec import AttnSpec
 
@@ -97,9 +99,9 @@ def bytes_moved(spec: AttnSpec, pass_: str | None = None) -> float:
     v = 0 if spec.mla else tk * spec.heads_kv * spec.head_dim_v * kv_elem  # MLA: the value is part of the key row
     o = tq * spec.heads_q * spec.head_dim_v * out_elem
     lse = tq * spec.heads_q * LSE_BYTES
-    sinks = spec.heads_q * LSE_BYTES if spec.sinks else 0
-    fwd = q + k + v + o + lse + sinks
-    bwd = (q + k + v + o + o + lse + sinks) + (q + k + v + sinks)  # read q,k,v,o,do,lse; write dq,dk,dv
+    extra = sum(f.input_bytes(spec, tq, LSE_BYTES) for f in features.active(spec))
+    fwd = q + k + v + o + lse + extra
+    bwd = (q + k + v + o + o + lse + extra) + (q + k + v + extra)  # read q,k,v,o,do,lse; write dq,dk,dv
     return {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}[pass_]
 
 

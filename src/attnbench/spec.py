@@ -8,22 +8,22 @@ Causal masks are aligned to the lower right (flash-attn >= 2.1): query ``i`` of 
 ``sq`` queries and ``sk`` keys attends key ``j`` iff ``j <= i + sk - sq``. A sliding window
 ``(left, right)`` keeps keys in ``[i + sk - sq - left, i + sk - sq + right]``; -1 means unbounded.
 
-The variants of today's models (attention sinks, logit softcap, ALiBi) are fields of the case too; their
-definitions are in ``attnbench.variants``. So are the features of a serving step (``attnbench.serving``): the
+The features of today's models (attention sinks, a logit softcap, ALiBi, an output gate) are fields of the case
+too, each declared once in ``attnbench.features`` (its definition, flags, label, inputs and checks); this class
+only holds their values. So are the features of a serving step (``attnbench.serving``): the
 page size of the KV cache, a prefix every request shares, a tree of speculative tokens and an FP8 KV cache.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 
+from attnbench import features
 from attnbench.serving import check_tree, describe, tree_label
 from attnbench.sta import TileMask
-from attnbench.variants import alibi_label
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
@@ -95,12 +95,13 @@ class AttnSpec:
     sta: TileMask | None = None
     """Sliding tile attention's mask (``attnbench.sta``): video tokens in tile order, then text; None = none."""
     sinks: bool = False
-    """Attention sinks (gpt-oss): one seeded logit per query head in every row's softmax denominator
-    (``attnbench.variants``); an input with its own gradient."""
+    """Attention sinks (gpt-oss): one seeded logit per query head in every row's softmax (``features.sinks``)."""
     softcap: float | None = None
-    """Logit softcap c (Gemma 2): scaled scores s become c·tanh(s/c); None = none."""
+    """Logit softcap c (Gemma 2): scaled scores s become c·tanh(s/c) (``features.softcap``); None = none."""
     alibi: tuple[float, ...] | None = None
-    """ALiBi slopes, one per query head (``variants.alibi_slopes`` for the standard ones); None = no ALiBi."""
+    """ALiBi slopes, one per query head (``features.alibi``); None = no ALiBi."""
+    gate: bool = False
+    """Gated attention (Qwen3-Next): the output times sigmoid(G), G a seeded input (``features.gate``)."""
     page_size: int | None = None
     """Tokens a page of the KV cache holds, for the kernels that read a paged cache (they skip a case without
     one, or use their own default where a case names none); the others skip a case that sets it."""
@@ -132,10 +133,8 @@ class AttnSpec:
             set_(self, "window", tuple(int(w) for w in self.window))
         if isinstance(self.sta, dict):
             set_(self, "sta", TileMask.from_dict(self.sta))
-        if self.alibi is not None:
-            set_(self, "alibi", tuple(float(x) if _number(x) else x for x in self.alibi))
-        if _number(self.softcap):
-            set_(self, "softcap", float(self.softcap))
+        for feature in features.FEATURES:
+            set_(self, feature.name, feature.normalize(getattr(self, feature.name)))
         if self.tree is not None:
             set_(self, "tree", tuple(self.tree))
         if self.kv_dtype is not None:
@@ -179,20 +178,12 @@ class AttnSpec:
                 raise ValueError(why)
 
     def _validate_variants(self) -> None:
-        if not isinstance(self.sinks, bool):
-            raise ValueError(f"sinks must be true or false, got {self.sinks!r}")
-        cap = self.softcap
-        if cap is not None and (not _number(cap) or not math.isfinite(cap) or cap <= 0):
-            raise ValueError(f"softcap must be a finite number > 0, got {cap!r}")
-        if self.alibi is not None:
-            if len(self.alibi) != self.heads_q:
-                raise ValueError(f"ALiBi needs one slope per query head: {len(self.alibi)} slopes for "
-                                 f"{self.heads_q} q-heads")
-            bad = [x for x in self.alibi if not _number(x) or not math.isfinite(x)]
-            if bad:
-                raise ValueError(f"ALiBi slopes must be finite numbers, got {bad[0]!r}")
+        for feature in features.FEATURES:
+            value = getattr(self, feature.name)
+            if value != feature.off:
+                feature.check(value, self)
         if self.sta is not None and self.variants:
-            raise ValueError("a sliding tile mask does not combine with sinks, softcap or ALiBi")
+            raise ValueError(f"a sliding tile mask does not combine with {_names(self.variants)}")
 
     def _validate_serving(self) -> None:
         if self.page_size is not None and (isinstance(self.page_size, bool) or not isinstance(self.page_size, int)
@@ -229,12 +220,12 @@ class AttnSpec:
                                  f"{self.head_dim_v} must be below the head size {self.head_dim} (DeepSeek: 512 of 576)")
             if self.pass_ != "fwd" or self.is_fp8 or self.kv_dtype is not None or self.variants or self.tree:
                 raise ValueError("MLA with absorbed weights is a forward of 16-bit inputs here (decode and prefill "
-                                 "of the latent cache): no backward, fp8, variants or trees")
+                                 f"of the latent cache): no backward, fp8, trees or {_names(features.NAMES)}")
         if self.serving_features and self.pass_ != "fwd":
             raise ValueError(f"{', '.join(self.serving_features)} are inference features: forward only "
                              f"(not {self.pass_})")
         if (self.shared_prefix or self.tree is not None or self.kv_dtype) and (self.variants or self.sta is not None):
-            raise ValueError("sinks, softcap, ALiBi and tile masks do not combine with shared prefixes, trees or "
+            raise ValueError(f"{_names(self.variants) or 'tile masks'} do not combine with shared prefixes, trees or "
                              "fp8 KV caches")
 
     # ---- derived properties -------------------------------------------------------------------
@@ -272,9 +263,8 @@ class AttnSpec:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """Names of the model variants the case has (sinks, softcap, alibi), in that order."""
-        return tuple(name for name, on in (("sinks", self.sinks), ("softcap", self.softcap is not None),
-                                           ("alibi", self.alibi is not None)) if on)
+        """Names of the features (``attnbench.features``) the case has on, in label order."""
+        return tuple(f.name for f in features.active(self))
 
     @property
     def serving_features(self) -> tuple[str, ...]:
@@ -304,7 +294,8 @@ class AttnSpec:
     def shape_key(self) -> tuple:
         """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
         return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
-                self.head_dim_v, self.dtype, self.layout, self.sinks, self.shared_prefix, self.kv_dtype, self.mla)
+                self.head_dim_v, self.dtype, self.layout, tuple(item.name for item in features.inputs_of(self)),
+                self.shared_prefix, self.kv_dtype, self.mla)
 
     def label(self) -> str:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
@@ -325,12 +316,7 @@ class AttnSpec:
             parts.append(f"win{self.window[0]},{self.window[1]}")
         if self.sta is not None:
             parts.append(self.sta.label())
-        if self.sinks:
-            parts.append("sinks")
-        if self.softcap is not None:
-            parts.append(f"softcap{self.softcap:g}")
-        if self.alibi is not None:
-            parts.append(alibi_label(self.alibi))
+        parts += features.label_parts(self)
         if self.shared_prefix:
             parts.append(f"prefix{self.shared_prefix}")
         if self.tree is not None:
@@ -359,20 +345,22 @@ class AttnSpec:
     @classmethod
     def from_dict(cls, data: dict) -> AttnSpec:
         data = dict(data)
-        for key in ("seqlens_q", "seqlens_k", "window", "alibi", "tree"):
+        for key in ("seqlens_q", "seqlens_k", "window", "tree"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
         return cls(**data)
 
 
-VARIANT_DEFAULTS = {"sinks": False, "softcap": None, "alibi": None,
+VARIANT_DEFAULTS = {**features.defaults(),
                     "page_size": None, "shared_prefix": 0, "tree": None, "kv_dtype": None, "mla": False}
-"""The fields added after the first records (model variants, serving features) and their 'off' values, left out
+"""The fields added after the first records (the features, the serving features) and their 'off' values, left out
 of ``to_dict`` when off."""
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _names(names) -> str:
+    """'sinks, softcap and alibi'."""
+    names = list(names)
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + (names[-1] if names else "")
 
 
 def _positive(name: str, value) -> None:

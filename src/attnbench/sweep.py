@@ -7,13 +7,14 @@ grouped (varlen) batch of those sequences; ``A..B:xF`` expands geometrically (``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, fields
 
+from attnbench import features
 from attnbench.serving import Batch
 from attnbench.spec import PASSES, AttnSpec, normalize_dtype
-from attnbench.variants import alibi_slopes
 
 _NUM = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$", re.ASCII)
 _RANGE = re.compile(r"^(?P<lo>[^.]+)\.\.(?P<hi>[^:]+)(?::(?P<op>[x*+])(?P<step>\d+))?$", re.ASCII)
@@ -142,14 +143,9 @@ class Sweep:
     """Input layout."""
     scale: float | None = None
     """Softmax scale of every case; None = 1/sqrt(head size)."""
-    sinks: tuple[bool, ...] = (False,)
-    """Attention sinks off and/or on."""
-    softcaps: tuple[float | None, ...] = (None,)
-    """Logit softcaps to run, None = none."""
-    alibi: tuple[bool, ...] = (False,)
-    """ALiBi off and/or on."""
-    alibi_slopes: tuple[float, ...] | None = None
-    """ALiBi slopes, one per query head; None = the standard slopes of each case's head count."""
+    features: dict = dataclasses.field(default_factory=dict)
+    """Each feature's axis (``attnbench.features``): name -> the settings to run (``Feature.settings``); a
+    feature left out is off."""
     batches: tuple[Batch, ...] | None = None
     """Serving batches (``attnbench.serving``), one case each; they replace batch sizes and sequence lengths."""
     page_sizes: tuple[int | None, ...] = (None,)
@@ -171,9 +167,16 @@ class Sweep:
             if isinstance(value, list):
                 object.__setattr__(self, f.name, tuple(value))
         for name in ("batch_sizes", "seq_lens", "q_heads", "head_sizes", "dtypes", "causal", "passes", "windows",
-                     "sinks", "softcaps", "alibi", "page_sizes", "shared_prefixes", "trees", "kv_dtypes"):
+                     "page_sizes", "shared_prefixes", "trees", "kv_dtypes"):
             if not getattr(self, name):
                 raise ValueError(f"{name.replace('_', '-')} is empty; give at least one value")
+        unknown = set(self.features) - set(features.NAMES)
+        if unknown:
+            raise ValueError(f"unknown feature(s) {', '.join(sorted(unknown))}; known: {', '.join(features.NAMES)}")
+        for name, values in self.features.items():
+            if not values:
+                raise ValueError(f"the {name} axis is empty; give at least one value")
+        object.__setattr__(self, "features", {k: tuple(v) for k, v in self.features.items()})
         object.__setattr__(self, "dtypes", tuple(normalize_dtype(d) for d in self.dtypes))
         if self.kv_seq_lens is not None:
             if len(self.kv_seq_lens) != len(self.seq_lens):
@@ -211,19 +214,15 @@ class Sweep:
                 for p, s, t, k in itertools.product(self.page_sizes, self.shared_prefixes, self.trees, self.kv_dtypes)]
 
     def variant_settings(self) -> list[dict]:
-        """Every combination of the window, sinks, softcap and ALiBi axes, as AttnSpec fields (ALiBi as
-        True until ``slopes_for`` fills in a head count's slopes)."""
-        return [{"window": w, "sinks": s, "softcap": c, "alibi": a}
-                for w, s, c, a in itertools.product(self.windows, self.sinks, self.softcaps, self.alibi)]
-
-    def slopes_for(self, heads_q: int) -> tuple[float, ...]:
-        """The ALiBi slopes of a case with ``heads_q`` query heads: the given ones, or the standard ones."""
-        return self.alibi_slopes if self.alibi_slopes is not None else alibi_slopes(heads_q)
+        """Every combination of the window axis and the features' axes (settings, resolved per case by
+        ``with_variants``)."""
+        return [{"window": w, **combo}
+                for w, combo in itertools.product(self.windows, features.settings_product(self.features))]
 
     def with_variants(self, spec: AttnSpec, setting: dict) -> AttnSpec:
         """``spec`` with one of ``variant_settings()`` (and the sweep's scale) applied."""
-        alibi = self.slopes_for(spec.heads_q) if setting["alibi"] else None
-        return spec.replace(**{**setting, "alibi": alibi}, scale=self.scale)
+        combo = {k: v for k, v in setting.items() if k != "window"}
+        return spec.replace(window=setting["window"], **features.resolve(combo, spec.heads_q), scale=self.scale)
 
     def specs(self) -> list[AttnSpec]:
         """Every case, shape-major (cases sharing inputs are adjacent), validated."""

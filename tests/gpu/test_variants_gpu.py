@@ -7,9 +7,9 @@ import torch
 
 from attnbench.accuracy.check import AccuracyChecker
 from attnbench.backends import registry
+from attnbench.features.alibi import alibi_slopes
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
-from attnbench.variants import alibi_slopes
 
 pytestmark = pytest.mark.gpu
 

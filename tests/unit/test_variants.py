@@ -10,9 +10,9 @@ from attnbench.accuracy.check import AccuracyChecker
 from attnbench.accuracy.reference import BlockSizes, reference_attention
 from attnbench.backends.base import Backend, Capabilities, Outputs, Prepared, autograd_closure
 from attnbench.backends.naive import NaiveBackend, naive_attention
+from attnbench.features.alibi import alibi_label, alibi_slopes
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
-from attnbench.variants import alibi_label, alibi_slopes
 
 
 def written_out(spec: AttnSpec, q, k, v, sinks):

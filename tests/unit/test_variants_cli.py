@@ -8,8 +8,8 @@ from test_cli import attnbench
 
 from attnbench import presets
 from attnbench.cli import common
+from attnbench.features.alibi import alibi_slopes
 from attnbench.sweep import Sweep
-from attnbench.variants import alibi_slopes
 
 TINY = ["--device", "cpu", "--seq-lens", "33", "--q-heads", "4", "--kv-heads", "2", "--head-size", "16", "--dtype",
         "fp32", "--warmup", "0", "--repeat", "2", "--quiet"]

@@ -45,12 +45,14 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import features
 from attnbench.accuracy.baseline import math_baseline
 from attnbench.accuracy.compare import compare
 from attnbench.accuracy.reference import BlockSizes, Reference, compute_dtype_for, reference_attention
 from attnbench.accuracy.tolerance import Tolerance, judge
 from attnbench.backends.base import Backend, Outputs
 from attnbench.inputs import AttnInputs, dequantized
+from attnbench.outputs import grad_name
 from attnbench.spec import AttnSpec
 
 log = logging.getLogger(__name__)
@@ -102,9 +104,7 @@ class AccuracyChecker:
         grads = spec.pass_ != "fwd"
         expected = self.expected(spec, inputs, grads=grads)
         got = outputs.tensors()
-        wanted = ("out", "dq", "dk", "dv") if grads else ("out",)
-        if grads and spec.sinks:
-            wanted += ("dsinks",)
+        wanted = ("out", "dq", "dk", "dv", *map(grad_name, features.grad_names(spec))) if grads else ("out",)
         missing = tuple(name for name in wanted if name not in got)
         metrics = compare(got, expected.reference.tensors())
         exact = backend.judged_exactly(spec)

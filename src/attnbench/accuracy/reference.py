@@ -19,13 +19,14 @@ Rows that attend no key get ``out = 0``, ``lse = -inf`` and zero gradients. A tr
 A serving batch is a grouped case like any other, computed a request at a time; a shared prefix
 (``inputs.prefix_k``) is put in front of each request's own keys, one request at a time.
 
-The variants of ``attnbench.variants`` are one term each: a score block gets the softcap (in place; its
-derivative ``1 − tanh²`` multiplies dS in the backward) and the ALiBi bias (no effect on the gradients
-of q and k beyond the shifted probabilities) before the mask; sinks join each row's softmax at the end of
-the forward (``lse ← logaddexp(lse, sink)``, ``out`` rescaled), so the backward, which recomputes P from
-that LSE, needs nothing else, and their gradient is ``−Σ_rows exp(sink − lse) · rowsum(dO ∘ O)``.
+The features of the case (``attnbench.features``) are one term each, at their stage: a score feature changes
+each score block in place before the mask (``Feature.block_term``; the derivative it returns multiplies dS in
+the backward); a row feature joins each row's softmax at the end of the forward (``Feature.rows_forward``), so
+the backward, which recomputes P from that LSE, needs only its own input's gradient (``Feature.rows_grad``); an
+output feature acts on attention's output (``Feature.output``), so the backward hands attention the dO it
+returns (``Feature.output_backward``) and takes the gradient of its input from it.
 
-Shapes (``Reference``): ``out``/``dq``/``dk``/``dv`` come in the input layout, (B, S, H, D) dense or
+Shapes (``Reference``, the named tensors of ``attnbench.outputs``): ``out``/``dq``/``dk``/``dv`` come in the input layout, (B, S, H, D) dense or
 packed (T, H, D) varlen, as views of head-major buffers (not necessarily contiguous). ``lse`` is the
 natural-log log-sum-exp of the scaled scores, (B, Hq, Sq) dense or (Hq, Tq) varlen — the shapes
 flash-attn returns. Everything is in the compute dtype (fp32 or fp64).
@@ -43,10 +44,11 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import features
 from attnbench.inputs import AttnInputs
 from attnbench.masks import keep_mask
+from attnbench.outputs import Outputs, grad_name
 from attnbench.spec import AttnSpec
-from attnbench.variants import relative_positions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,20 +69,8 @@ class BlockSizes:
                 raise ValueError(f"block size {name} must be a positive integer, got {value!r}")
 
 
-@dataclass(kw_only=True)
-class Reference:
-    """Exact outputs of one case (see the module docstring for shapes); grads None if not computed."""
-
-    out: torch.Tensor
-    lse: torch.Tensor
-    dq: torch.Tensor | None = None
-    dk: torch.Tensor | None = None
-    dv: torch.Tensor | None = None
-    dsinks: torch.Tensor | None = None
-    """(Hq,): the gradient of the sink logits (cases with sinks)."""
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in vars(self).items() if v is not None}
+Reference = Outputs
+"""Exact outputs of one case (see the module docstring for shapes): the same named tensors a call returns."""
 
 
 @contextmanager
@@ -175,28 +165,31 @@ class _Geom:
     scale: float
     tiles: tuple | None = None
     """(TileMask, its (Hq, tiles, tiles) keep on the device) of a sliding tile mask, or None."""
-    softcap: float | None = None
-    slopes: torch.Tensor | None = None
-    """ALiBi slopes as (1, Hkv, G, 1, 1) in the compute dtype (the score blocks' head order), or None."""
+    terms: tuple = ()
+    """The score features' block terms (``Feature.block_term``), in order."""
     tree: torch.Tensor | None = None
     """(Sq, Sk) bool ``masks.keep_mask`` of a speculative tree (the cache, and the tree among the new tokens), or
     None: Sq is the tree's few tokens, so the whole mask is small."""
 
     @property
     def modified(self) -> bool:
-        return self.softcap is not None or self.slopes is not None
+        return bool(self.terms)
 
 
-def _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree=None) -> _Geom:
+def _geom(q, k, causal, window, scale, tile_mask, feats, dtype, tree=None) -> _Geom:
     hq, hkv = q.shape[2], k.shape[2]
     left, right = mask_bounds(causal, window)
-    slopes = None
-    if alibi is not None:
-        slopes = torch.as_tensor(alibi, dtype=dtype, device=q.device).view(1, hkv, hq // hkv, 1, 1)
+    terms = tuple(t for f in features.FEATURES if f.stage == "score" and f.name in (feats or {})
+                  if (t := f.block_term(feats[f.name], hq, hkv, dtype, q.device)) is not None)
     return _Geom(sq=q.shape[1], sk=k.shape[1], left=left, right=right, groups=hq // hkv,
                  scale=q.shape[-1] ** -0.5 if scale is None else scale, tiles=_tiles(tile_mask, hq, q.device),
-                 softcap=softcap, slopes=slopes,
+                 terms=terms,
                  tree=None if tree is None else keep_mask(q.shape[1], k.shape[1], True, device=q.device, tree=tree))
+
+
+def _row_features(feats) -> list:
+    """(feature, its tensor) of the row features among ``feats``."""
+    return [(f, feats[f.name]) for f in features.FEATURES if f.stage == "rows" and f.name in (feats or {})]
 
 
 def _keep(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor | None | bool:
@@ -215,19 +208,16 @@ def _keep(a: int, b: int, c: int, d: int, geom: _Geom, device) -> torch.Tensor |
 
 
 def _modify_(s: torch.Tensor, a: int, b: int, c: int, d: int, geom: _Geom) -> torch.Tensor | None:
-    """Softcap, then ALiBi, on the scaled scores ``s`` (B·Hkv, G·rows, keys) of rows [a, b) x keys [c, d), in
-    place (``variants``' definitions, without temporaries the size of ``s``). Returns the softcap's derivative
-    ``1 − tanh²`` for the backward (None without a softcap)."""
-    dcap = None
-    if geom.softcap is not None:
-        s.div_(geom.softcap).tanh_()
-        dcap = 1 - s.square()
-        s.mul_(geom.softcap)
-    if geom.slopes is not None:
-        rel = relative_positions(geom.sq, geom.sk, s.device, s.dtype, rows=(a, b), keys=(c, d))
-        hkv = geom.slopes.shape[1]
-        s.view(-1, hkv, geom.groups, b - a, d - c).addcmul_(geom.slopes, rel)
-    return dcap
+    """The score features' terms, in order, on the scaled scores ``s`` (B·Hkv, G·rows, keys) of rows [a, b) x
+    keys [c, d), in place. Returns the product of their derivatives (the chain rule through each term) for the
+    backward, or None when every derivative is 1."""
+    derivative = None
+    box = (a, b, c, d, geom.sq, geom.sk)
+    for term in geom.terms:
+        local = term.apply_(s, box)
+        if local is not None:
+            derivative = local if derivative is None else derivative.mul_(local)
+    return derivative
 
 
 def _mask_(s: torch.Tensor, keep: torch.Tensor, groups: int, rows: int) -> None:
@@ -268,18 +258,18 @@ def _row_block(spec_rows: int, bsz: int, heads_q: int, block_k: int, blocks: Blo
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                       window: tuple[int, int] | None = None, scale: float | None = None,
                       dtype: torch.dtype | None = None, blocks: BlockSizes | None = None,
-                      tile_mask=None, softcap: float | None = None, alibi: tuple[float, ...] | None = None,
-                      sinks: torch.Tensor | None = None, tree: tuple[int, ...] | None = None,
+                      tile_mask=None, features: dict | None = None, tree: tuple[int, ...] | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact (out (B, Sq, Hq, Dv), lse (B, Hq, Sq)) for dense bshd q, k, v, in ``dtype``; ``tile_mask`` is a
-    sliding tile mask (``attnbench.sta.TileMask``) applied on top; ``softcap``, ``alibi`` (Hq slopes) and
-    ``sinks`` (Hq logits) are the variants of ``attnbench.variants`` (the LSE includes the sink); ``tree`` is a
-    speculative tree's parents (``serving``), with ``causal``."""
+    sliding tile mask (``attnbench.sta.TileMask``) applied on top; ``features`` maps the name of each score or
+    row feature of the case (``attnbench.features``) to its value (the spec's field for a score feature, its
+    input tensor for a row feature: the LSE includes it); ``tree`` is a speculative tree's parents (``serving``),
+    with ``causal``."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, _ = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree)
+    geom = _geom(q, k, causal, window, scale, tile_mask, features, dtype, tree)
     out = torch.zeros(bsz * hkv, geom.groups, sq, dv, dtype=dtype, device=q.device)
     lse = torch.full((bsz * hkv, geom.groups, sq), -math.inf, dtype=dtype, device=q.device)
     bk = min(blocks.k, sk)
@@ -293,11 +283,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
             acc, row_lse = _forward_rows(q, k, v, a, b, lo, hi, bk, geom, dtype)
             out[:, :, a:b] = acc.view(bsz * hkv, geom.groups, b - a, dv)
             lse[:, :, a:b] = row_lse.view(bsz * hkv, geom.groups, b - a)
-    if sinks is not None:  # the sink joins each row's denominator: rescale out, add it to the LSE
-        sink = sinks.to(dtype).view(1, hkv, geom.groups, 1).expand(bsz, -1, -1, sq).reshape(lse.shape)
-        total = torch.logaddexp(lse, sink)
-        out.mul_(torch.exp(lse - total).unsqueeze(-1))
-        lse = total
+    for feature, tensor in _row_features(features):
+        out, lse = feature.rows_forward(out, lse, tensor, dtype)
     out_bshd = out.view(bsz, hq, sq, dv).transpose(1, 2)
     return out_bshd, lse.view(bsz, hq, sq)
 
@@ -339,16 +326,15 @@ def _forward_rows(q, k, v, a, b, lo, hi, bk, geom: _Geom, dtype):
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                        dout: torch.Tensor, *, causal: bool = False, window: tuple[int, int] | None = None,
                        scale: float | None = None, dtype: torch.dtype | None = None,
-                       blocks: BlockSizes | None = None, tile_mask=None, softcap: float | None = None,
-                       alibi: tuple[float, ...] | None = None, sinks: torch.Tensor | None = None,
-                       tree: tuple[int, ...] | None = None) -> tuple[torch.Tensor, ...]:
-    """Exact (dq, dk, dv) in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``; with ``sinks``
-    also d(sinks), (Hq,)."""
+                       blocks: BlockSizes | None = None, tile_mask=None, features: dict | None = None,
+                       tree: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Exact ``{"dq", "dk", "dv"}`` in the bshd shapes of q, k, v, given the exact ``out`` and ``lse``, and the
+    gradient of each row feature's input (``d`` + its name; ``features`` as in ``attention_forward``)."""
     blocks = blocks or BlockSizes()
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     bsz, sq, hq, dim = q.shape
     sk, hkv = k.shape[1], k.shape[2]
-    geom = _geom(q, k, causal, window, scale, tile_mask, softcap, alibi, dtype, tree)
+    geom = _geom(q, k, causal, window, scale, tile_mask, features, dtype, tree)
     groups = geom.groups
     # Rows with no key have lse = -inf; +inf makes exp(s - lse) = 0 there instead of NaN.
     lse_g = torch.where(torch.isinf(lse), torch.full_like(lse, math.inf), lse).to(dtype)
@@ -368,21 +354,11 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                 dq_blk = _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk[:, c:d], dv[:, c:d],
                                          (a, b, c, d), geom, dtype)
                 dq[:, :, a:b] += dq_blk.view(bsz * hkv, groups, b - a, dim)
-    grads = (dq.view(bsz, hq, sq, dim).transpose(1, 2), dk.view(bsz, hkv, sk, dim).transpose(1, 2),
-             dv.view(bsz, hkv, sk, v.shape[3]).transpose(1, 2))
-    if sinks is None:
-        return grads
-    return (*grads, _sink_grad(out, dout, lse, sinks, dtype, bq))
-
-
-def _sink_grad(out, dout, lse, sinks, dtype, rows: int) -> torch.Tensor:
-    """d sink_h = −Σ over batch and rows of exp(sink_h − lse) · Σ_d dO·O (``variants``), in ``dtype``, (Hq,)."""
-    grad = torch.zeros(sinks.shape[0], dtype=dtype, device=out.device)
-    sink = sinks.to(dtype).view(1, -1, 1)
-    for a in range(0, out.shape[1], rows):  # rows at a time: no (B, S, H, D) temporary in the compute dtype
-        delta = torch.einsum("bshd,bshd->bhs", dout[:, a:a + rows].to(dtype), out[:, a:a + rows].to(dtype))
-        grad -= (torch.exp(sink - lse[:, :, a:a + rows].to(dtype)) * delta).sum(dim=(0, 2))
-    return grad
+    grads = {"dq": dq.view(bsz, hq, sq, dim).transpose(1, 2), "dk": dk.view(bsz, hkv, sk, dim).transpose(1, 2),
+             "dv": dv.view(bsz, hkv, sk, v.shape[3]).transpose(1, 2)}
+    for feature, tensor in _row_features(features):
+        grads[grad_name(feature.name)] = feature.rows_grad(out, dout, lse, tensor, dtype, bq)
+    return grads
 
 
 def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom: _Geom, dtype):
@@ -411,7 +387,7 @@ def _backward_block(q, dout, out, lse_g, k_blk, v_blk, dk_blk, dv_blk, box, geom
     dv_blk.baddbmm_(p.transpose(1, 2), do_blk)
     ds = torch.bmm(do_blk, v_blk.transpose(1, 2)).sub_(delta).mul_(p)
     del p
-    if dcap is not None:  # through the softcap: d(c·tanh(s/c))/ds = 1 - tanh²
+    if dcap is not None:  # through the score terms (the chain rule: the product of their derivatives)
         ds.mul_(dcap)
     dk_blk.baddbmm_(ds.transpose(1, 2), q_blk)
     return torch.bmm(ds, k_blk).mul_(scale)
@@ -422,28 +398,50 @@ def reference_attention(spec: AttnSpec, inputs: AttnInputs, *, grads: bool = Tru
                         dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> Reference:
     """Exact outputs of ``spec`` on ``inputs`` (on the inputs' device); gradients use ``inputs.dout``."""
     dtype = dtype or compute_dtype_for(inputs.q.device, inputs.q.dtype)
+    active = features.active(spec)
+    feats = {f.name: (getattr(spec, f.name) if f.stage == "score" else inputs.extra[f.name].detach())
+             for f in active if f.stage != "output"}
     kw = dict(causal=spec.causal, window=spec.window, scale=spec.softmax_scale, dtype=dtype, blocks=blocks,
-              tile_mask=spec.sta, softcap=spec.softcap, alibi=spec.alibi,
-              sinks=inputs.sinks.detach() if spec.sinks else None, tree=spec.tree)
-    if not inputs.varlen:
-        return _dense_case(inputs.q, inputs.k, inputs.v, inputs.dout, grads, kw)
+              tile_mask=spec.sta, features=feats, tree=spec.tree)
+    after = [(f, inputs.extra[f.name].detach()) for f in active if f.stage == "output"]
+    dout = inputs.dout
+    for feature, tensor in reversed(after) if grads else ():  # the dO attention sees behind the output features
+        dout = feature.output_dout(dout, tensor, dtype)
+    ref = _attention(inputs, dout, grads, kw, dtype) if inputs.varlen else \
+        _dense_case(inputs.q, inputs.k, inputs.v, dout, grads, kw)
+    for feature, tensor in after:
+        out_attn = ref.out
+        ref.out = feature.output(out_attn, tensor)
+        if grads:
+            ref[grad_name(feature.name)] = feature.output_grad(out_attn, inputs.dout, tensor, dtype)
+    return ref
+
+
+def _attention(inputs: AttnInputs, dout, grads: bool, kw: dict, dtype) -> Reference:
+    """A grouped case, a request at a time (a shared prefix in front of each request's own keys)."""
     q, k, v = inputs.q, inputs.k, inputs.v
     ref = Reference(out=q.new_zeros(q.shape[0], q.shape[1], v.shape[2], dtype=dtype),
                     lse=q.new_full((q.shape[1], q.shape[0]), -math.inf, dtype=dtype))
-    if grads:
-        ref.dq, ref.dk, ref.dv = (torch.zeros_like(t, dtype=dtype) for t in (q, k, v))
-        if spec.sinks:
-            ref.dsinks = torch.zeros(inputs.sinks.shape, dtype=dtype, device=q.device)
     if grads and inputs.prefix_k is not None:
         raise ValueError("a shared prefix is forward only: no reference gradients")
     for (a, b), (c, d) in inputs.bounds():
-        k_i, v_i = inputs.request_kv(c, d)  # a shared prefix in front of the request's own keys
-        part = _dense_case(q[None, a:b], k_i[None], v_i[None], inputs.dout[None, a:b], grads, kw)
+        k_i, v_i = inputs.request_kv(c, d)
+        part = _dense_case(q[None, a:b], k_i[None], v_i[None], dout[None, a:b], grads, kw)
         ref.out[a:b], ref.lse[:, a:b] = part.out[0], part.lse[0]
-        if grads:
-            ref.dq[a:b], ref.dk[c:d], ref.dv[c:d] = part.dq[0], part.dk[0], part.dv[0]
-            if part.dsinks is not None:  # one sink per head for every sequence: the gradients add up
-                ref.dsinks += part.dsinks
+        if not grads:
+            continue
+        for name, grad in part.tensors().items():
+            if name in ("out", "lse"):
+                continue
+            if name not in ref:  # q rows and k/v rows by request; a per-head input's gradient adds up
+                like = {"dq": q, "dk": k, "dv": v}.get(name)
+                ref[name] = torch.zeros_like(grad if like is None else like, dtype=dtype)
+            if name == "dq":
+                ref.dq[a:b] = grad[0]
+            elif name in ("dk", "dv"):
+                ref[name][c:d] = grad[0]
+            else:
+                ref[name] += grad
     return ref
 
 
@@ -451,8 +449,8 @@ def _dense_case(q, k, v, dout, grads: bool, kw: dict) -> Reference:
     out, lse = attention_forward(q, k, v, **kw)
     ref = Reference(out=out, lse=lse)
     if grads:
-        ref.dq, ref.dk, ref.dv, *dsinks = attention_backward(q, k, v, out, lse, dout, **kw)
-        ref.dsinks = dsinks[0] if dsinks else None
+        for name, grad in attention_backward(q, k, v, out, lse, dout, **kw).items():
+            ref[name] = grad
     return ref
 
 
@@ -470,8 +468,8 @@ class _ExactAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, dout, **ctx.kw)
-        return dq, dk, dv, None, None, None, None
+        grads = attention_backward(q, k, v, out, lse, dout, **ctx.kw)
+        return grads["dq"], grads["dk"], grads["dv"], None, None, None, None
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,

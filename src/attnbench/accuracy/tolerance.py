@@ -32,9 +32,10 @@ round-off when smaller, i.e. fp64), which only matters for fp32 inputs.
   about one round-off (0.0039 in bf16). Rounding has no preferred direction, so correct kernels sit
   far below one round-off (on CPU in bf16, naive math included: |scale| ≤ 2e-4, per block ≤ 1e-3);
   rounding toward zero instead of to nearest would cost about 0.75 u, still under the limit.
-- **d(sinks)** (cases with attention sinks) has one element per head, each a sum over every row of terms
-  that largely cancel: with a few elements there is no "systematic" part to tell from rounding (the scale
-  of four numbers is just their relative error), so it is judged on the element-wise measures alone.
+- The gradient of a **per-head input** (a feature's logits, one per head: ``FeatureInput.per_token`` false) has
+  one element per head, each a sum over every row of terms that largely cancel: with a few elements there is
+  no "systematic" part to tell from rounding (the scale of four numbers is just their relative error), so it
+  is judged on the element-wise measures alone. Per-token inputs (shaped like the output) are judged like dQ.
 - **LSE**: kernels return it in fp32 whatever the input dtype, so it is not held to the half-precision
   baseline's logsumexp but to the exact reference alone, at the round-off of the dtype it comes in
   (the floors above with no baseline term): a softmax scale 1% off shifts the LSE by about 0.01,
@@ -57,10 +58,12 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.features import FEATURES
+from attnbench.outputs import grad_name
 from attnbench.spec import DTYPES
 
 PASS, FAIL, APPROX_PASS, APPROX_FAIL = "pass", "fail", "approx-pass", "approx-fail"
-PER_HEAD = ("dsinks",)
+PER_HEAD = tuple(grad_name(item.name) for f in FEATURES for item in f.inputs if not item.per_token)
 """Tensors with one element per head: judged without the systematic measures (module docstring)."""
 VERDICTS = (PASS, FAIL, APPROX_PASS, APPROX_FAIL)
 

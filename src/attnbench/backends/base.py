@@ -15,8 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnbench import features
 from attnbench.inputs import AttnInputs
+from attnbench.outputs import Outputs, grad_name
 from attnbench.spec import AttnSpec
+
+__all__ = ["Backend", "BackendUnavailable", "Capabilities", "Outputs", "Prepared", "SideCall", "autograd_closure"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -60,11 +64,14 @@ class Capabilities:
     tile_mask: bool = False
     """Takes a sliding tile attention mask (``spec.sta``)."""
     sinks: bool = False
-    """Attention sinks (``spec.sinks``), with their gradient when the backend has a backward."""
+    """Attention sinks (``features.sinks``), with their gradient when the backend has a backward."""
     softcap: bool = False
-    """Logit softcap (``spec.softcap``)."""
+    """Logit softcap (``features.softcap``)."""
     alibi: bool = False
-    """ALiBi with any slopes (``spec.alibi``); a backend limited to some slopes says so in ``extra_reason``."""
+    """ALiBi with any slopes (``features.alibi``); a backend limited to some slopes says so in ``extra_reason``."""
+    gate: bool = False
+    """An output gate (``features.gate``): applied after the call by ``autograd_closure`` unless the backend's
+    forward takes ``gate=`` itself (``fused_outputs``)."""
     paged: bool = False
     """Reads a paged KV cache: runs the cases that set a page size (``spec.page_size``); others skip them."""
     shared_prefix: bool = False
@@ -74,22 +81,6 @@ class Capabilities:
     """A tree mask of speculative tokens (``spec.tree``)."""
     kv_fp8: bool = False
     """An fp8 KV cache under fp16/bf16 queries (``spec.kv_dtype``)."""
-
-
-@dataclass(kw_only=True)
-class Outputs:
-    """What one call produced (tensors in the layout of the inputs)."""
-
-    out: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
-    dq: torch.Tensor | None = None
-    dk: torch.Tensor | None = None
-    dv: torch.Tensor | None = None
-    dsinks: torch.Tensor | None = None
-    """(Hq,) gradient of the sink logits (cases with sinks)."""
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in vars(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -150,9 +141,7 @@ def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.d
         (spec.causal and not caps.causal, "causal not supported"),
         (spec.has_window and not caps.window, "sliding window not supported"),
         (spec.sta is not None and not caps.tile_mask, "no sliding tile (STA) mask"),
-        (spec.sinks and not caps.sinks, "attention sinks not supported"),
-        (spec.softcap is not None and not caps.softcap, "logit softcap not supported"),
-        (spec.alibi is not None and not caps.alibi, "ALiBi not supported"),
+        *((not getattr(caps, f.name), f.refusal) for f in features.active(spec)),
         (spec.page_size is not None and not caps.paged, "no paged KV cache (the case sets a page size)"),
         (spec.tree is not None and not caps.tree, "no tree mask"),
         (spec.kv_dtype is not None and not caps.kv_fp8, "no fp8 KV cache"),
@@ -282,43 +271,58 @@ PreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor,
 
 
 def autograd_closure(spec: AttnSpec, inputs: AttnInputs, forward: ForwardFn,
-                     pre: PreFn | None = None) -> Callable[[], Outputs]:
+                     pre: PreFn | None = None, fused_outputs: frozenset[str] = frozenset()) -> Callable[[], Outputs]:
     """Build the timed closure of ``spec.pass_`` from a differentiable ``forward(q, k, v)``.
 
     ``forward`` returns ``out`` or ``(out, lse)``. ``pre`` (layout changes, GQA expansion, packing)
     runs once here, outside the timed region; gradients are still taken with respect to the
     original (bshd or packed) inputs. fwd runs under no_grad; bwd runs the forward once here
-    (untimed) and times only ``autograd.grad``; fwd_bwd times both. A case with attention sinks calls
-    ``forward(q, k, v, sinks=...)`` with the (Hq,) sink logits, and their gradient is returned as ``dsinks``.
+    (untimed) and times only ``autograd.grad``; fwd_bwd times both.
+
+    The inputs of the case's features (``features.inputs_of``) reach ``forward`` as keywords by name
+    (``forward(q, k, v, sinks=...)``), except those of output features (a gate), which are applied to the
+    returned ``out`` here, inside the timed region, as a model applies them after its attention call — unless
+    the backend names the feature in ``fused_outputs`` (its forward takes it). Every input with a gradient gets
+    one, named ``d`` + its name.
     """
     pre = pre or (lambda q, k, v: (q, k, v))
+    after = [f for f in features.active(spec) if f.stage == "output" and f.name not in fused_outputs]
+    applied = {item.name for f in after for item in f.inputs}
+
+    def call(args, named: dict) -> Outputs:
+        res = _as_outputs(forward(*args, **{k: v for k, v in named.items() if k not in applied}))
+        for feature in after:
+            res.out = feature.output(res.out, *(named[item.name] for item in feature.inputs))
+        return res
+
+    names = [item.name for item in features.inputs_of(spec)]
     if spec.pass_ == "fwd":
         with torch.no_grad():
             args = pre(inputs.q, inputs.k, inputs.v)
-        extra = {"sinks": inputs.sinks} if spec.sinks else {}
+        named = {name: inputs.extra[name] for name in names}
 
         def run_fwd() -> Outputs:
             with torch.no_grad():
-                return _as_outputs(forward(*args, **extra))
+                return call(args, named)
         return run_fwd
 
     leaves = inputs.leaves(requires_grad=True)
-    wrt, dout = (leaves.q, leaves.k, leaves.v), inputs.dout
-    args = pre(*wrt)
-    extra = {}
-    if spec.sinks:
-        wrt, extra = (*wrt, leaves.sinks), {"sinks": leaves.sinks}
+    named = {name: leaves.extra[name] for name in names}
+    grad_inputs = {"q": leaves.q, "k": leaves.k, "v": leaves.v,
+                   **{name: named[name] for name in features.grad_names(spec)}}
+    wrt, dout = tuple(grad_inputs.values()), inputs.dout
+    args = pre(leaves.q, leaves.k, leaves.v)
 
     def backward(res: Outputs) -> Outputs:
         # retain_graph: the nodes built by ``pre`` (and, for bwd, the forward) are shared by every iteration.
         grads = torch.autograd.grad(res.out, wrt, dout, retain_graph=True)
-        return Outputs(out=res.out.detach(), lse=res.lse, dq=grads[0], dk=grads[1], dv=grads[2],
-                       dsinks=grads[3] if len(grads) > 3 else None)
+        return Outputs(out=res.out.detach(), lse=res.lse,
+                       **{grad_name(name): g for name, g in zip(grad_inputs, grads, strict=True)})
 
     if spec.pass_ == "bwd":
-        first = _as_outputs(forward(*args, **extra))
+        first = call(args, named)
         return lambda: backward(first)
-    return lambda: backward(_as_outputs(forward(*args, **extra)))
+    return lambda: backward(call(args, named))
 
 
 def _as_outputs(result) -> Outputs:

@@ -42,7 +42,14 @@ from attnbench.inputs import AttnInputs, pack_kv, pack_qkv
 from attnbench.spec import AttnSpec
 
 _DENSE = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256, window=True,
-                      different_v_dim=False, min_compute_capability=(8, 0), softcap=True, alibi=True)
+                      different_v_dim=False, min_compute_capability=(8, 0), softcap=True, alibi=True,
+                      gate=True)
+
+
+PLAIN_ARGS = {"dropout_p": 0.0, "window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1,
+              "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None}
+"""flash-attn 2's internal forward/backward arguments of plain attention (no dropout, window, softcap or ALiBi),
+under every spelling its versions use: the context-parallel kernel passes those its version takes."""
 
 
 def common_kwargs(spec: AttnSpec, device="cuda") -> dict:

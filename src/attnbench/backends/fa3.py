@@ -40,7 +40,7 @@ from attnbench.inputs import AttnInputs
 from attnbench.spec import FP8_DTYPES, AttnSpec
 
 _CAPS = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", *FP8_DTYPES), max_head_dim=256, head_dim_multiple=8,
-                     window=True, softcap=True, min_compute_capability=(9, 0))
+                     window=True, softcap=True, gate=True, min_compute_capability=(9, 0))
 NO_FP8_BACKWARD = "FlashAttention-3 has no FP8 backward (fp8 cases are forward only)"
 HEAD_DIM_KERNELS = (64, 96, 128, 192, 256)
 """FA3's head-size templates: a head size runs the smallest template at least as large."""

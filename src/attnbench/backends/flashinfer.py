@@ -48,9 +48,9 @@ import torch
 
 from attnbench.backends.base import Capabilities, Outputs, Prepared, autograd_closure, sync
 from attnbench.backends.kernel import KernelBackend, effective_window, has_param, packed
+from attnbench.features.alibi import alibi_label
 from attnbench.inputs import AttnInputs, cu_seqlens
 from attnbench.spec import MAX_PAGE_SIZE, AttnSpec
-from attnbench.variants import alibi_label
 
 WORKSPACE_BYTES = 128 << 20
 

@@ -9,7 +9,7 @@ Masks are block masks built in ``prepare`` and cached (keyed by the mask paramet
   the heads' windows differ — the mask FastVideo's own test checks its STA kernel against.
 GQA goes through ``enable_gqa``. Forward and backward.
 
-The variants of today's models (``attnbench.variants``): softcap and ALiBi are a ``score_mod`` (the variants'
+The variants of today's models (``attnbench.features``): softcap and ALiBi are a ``score_mod`` (the variants'
 own definitions, composed), built in ``prepare`` with the ALiBi slopes as a captured tensor; sinks are not a
 FlexAttention argument, so the adapter does what users do: it asks for the LSE and rescales,
 ``out · sigmoid(lse − sink)``, returning ``logaddexp(lse, sink)`` as the LSE — both differentiable, so the sinks
@@ -36,10 +36,11 @@ import torch
 
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure
 from attnbench.backends.kernel import effective_window
+from attnbench.features.alibi import alibi_bias
+from attnbench.features.softcap import softcap as apply_softcap
 from attnbench.inputs import AttnInputs
 from attnbench.serving import tree_keep
 from attnbench.spec import AttnSpec
-from attnbench.variants import modify_scores
 
 # Above this many (query, key) pairs the block mask is built with a compiled kernel instead of a dense
 # (Q, KV) boolean grid (which would take Q*KV bytes plus int64 temporaries).
@@ -120,7 +121,7 @@ def serving_mask_mod(seqs: tuple[tuple[int, int], ...], prefix: int, tree, devic
 
 def variant_score_mod(spec: AttnSpec, device):
     """FlexAttention ``score_mod`` of the case's softcap and ALiBi (None without either): the definitions of
-    ``attnbench.variants`` applied to the scaled score, ALiBi on positions within each sequence (a packed
+    ``attnbench.features`` applied to the scaled score, ALiBi on positions within each sequence (a packed
     group's documents each at their own lower-right alignment)."""
     if spec.softcap is None and spec.alibi is None:
         return None
@@ -129,8 +130,11 @@ def variant_score_mod(spec: AttnSpec, device):
     position = _relative_position(spec, device)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        return modify_scores(score, cap=cap, slope=None if slopes is None else slopes[h],
-                             rel=None if slopes is None else position(q_idx, kv_idx))
+        if cap is not None:
+            score = apply_softcap(score, cap)
+        if slopes is not None:  # the bias in float32, added in the scores' dtype
+            score = score + alibi_bias(slopes[h], position(q_idx, kv_idx)).to(score.dtype)
+        return score
     return score_mod
 
 
@@ -229,7 +233,7 @@ class FlexBackend(Backend):
     name = "flex"
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
     capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True, sinks=True, softcap=True,
-                                alibi=True, shared_prefix=True, tree=True)
+                                alibi=True, gate=True, shared_prefix=True, tree=True)
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):
@@ -294,7 +298,8 @@ class FlexBackend(Backend):
             "compile_ms" if self.compile else "first_call_ms": round(first_ms, 3),
             "mask": _mask_label(spec, bm), "gqa": "native" if spec.gqa else "none"}
         how = [how for on, how in ((spec.softcap is not None or spec.alibi is not None, "score_mod"),
-                                   (spec.sinks, "sinks from the LSE")) if on]
+                                   (spec.sinks, "sinks from the LSE"), (spec.gate, "gate after the call"))
+               if on]
         if how:
             info["variants"] = " + ".join(how)
         return Prepared(fn=closure, info=info)

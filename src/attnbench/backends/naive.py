@@ -6,8 +6,9 @@ GQA repeats K/V heads; varlen loops over the sequences. Rows whose mask keeps no
 tokens is part of the boolean mask; an fp8 KV cache is dequantized inside the call (as a kernel without fp8
 support would have to).
 
-The variants of today's models (``attnbench.variants``) are written as a model would: softcap and an fp32 ALiBi
-bias on the score matrix, and the sinks as one more softmax column per row that is dropped afterwards.
+The features of today's models (``attnbench.features``) are written as a model would, in each feature's plain form
+(``Feature.score_mod``, ``softmax``, ``output``): a softcap and an fp32 ALiBi bias on the score matrix, the sinks as
+one more softmax column per row that is dropped afterwards, an output gate after the call.
 
 Two forms, which differ only in where the softmax scale is applied:
 
@@ -26,22 +27,21 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench import features
 from attnbench.backends.base import Backend, Capabilities, Prepared, autograd_closure, expand_kv_heads
 from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
 from attnbench.spec import MAX_HEAD_DIM, AttnSpec
-from attnbench.variants import modify_scores, relative_positions, with_sinks
 
 
 def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Tensor, *, causal: bool,
                     window: tuple[int, int] | None, scale: float, mask: _Mask | None = None,
-                    scale_scores: bool = False, terms: Terms | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    scale_scores: bool = False, terms: Terms | None = None, **named: torch.Tensor) -> torch.Tensor:
     """softmax(Q K^T * scale + mask) V for (B, S, H, D) tensors; returns (B, Sq, Hq, Dv).
 
     ``mask`` is the precomputed ``_Mask`` of (causal, window) for these lengths; built here if absent.
     ``scale_scores``: multiply the score matrix by the scale instead of Q (module docstring).
-    ``terms``: softcap and ALiBi (``variants``); ``sinks``: (Hq,) sink logits, one more softmax column each.
+    ``terms``: the case's score and row features; ``named``: the row feature's input by name (``sinks=``).
     """
     groups = q_bshd.shape[2] // k_bshd.shape[2]
     q = q_bshd.transpose(1, 2)
@@ -53,16 +53,17 @@ def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Te
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     else:
         scores = torch.matmul(q * scale, k.transpose(-2, -1))
-    if terms is not None:
-        scores = modify_scores(scores, cap=terms.softcap, slope=terms.slopes, rel=terms.rel)
+    for mod in terms.mods if terms is not None else ():
+        scores = mod(scores, None)
     if mask.drop is not None:
         scores = scores.masked_fill(mask.drop, float("-inf"))
-    if sinks is None:
+    row = terms.row if terms is not None else None
+    if row is None:
         probs = torch.softmax(scores, dim=-1)
         if mask.empty_rows is not None:
             probs = probs.masked_fill(mask.empty_rows, 0.0)
-    else:  # a row with no key keeps its sink: its probabilities are all 0, no NaN
-        probs = torch.softmax(with_sinks(scores, sinks), dim=-1)[..., :-1]
+    else:  # a row feature's softmax (a row with no key keeps its sink: its probabilities are all 0, no NaN)
+        probs, _ = row.softmax(scores, named[row.name])
     return torch.matmul(probs, v).transpose(1, 2)
 
 
@@ -84,29 +85,28 @@ class _Mask:
 
 @dataclass(frozen=True)
 class Terms:
-    """Softcap and ALiBi of one sequence (``variants``), built once like a model's buffers."""
+    """The score features' plain forms of one sequence, their buffers built once like a model's, and the row
+    feature (``attnbench.features``)."""
 
-    softcap: float | None
-    slopes: torch.Tensor | None
-    """(Hq, 1, 1) float32 ALiBi slopes, or None."""
-    rel: torch.Tensor | None
-    """(Sq, Sk) float32 key position minus aligned query position, or None."""
+    mods: tuple
+    """``fn(scores, rows)`` of each score feature, in order."""
+    row: features.Feature | None
+    """The row feature whose softmax replaces the plain one, or None."""
 
     @staticmethod
     def build(spec: AttnSpec, sq: int, sk: int, device) -> Terms | None:
-        if spec.softcap is None and spec.alibi is None:
-            return None
-        if spec.alibi is None:
-            return Terms(spec.softcap, None, None)
-        slopes = torch.tensor(spec.alibi, dtype=torch.float32, device=device).view(-1, 1, 1)
-        return Terms(spec.softcap, slopes, relative_positions(sq, sk, device))
+        active = features.active(spec)
+        mods = tuple(m for f in active if f.stage == "score"
+                     if (m := f.score_mod(getattr(spec, f.name), sq, sk, device)) is not None)
+        row = next((f for f in active if f.stage == "rows"), None)
+        return Terms(mods, row) if mods or row is not None else None
 
 
 class NaiveBackend(Backend):
     name = "naive"
     description = "matmul-softmax-matmul in PyTorch, full score matrix, scale folded into Q (the write-ups' 'Pytorch')"
     capabilities = Capabilities(max_head_dim=MAX_HEAD_DIM, varlen=True, window=True, tile_mask=True, sinks=True,
-                                softcap=True, alibi=True, tree=True, kv_fp8=True)
+                                softcap=True, alibi=True, gate=True, tree=True, kv_fp8=True)
     scale_scores = False
     """Apply the softmax scale to the S×S scores instead of Q (``naive-scale-scores``)."""
 
@@ -121,17 +121,17 @@ class NaiveBackend(Backend):
             if spec.sta is not None:  # (Hq, S, S), each head its own window; every query attends some key
                 mask = _Mask(~spec.sta.dense(spec.heads_q, dev), None)
 
-            def forward(q, k, v, sinks=None):
-                return naive_attention(q, *kv(k, v), mask=mask, terms=terms, sinks=sinks, **kwargs)
+            def forward(q, k, v, **named):
+                return naive_attention(q, *kv(k, v), mask=mask, terms=terms, **named, **kwargs)
         else:
             bounds = inputs.bounds()
             masks = [_Mask.build(qe - qs, ke - ks, spec.causal, spec.window, dev, spec.tree)
                      for (qs, qe), (ks, ke) in bounds]
             terms = [Terms.build(spec, qe - qs, ke - ks, dev) for (qs, qe), (ks, ke) in bounds]
 
-            def forward(q, k, v, sinks=None):
+            def forward(q, k, v, **named):
                 k, v = kv(k, v)
-                outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, terms=t, sinks=sinks,
+                outs = [naive_attention(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], mask=m, terms=t, **named,
                                         **kwargs)[0]
                         for ((qs, qe), (ks, ke)), m, t in zip(bounds, masks, terms, strict=True)]
                 return torch.cat(outs, dim=0)

@@ -31,10 +31,10 @@ from attnbench.backends.base import (
     autograd_closure,
     expand_kv_heads,
 )
+from attnbench.features.alibi import alibi_bias, relative_positions
 from attnbench.inputs import AttnInputs, kv_dequantizer
 from attnbench.masks import keep_mask
 from attnbench.spec import MAX_HEAD_DIM, AttnSpec
-from attnbench.variants import alibi_bias, relative_positions
 
 
 def _sdpa_supports_gqa() -> bool:
@@ -146,7 +146,8 @@ class SdpaMath(SdpaBackend):
     name = "sdpa-math"
     description = "SDPA math kernel (reference composite implementation); ALiBi and sinks as a float mask"
     sdpa_backend_name = "MATH"
-    capabilities = Capabilities(max_head_dim=MAX_HEAD_DIM, window=True, sinks=True, alibi=True, varlen=True, tree=True,
+    capabilities = Capabilities(max_head_dim=MAX_HEAD_DIM, window=True, sinks=True, alibi=True, gate=True, varlen=True,
+                                tree=True,
                                 kv_fp8=True)
 
     def prepare(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
@@ -198,7 +199,8 @@ class SdpaFlash(SdpaBackend):
     name = "sdpa-flash"
     description = "SDPA FlashAttention-2 kernel (CUDA; CPU flash kernel on CPU)"
     sdpa_backend_name = "FLASH_ATTENTION"
-    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32", "fp64"), max_head_dim=256, different_v_dim=False)
+    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32", "fp64"), max_head_dim=256, different_v_dim=False,
+                                gate=True)
 
     def extra_reason(self, spec, device):
         if torch.device(device).type == "cuda" and spec.dtype not in ("fp16", "bf16"):
@@ -210,7 +212,7 @@ class SdpaEfficient(SdpaBackend):
     name = "sdpa-efficient"
     description = "SDPA memory-efficient (xformers-derived) kernel"
     sdpa_backend_name = "EFFICIENT_ATTENTION"
-    capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), window=True)
+    capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16", "fp32"), window=True, gate=True)
 
 
 class SdpaCudnn(SdpaBackend):
@@ -218,7 +220,7 @@ class SdpaCudnn(SdpaBackend):
     description = "SDPA cuDNN fused attention kernel"
     sdpa_backend_name = "CUDNN_ATTENTION"
     capabilities = Capabilities(devices=("cuda",), dtypes=("fp16", "bf16"), max_head_dim=256,
-                                min_compute_capability=(8, 0))
+                                min_compute_capability=(8, 0), gate=True)
 
     def extra_reason(self, spec, device):
         if torch.version.hip is not None:

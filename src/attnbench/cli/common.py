@@ -13,6 +13,8 @@ import typer
 import yaml
 from rich.console import Console
 
+from attnbench import features
+from attnbench.features.base import BOOLEAN_WORDS, FeatureError
 from attnbench.sweep import (
     CPU_DEFAULT,
     GPU_DEFAULT,
@@ -76,10 +78,11 @@ class UserError(ValueError):
 
 # Options that take several values after one flag (``--seq-lens 128 256``); rewritten to repeats.
 MULTI_VALUE = {"--seq-lens", "--kv-seq-lens", "--batch-size", "--q-heads", "--kv-heads", "--head-size", "--emb-dim",
-               "--dtype", "--pass", "--backends", "--run", "--status", "--softcap", "--batch", "--page-size",
-               "--shared-prefix", "--tree", "--kv-dtype"}
-CAUSAL_VALUES = {"both", "true", "false", "yes", "no", "1", "0", "on", "off"}
-TRISTATE = {"--causal": "--no-causal", "--sinks": "--no-sinks", "--alibi": "--no-alibi"}
+               "--dtype", "--pass", "--backends", "--run", "--status", "--batch", "--page-size",
+               "--shared-prefix", "--tree", "--kv-dtype",
+               *(o.flags[0] for o in features.options() if o.multi)}
+CAUSAL_VALUES = set(BOOLEAN_WORDS)
+TRISTATE = {"--causal": "--no-causal", **{o.flags[0]: o.flags[1] for o in features.options() if o.tristate}}
 """Flags that also take 'both' (and true/false): ``--causal``, ``--causal both``, ``--no-causal``."""
 ALIASES = {"--batch_size": "--batch-size", "--num_heads": "--q-heads", "--num-heads": "--q-heads",
            "--head_size": "--head-size", "--emb_dim": "--emb-dim", "--seq-len": "--seq-lens", "--seq_len": "--seq-lens",
@@ -268,17 +271,12 @@ def _as_list(value) -> list | None:
 
 
 def parse_causal(value, flag: str = "--causal") -> tuple[bool, ...] | None:
-    """A tri-state flag's value (``--causal``, ``--sinks``, ``--alibi``): both, true or false; None if unset."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return (value,)
-    text = str(value).lower()
-    table = {"both": (False, True), "true": (True,), "yes": (True,), "1": (True,), "on": (True,),
-             "false": (False,), "no": (False,), "0": (False,), "off": (False,)}
-    if text not in table:
-        raise UserError(f"bad {flag} value {shown(value)}; allowed: both, true, false")
-    return table[text]
+    """A tri-state flag's value (``--causal``): both, true or false; None if unset."""
+    from attnbench.features.base import tristate
+    try:
+        return tristate(value, flag)
+    except FeatureError as exc:
+        raise UserError(str(exc)) from None
 
 
 def parse_windows(value) -> tuple[tuple[int, int] | None, ...] | None:
@@ -301,58 +299,6 @@ def _number(value) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-def parse_softcaps(value) -> tuple[float | None, ...] | None:
-    """``--softcap`` values: each a finite number > 0, or none; None if unset."""
-    if value is None:
-        return None
-    out = []
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if isinstance(item, str) and item.strip().lower() == "none":
-            out.append(None)
-            continue
-        cap = _number(item)
-        if not (math.isfinite(cap) and cap > 0):
-            raise UserError(f"bad --softcap {shown(item)}: give a finite number > 0 (Gemma 2 uses 50), or none")
-        out.append(cap)
-    if not out:
-        raise UserError("--softcap is empty; give a number like 50, or none")
-    return tuple(dict.fromkeys(out))
-
-
-MAX_SLOPES_FILE = 1 << 20
-"""Largest --alibi-slopes file (bytes): a slope per head is a few kilobytes at most."""
-
-
-def parse_slopes(value) -> tuple[float, ...] | None:
-    """``--alibi-slopes``: a file of numbers (whitespace, commas or a YAML/JSON list), or in YAML a list; None
-    if unset. The head count is checked per case (a mismatch names both counts)."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        items, where = list(value), "--alibi-slopes"
-    else:
-        path = Path(str(value))
-        where = f"--alibi-slopes {path}"
-        if not path.is_file():
-            raise UserError(f"{where}: no such file; give a file with one ALiBi slope per query head")
-        if path.stat().st_size > MAX_SLOPES_FILE:
-            raise UserError(f"{where}: larger than {MAX_SLOPES_FILE} bytes; expected one number per query head")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError) as exc:
-            raise UserError(f"{where}: cannot read it as text ({type(exc).__name__})") from None
-        items = text.replace(",", " ").replace("[", " ").replace("]", " ").split()
-    slopes = []
-    for item in items:
-        slope = _number(item)
-        if not math.isfinite(slope):
-            raise UserError(f"{where}: {shown(item)} is not a finite number; give one slope per query head")
-        slopes.append(slope)
-    if not slopes:
-        raise UserError(f"{where}: no slopes in it; give one number per query head")
-    return tuple(slopes)
 
 
 def parse_scale(value) -> float | None:
@@ -423,11 +369,8 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         dtypes = axis_values(opts, "dtype")
         passes = axis_values(opts, "pass_")
         layout = option_text(opts, "layout")
-        slopes = parse_slopes(opts.get("alibi_slopes"))
+        axes = features.settings(opts)
         q_heads = tuple(parse_int_list(heads, "q-heads")) if heads else base.q_heads
-        if slopes is not None and any(h != len(slopes) for h in q_heads):
-            raise UserError(f"--alibi-slopes {shown(str(opts.get('alibi_slopes')))} has {len(slopes)} slopes, but the "
-                            f"sweep has {', '.join(map(str, q_heads))} q-heads: give one slope per query head")
         seq_lens = parse_seq_lens([str(s) for s in seq]) if seq else list(base.seq_lens)
         kv_seq_lens = None
         if kv_seq:
@@ -460,14 +403,11 @@ def build_sweep(opts: dict, device: str) -> Sweep:
             windows=parse_windows(opts.get("window")) or base.windows,
             layout=layout or base.layout,
             scale=parse_scale(opts.get("softmax_scale")),
-            sinks=parse_causal(opts.get("sinks"), "--sinks") or base.sinks,
-            softcaps=parse_softcaps(opts.get("softcap")) or base.softcaps,
-            alibi=parse_causal(opts.get("alibi"), "--alibi") or ((True,) if slopes else base.alibi),
-            alibi_slopes=slopes,
+            features={**base.features, **axes},
         )
     except UserError:
         raise
-    except ValueError as exc:
+    except ValueError as exc:  # FeatureError included
         raise UserError(str(exc)) from None
 
 
@@ -647,18 +587,6 @@ Window = Annotated[list[str] | None, typer.Option(
     help="Sliding window LEFT,RIGHT (-1 = unbounded), or none; repeat it for several (a model's local and full layers).")]
 SoftmaxScale = Annotated[str | None, typer.Option(
     "--softmax-scale", metavar="X", rich_help_panel="Shape", help="Softmax scale (default: 1/sqrt(head size)).")]
-Sinks = Annotated[str | None, typer.Option(
-    "--sinks", "--no-sinks", metavar="[both]", show_default=False, rich_help_panel="Model variants",
-    help="Attention sinks (gpt-oss): one seeded logit per query head in every softmax; --sinks both runs both.")]
-Softcap = Annotated[list[str] | None, typer.Option(
-    "--softcap", metavar="C", rich_help_panel="Model variants",
-    help="Logit softcap C·tanh(s/C) (Gemma 2: 50); several values and none are an axis.")]
-Alibi = Annotated[str | None, typer.Option(
-    "--alibi", "--no-alibi", metavar="[both]", show_default=False, rich_help_panel="Model variants",
-    help="ALiBi with the standard slopes of the head count; --alibi both runs both.")]
-AlibiSlopes = Annotated[Path | None, typer.Option(
-    "--alibi-slopes", metavar="FILE", rich_help_panel="Model variants",
-    help="ALiBi with these slopes: one number per query head (implies --alibi).")]
 Preset = Annotated[str | None, typer.Option(
     "--preset", metavar="MODEL", rich_help_panel="Model variants",
     help="A model's attention layers (heads, head size, variants, windows); see attnbench presets.")]
@@ -699,6 +627,36 @@ InputScale = Annotated[str | None, typer.Option(
     "--input-scale", metavar="X", rich_help_panel="Inputs and accuracy", help="Multiply q and k by X (logits by X²): large magnitudes, for overflow bugs.")]
 Outliers = Annotated[str | None, typer.Option(
     "--outliers", metavar="FRACTION", rich_help_panel="Inputs and accuracy", help="Set this fraction of q, k, v elements to ±16 std (e.g. 0.001).")]
+
+
+def feature_options(command):
+    """Give ``command`` (run, verify, e2e) every feature's options (``Feature.options``), declared once there:
+    typer reads them from the signature; the command reads their values from ``ctx.params``, or from its
+    ``feature_opts`` parameter (name -> value) when it has one."""
+    import functools
+    import inspect
+
+    params = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "feature_opts"]
+    wants = "feature_opts" in inspect.signature(command).parameters
+    extra = [inspect.Parameter(o.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_option_type(o))
+             for o in features.options()]
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        given = {o.param: kwargs.pop(o.param, None) for o in features.options()}
+        if wants:  # a command that reads the values itself (e2e) gets them by parameter name
+            kwargs["feature_opts"] = given
+        return command(*args, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params + extra)
+    return wrapper
+
+
+def _option_type(option):
+    """The typer annotation of a feature's option."""
+    kind = Path if option.path else (list[str] if option.multi else str)
+    return Annotated[kind | None, typer.Option(*option.flags, metavar=option.metavar, show_default=False,
+                                               rich_help_panel="Model variants", help=option.help)]
 
 
 def input_dist(opts: dict):

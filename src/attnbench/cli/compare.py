@@ -1,4 +1,4 @@
-"""`attnbench compare RUN_A RUN_B` (speed ratios with confidence intervals, CI gate) and `merge`."""
+"""`attnbench compare RUN_A RUN_B` (speed ratios with confidence intervals, for CI checks) and `merge`."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import attnbench
+from attnbench import features
 from attnbench.backends import options as backend_options
 from attnbench.cli import common
 from attnbench.cli.common import UserError
@@ -38,20 +39,13 @@ def _one(values, name: str):
     return values[0]
 
 
-def model_variants(sinks, softcap, alibi, sliding_window) -> ModelVariants:
-    """--sinks, --softcap, --alibi, --sliding-window -> ModelVariants (a model has a variant or not: no 'both')."""
-    on = {}
-    for name, value in (("sinks", sinks), ("alibi", alibi)):
-        values = common.parse_causal(value, f"--{name}")
-        if values is not None and len(values) > 1:
-            raise UserError(f"--{name} both: a model has {name} or not; run it twice to compare")
-        on[name] = bool(values and values[0])
-    caps = common.parse_softcaps(_one(softcap, "--softcap"))
+def model_variants(opts: dict, sliding_window) -> ModelVariants:
+    """The features' options (``attnbench.features``) and --sliding-window -> ModelVariants (a model has a feature
+    or not: no 'both')."""
     window = None if sliding_window is None else common.positive_int(sliding_window, "--sliding-window")
     try:
-        return ModelVariants(sinks=on["sinks"], alibi=on["alibi"], softcap=caps[0] if caps else None,
-                             sliding_window=window)
-    except ValueError as exc:
+        return ModelVariants(**{f.name: f.model_value(opts) for f in features.FEATURES}, sliding_window=window)
+    except ValueError as exc:  # FeatureError included
         raise UserError(str(exc)) from None
 
 
@@ -163,6 +157,7 @@ def table_notes(records: list[Record]) -> list[str]:
     return notes + cpu_notes(records)
 
 
+@common.feature_options
 def e2e(
     model: Annotated[str, typer.Option("--model", help=f"One of: {', '.join(model_names())}.")] = "llama-tiny",
     backends: common.Backends = None,
@@ -183,16 +178,14 @@ def e2e(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table.")] = False,
     kernel_counts: Annotated[bool, typer.Option(
         "--kernel-counts", help="Profile one more step per backend and count its kernels (copies, adds; CUDA).")] = False,
-    sinks: common.Sinks = None,
-    softcap: common.Softcap = None,
-    alibi: common.Alibi = None,
+    feature_opts: dict | None = None,
     sliding_window: Annotated[str | None, typer.Option(
         "--sliding-window", metavar="N", rich_help_panel="Model variants",
         help="Llama models: every other layer, the first included, sees only the last N tokens (gpt-oss: 128).")] = None,
 ) -> None:
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
-                       backend_opt, kernel_counts, skip_missing, model_variants(sinks, softcap, alibi, sliding_window))
+                       backend_opt, kernel_counts, skip_missing, model_variants(feature_opts or {}, sliding_window))
     path = common.check_db_path(Path(db or DEFAULT_DB))
     if output is not None:
         try:

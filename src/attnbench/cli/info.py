@@ -12,6 +12,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from attnbench import features
 from attnbench.backends import registry
 from attnbench.backends.base import device_type
 from attnbench.cli import common
@@ -20,10 +21,10 @@ from attnbench.results import env as envmod
 
 def _caps_summary(caps) -> str:
     flags = [name for name, on in (("gqa", caps.gqa), ("varlen", caps.varlen), ("causal", caps.causal),
-                                   ("window", caps.window), ("sta-mask", caps.tile_mask), ("sinks", caps.sinks),
-                                   ("softcap", caps.softcap), ("alibi", caps.alibi), ("paged", caps.paged),
-                                   ("prefix", caps.shared_prefix), ("tree", caps.tree), ("kv-fp8", caps.kv_fp8),
-                                   ("bwd", caps.backward)) if on]
+                                   ("window", caps.window), ("sta-mask", caps.tile_mask),
+                                   *((f.name, getattr(caps, f.name)) for f in features.FEATURES),
+                                   ("paged", caps.paged), ("prefix", caps.shared_prefix), ("tree", caps.tree),
+                                   ("kv-fp8", caps.kv_fp8), ("bwd", caps.backward)) if on]
     dims = f"d<={caps.max_head_dim}" if caps.head_dims is None else "d in " + ",".join(map(str, caps.head_dims))
     exact = [] if caps.exact else ["approximate"]
     return " ".join(["/".join(caps.dtypes), dims, *flags, *exact])

@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attnbench
-from attnbench import metrics, plausibility, presets
+from attnbench import features, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -115,9 +115,6 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
     return tuple(out)
 
 
-VARIANT_NAMES = {"sinks": "attention sinks", "softcap": "a logit softcap", "alibi": "ALiBi"}
-
-
 def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
     """A backend named on the command line that cannot take a variant the sweep asks for is an error (its
     every such case would only be 'unsupported'), saying which backends can."""
@@ -127,7 +124,7 @@ def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
         for variant in wanted:
             if not getattr(caps, variant):
                 able = [n for n in registry.names() if _takes(n, variant)]
-                raise UserError(f"backend {name} cannot run {VARIANT_NAMES[variant]}; backends that can: "
+                raise UserError(f"backend {name} cannot run {features.BY_NAME[variant].title}; backends that can: "
                                 f"{', '.join(able) or 'none'} (--skip-missing records its cases as unsupported)")
 
 
@@ -167,11 +164,15 @@ def cannot_run(name: str, device: str) -> str | None:
 
 def build_plan(ctx: typer.Context) -> RunPlan:
     """Validate every option (config file merged, or a resumed run's stored options) into a RunPlan."""
+    return plan_from_options(options_of(ctx))
+
+
+def options_of(ctx: typer.Context) -> dict:
+    """The command's option values: a resumed run's stored ones, or the config file's overridden by the flags."""
     if ctx.params.get("resume") is not None:
-        return plan_from_options(control.resumed_options(ctx))
+        return control.resumed_options(ctx)
     config = common.load_config(ctx.params.get("config"))
-    opts = common.merge_options(ctx, config, allowed=set(ctx.params) - {"config", "resume"})
-    return plan_from_options(opts)
+    return common.merge_options(ctx, config, allowed=set(ctx.params) - {"config", "resume"})
 
 
 def plan_from_options(opts: dict) -> RunPlan:
@@ -337,6 +338,7 @@ def format_breakdown(phases: dict[str, float]) -> str:
     return f"{sec(phases.get('total', 0.0))}" + (f": {parts}" if parts else "")
 
 
+@common.feature_options
 def run(
     ctx: typer.Context,
     device: common.Device = None,
@@ -353,10 +355,6 @@ def run(
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
     softmax_scale: common.SoftmaxScale = None,
-    sinks: common.Sinks = None,
-    softcap: common.Softcap = None,
-    alibi: common.Alibi = None,
-    alibi_slopes: common.AlibiSlopes = None,
     preset: common.Preset = None,
     layout: Annotated[str | None, typer.Option(
         "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,

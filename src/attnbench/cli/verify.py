@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import attnbench
+from attnbench import features
 from attnbench.accuracy.check import AccuracyChecker
 from attnbench.accuracy.tolerance import worst_ratio
 from attnbench.cli import common
@@ -31,7 +32,6 @@ from attnbench.results.store import ResultStore, new_run_id
 from attnbench.runner import Runner
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
-from attnbench.variants import alibi_label, alibi_slopes
 
 # Tensor names as the FA2 accuracy write-up prints them.
 LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
@@ -67,17 +67,17 @@ def bug_prone_specs(device: str, dtypes, causal) -> list[AttnSpec]:
 
 
 def with_variants(defaults: list[AttnSpec], asked: list[AttnSpec]) -> list[AttnSpec]:
-    """The default shapes with each variant setting (sinks, softcap, ALiBi, scale) of the asked-for cases: the
-    standard ALiBi slopes follow each shape's head count; given slopes must match it."""
-    settings = dict.fromkeys((s.sinks, s.softcap, s.alibi, s.scale) for s in asked)
+    """The default shapes with each feature setting (``attnbench.features``) and scale of the asked-for cases,
+    each carried to the shape's head count (``Feature.rebase``: the standard ALiBi slopes follow it; given
+    slopes must match it)."""
+    settings = dict.fromkeys((tuple((f.name, getattr(s, f.name)) for f in features.FEATURES), s.scale) for s in asked)
     out = []
-    for sinks, softcap, alibi, scale in settings:
+    for values, scale in settings:
         for spec in defaults:
-            slopes = alibi
-            if alibi is not None and alibi_label(alibi) == "alibi":
-                slopes = alibi_slopes(spec.heads_q)
+            fields = {name: features.BY_NAME[name].rebase(value, spec.heads_q) if value is not None else None
+                      for name, value in values}
             try:
-                out.append(spec.replace(sinks=sinks, softcap=softcap, alibi=slopes, scale=scale))
+                out.append(spec.replace(**fields, scale=scale))
             except ValueError as exc:
                 raise common.UserError(f"{exc}: verify's default shapes have {spec.heads_q} q-heads; give --q-heads "
                                        "and --seq-lens to check other shapes") from None
@@ -87,7 +87,12 @@ def with_variants(defaults: list[AttnSpec], asked: list[AttnSpec]) -> list[AttnS
 def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     """``run``'s plan with verify's defaults: the bug-prone shapes unless shapes are given, pass fwd_bwd,
     warm-up 0, one timed call."""
-    plan = run_cmd.build_plan(ctx)
+    return verify_plan(run_cmd.options_of(ctx))
+
+
+def verify_plan(opts: dict) -> run_cmd.RunPlan:
+    """``run``'s plan of merged options, with verify's defaults (``build_verify_plan``)."""
+    plan = run_cmd.plan_from_options(opts)
     cfg = plan.config
     specs = plan.specs
     if not any(cfg.get(name) for name in SHAPE_OPTIONS):
@@ -99,6 +104,23 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
                           repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1).fixed()
     return dataclasses.replace(plan, specs=specs, options=dataclasses.replace(plan.options, timing=timing))
+
+
+def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
+    """Run verify's plan into its store as a run of its own: (run id, records)."""
+    env = envmod.collect(plan.options.device)
+    env_id, run_id = envmod.env_id(env), new_run_id()
+    status = "interrupted"
+    with ResultStore(plan.db) as store:
+        store.add_env(env_id, env)
+        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+                        env_id=env_id, version=attnbench.__version__)
+        try:
+            records = run_checks(plan, run_id, env_id, store.write)
+            status = "done"
+        finally:
+            store.finish_run(run_id, status)
+    return run_id, records
 
 
 def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
@@ -202,6 +224,7 @@ def exact_failures(records: list[Record]) -> list[Record]:
     return [r for r in records if r.info.get("exact", True) and r.status in FAILED_STATUSES]
 
 
+@common.feature_options
 def verify(
     ctx: typer.Context,
     device: common.Device = None,
@@ -216,10 +239,6 @@ def verify(
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
     softmax_scale: common.SoftmaxScale = None,
-    sinks: common.Sinks = None,
-    softcap: common.Softcap = None,
-    alibi: common.Alibi = None,
-    alibi_slopes: common.AlibiSlopes = None,
     preset: common.Preset = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
@@ -236,18 +255,7 @@ def verify(
 ) -> None:
     """Check every backend's output and gradients against the exact reference (exit 1 on a failure)."""
     plan = build_verify_plan(ctx)
-    env = envmod.collect(plan.options.device)
-    env_id, run_id = envmod.env_id(env), new_run_id()
-    status = "interrupted"
-    with ResultStore(plan.db) as store:
-        store.add_env(env_id, env)
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
-                        env_id=env_id, version=attnbench.__version__)
-        try:
-            records = run_checks(plan, run_id, env_id, store.write)
-            status = "done"
-        finally:
-            store.finish_run(run_id, status)
+    run_id, records = execute_checks(plan)
     failed = exact_failures(records)
     checked = sum(r.accuracy is not None for r in records)
     if as_json:

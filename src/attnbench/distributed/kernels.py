@@ -241,8 +241,8 @@ def _fa2_kernel() -> LocalKernel:
         from flash_attn import flash_attn_interface as fai
     except ImportError as exc:
         raise KernelUnavailable(f"kernel fa2 needs flash-attn 2 (pip install flash-attn): {exc}") from None
-    common = {"dropout_p": 0.0, "window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1,
-              "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None}
+    from attnbench.backends.fa2 import PLAIN_ARGS
+    common = dict(PLAIN_ARGS)
 
     def fwd(q, k, v, causal, scale):
         res = _call_with(fai._flash_attn_forward, {**common, "softmax_scale": scale, "causal": causal,

@@ -19,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnbench.features.alibi import alibi_slopes
 from attnbench.models import swap
-from attnbench.variants import alibi_slopes
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelVariants:
-    """The attention variants a model's layers use (``attnbench.variants``)."""
+    """The attention variants a model's layers use (``attnbench.features``)."""
 
     sinks: bool = False
     """A learnable sink logit per query head in every layer (gpt-oss)."""
@@ -33,6 +33,9 @@ class ModelVariants:
     """Logit softcap of every layer (Gemma 2: 50)."""
     alibi: bool = False
     """ALiBi with the standard slopes instead of RoPE (BLOOM, MPT)."""
+    gate: bool = False
+    """Gated attention (Qwen3-Next): the attention output times sigmoid of a projection of the layer's input,
+    applied after the attention call, before the output projection."""
     sliding_window: int | None = None
     """Tokens a query of a local layer sees (itself and the ones before it); every other layer is local, the
     first included (gpt-oss: 128, Gemma 2: 4096); None = every layer attends to all."""
@@ -129,6 +132,7 @@ class Attention(nn.Module):
         v = cfg.variants
         self.rope = not v.alibi  # ALiBi models place tokens by the bias alone
         self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if v.sinks else None
+        self.wg = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False) if v.gate else None
         self.kwargs = {"window": v.window(layer), "softcap": v.softcap,
                        "alibi": alibi_slopes(cfg.n_heads) if v.alibi else None}
 
@@ -142,7 +146,10 @@ class Attention(nn.Module):
         sinks = None if self.sinks is None else self.sinks.float()  # kernels take fp32 sinks
         out_bhsd = swap.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
                                   sinks=sinks, **self.kwargs)
-        return self.wo(out_bhsd.transpose(1, 2).reshape(b, s, -1))
+        out = out_bhsd.transpose(1, 2).reshape(b, s, -1)
+        if self.wg is not None:  # the model's own elementwise op, outside the swapped attention
+            out = out * torch.sigmoid(self.wg(x))
+        return self.wo(out)
 
 
 class FeedForward(nn.Module):

@@ -46,7 +46,7 @@ def attention(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, 
     """softmax(q k^T * scale) v on (B, H, S, D) tensors (GQA when k/v have fewer heads); (B, Hq, Sq, Dv).
 
     ``variants``: ``window`` (left, right), ``softcap``, ``alibi`` (slopes), ``sinks`` ((Hq,) fp32 tensor), as in
-    ``attnbench.variants``. Routed to the innermost active AttnSwap; without one, plain SDPA, or naive
+    ``attnbench.features``. Routed to the innermost active AttnSwap; without one, plain SDPA, or naive
     attention when a variant is given.
     """
     if _ACTIVE:

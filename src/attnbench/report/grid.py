@@ -3,6 +3,7 @@ limit (pass below 1), a mark where the check failed; the cases named in a short 
 
 from __future__ import annotations
 
+from attnbench import features
 from attnbench.accuracy.tolerance import worst_ratio
 from attnbench.report.footnotes import listed, reason_groups
 from attnbench.report.summary import axes
@@ -24,9 +25,9 @@ def worst(record: Record) -> float | None:
 def case_names(records: list[Record]) -> dict[str, str]:
     """A short name per case (the values of the axes that differ between cases), keyed by the case label."""
     specs = {r.spec.replace(pass_="fwd_bwd").label(): axes(r) for r in records}
-    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", "sinks", "softcap", "alibi",
+    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", *features.NAMES,
                            "layout", "mask") if len({a.get(k, "") for a in specs.values()}) > 1]
-    def name(a: dict) -> str:  # an axis at its default ("no mask", "no sinks", ...) goes unnamed
+    def name(a: dict) -> str:  # an axis at its default ("no mask", "no window", ...) goes unnamed
         parts = [("s" if k == "seq" else "") + a.get(k, "") for k in varying
                  if a.get(k, "") and not a.get(k, "").startswith("no ")]
         return " ".join(parts)
@@ -63,9 +64,9 @@ def render(records: list[Record], console) -> None:
     backends, cases, cells, legend = build(records)
     title = "worst error / limit per backend and case (a pass is below 1)"
     positions = [axes(r) for r in records]
-    every = [v for k in ("sinks", "softcap", "alibi") if len(v := {p[k] for p in positions}) == 1
+    every = [v for k in features.NAMES if len(v := {p[k] for p in positions}) == 1
              and not next(iter(v)).startswith("no ")]
-    if every:  # variants every case has (one that only some cases have is named in their legend)
+    if every:  # features every case has (one that only some cases have is named in their legend)
         title += "; every case with " + ", ".join(next(iter(v)) for v in every)
     console.print(title, highlight=False, markup=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)

@@ -14,11 +14,10 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-from attnbench import metrics
+from attnbench import features, metrics
 from attnbench.report import styles
 from attnbench.results.record import busy_of, exact_of, verdict_of
 from attnbench.spec import AttnSpec
-from attnbench.variants import alibi_label
 
 log = logging.getLogger(__name__)
 
@@ -165,17 +164,15 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
 
 def _variant_parts(row: dict) -> dict:
     """``_window`` and ``_variant`` of a row (a store row's spec, or an export row's columns) as line names:
-    cases with another window or other model variants (sinks, softcap, ALiBi) are another line."""
+    cases with another window or other features (``attnbench.features``) are another line."""
     spec = row.get("spec")
     spec = json.loads(spec) if isinstance(spec, str) else (spec or row)
     window = spec.get("window")
     if isinstance(window, str):
         window = json.loads(window)
-    parts = ["sinks"] if spec.get("sinks") else []
-    if spec.get("softcap") is not None:
-        parts.append(f"softcap{spec['softcap']:g}")
-    if spec.get("alibi") is not None:
-        parts.append(alibi_label(tuple(spec["alibi"])))
+    spec = {f.name: json.loads(v) if f.json_column and isinstance(v := spec.get(f.name), str) else spec.get(f.name)
+            for f in features.FEATURES}  # an export row holds a list as JSON text
+    parts = features.label_parts(spec)
     no_window = window is None or tuple(window) == (-1, -1)
     return {"_window": "no window" if no_window else f"window {window[0]},{window[1]}",
             "_variant": " ".join(parts) or "no variant"}

@@ -19,11 +19,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from attnbench import features
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 from attnbench.serving import describe, group_label, tree_label
 from attnbench.spec import LABEL_SEQUENCES
-from attnbench.variants import alibi_label
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
 API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
@@ -50,9 +50,7 @@ def axes(r: Record) -> dict[str, str]:
     if s.seqlens_k != s.seqlens_q and not many:
         out["keys"] = "keys " + (str(s.seqlens_k[0]) if not s.is_varlen else ",".join(map(str, s.seqlens_k)))
     out["window"] = f"window {s.window[0]},{s.window[1]}" if s.has_window else "no window"
-    out["sinks"] = "sinks" if s.sinks else "no sinks"
-    out["softcap"] = f"softcap {s.softcap:g}" if s.softcap is not None else "no softcap"
-    out["alibi"] = alibi_label(s.alibi) if s.alibi is not None else "no alibi"
+    out.update(features.axes(s))
     out["prefix"] = f"prefix {s.shared_prefix}" if s.shared_prefix else "no prefix"
     out["tree"] = tree_label(s.tree) if s.tree is not None else "no tree"
     out["kv"] = f"kv {s.kv_dtype}" if s.kv_dtype is not None else "kv " + s.dtype + " "  # a space: unshown fixed
@@ -65,13 +63,14 @@ def axes(r: Record) -> dict[str, str]:
     return out
 
 
-SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", "sinks", "softcap", "alibi", "page",
+SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", *features.NAMES, "page",
                "prefix", "tree", "kv", "mla", "layout", "mask", "pass")
 """Which varying axis becomes the rows: the one with most values, ties broken in this order."""
-LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", "sinks", "softcap", "alibi",
+LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", *features.NAMES,
                "prefix", "tree", "kv", "page", "mla", "layout", "pass")
 """The order of the fixed axes in the header (that of a case label)."""
-UNSHOWN_WHEN_FIXED = {"no window", "no sinks", "no softcap", "no alibi", "no prefix", "no tree", "no pages", "no mla"}
+UNSHOWN_WHEN_FIXED = {"no window", *(f.axis(f.off) for f in features.FEATURES), "no prefix", "no tree", "no pages",
+                      "no mla"}
 """Values of an axis every case shares that the header leaves out (they are the default)."""
 ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
 

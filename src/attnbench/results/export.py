@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+from attnbench import features
 from attnbench.results import files
 from attnbench.results.record import COLUMNS, Record, clock_of, verdict_of
 
@@ -17,15 +18,15 @@ from attnbench.results.record import COLUMNS, Record, clock_of, verdict_of
 EXPORT_COLUMNS = (
     "run_id", "backend", "label", "pass", "status", "verdict", "reason", "device", "timing_mode", "batch", "seq_len",
     "seq_len_k", "num_seqs", "heads_q", "heads_kv", "head_dim", "emb_dim", "dtype", "causal", "varlen", "window",
-    "sinks", "softcap", "alibi", "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
+    *features.NAMES, "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
     "bytes", "tflops", "gbps", "peak_mem_bytes", "sm_clock_mhz", "clock_dropped", "accuracy", "info", "seed",
     "env_id", "case_id",
 )
 FORMATS = ("json", "csv", "parquet")
-JSON_COLUMNS = ("accuracy", "info", "window", "alibi", "tree")
-VARIANT_COLUMNS = ("sinks", "softcap", "alibi")
-"""The case's model variants (sinks true/false, the softcap, the ALiBi slopes), read from its stored spec, as are
-its serving features (page size, shared prefix, tree, KV dtype) and whether it is MLA."""
+JSON_COLUMNS = ("accuracy", "info", "window", *(f.name for f in features.FEATURES if f.json_column), "tree")
+VARIANT_COLUMNS = features.NAMES
+"""The case's features (``attnbench.features``, each as ``Feature.export`` writes it), read from its stored spec, as
+are its serving features (page size, shared prefix, tree, KV dtype) and whether it is MLA."""
 
 
 def export_rows(rows: list[dict]) -> list[dict]:
@@ -37,8 +38,8 @@ def export_rows(rows: list[dict]) -> list[dict]:
         item["sm_clock_mhz"], item["clock_dropped"] = clock_of(row.get("info"))
         if row.get("spec"):
             spec = json.loads(row["spec"]) if isinstance(row["spec"], str) else row["spec"]
-            item.update(sinks=bool(spec.get("sinks", False)), softcap=spec.get("softcap"), alibi=spec.get("alibi"),
-                        page_size=spec.get("page_size"), shared_prefix=spec.get("shared_prefix", 0),
+            item.update({f.name: f.export(f.normalize(spec.get(f.name, f.off))) for f in features.FEATURES})
+            item.update(page_size=spec.get("page_size"), shared_prefix=spec.get("shared_prefix", 0),
                         tree=spec.get("tree"), kv_dtype=spec.get("kv_dtype"), mla=bool(spec.get("mla", False)))
         for c in JSON_COLUMNS:
             if isinstance(item[c], str):
@@ -126,10 +127,10 @@ def _typed(row: dict) -> dict:
             value = None
         elif col in JSON_COLUMNS:
             value = json.loads(value) if isinstance(value, str) else value
-        elif col in ("clock_dropped", "sinks", "mla"):
+        elif col in features.BY_NAME:
+            value = features.BY_NAME[col].from_text(value)
+        elif col in ("clock_dropped", "mla"):
             value = value if isinstance(value, bool) else str(value).lower() == "true"
-        elif col == "softcap":
-            value = float(value)
         elif col in ("page_size", "shared_prefix"):
             value = int(value)
         elif col == "sm_clock_mhz":

@@ -173,10 +173,14 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
     dtype = spec.torch_dtype
     drawn = 0
 
+    factor = features.qk_scale(spec)  # a feature's inputs that make it matter (a softcap's scores at its knee)
+
     def randn(*shape):
         nonlocal drawn
         drawn += 1  # q, k, v, dout in that order: q and k carry the scale, dout no outliers
         t = torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+        if factor != 1.0 and drawn <= 2:
+            t = t * factor
         if dist is None or dist.is_default or drawn == 4 or plain:
             return t
         return dist.apply(t, gen, scaled=drawn <= 2)

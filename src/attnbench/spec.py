@@ -294,7 +294,7 @@ class AttnSpec:
     def shape_key(self) -> tuple:
         """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
         return (self.batch, self.seqlens_q, self.seqlens_k, self.heads_q, self.heads_kv, self.head_dim,
-                self.head_dim_v, self.dtype, self.layout, tuple(item.name for item in features.inputs_of(self)),
+                self.head_dim_v, self.dtype, self.layout, features.draw_key(self),
                 self.shared_prefix, self.kv_dtype, self.mla)
 
     def label(self) -> str:

@@ -107,6 +107,28 @@ def test_standard_alibi_slopes_are_the_papers_geometric_series():
     assert alibi_label(alibi_slopes(112)) == "alibi" and alibi_label((0.1, 0.2)).startswith("alibi:")
 
 
+def test_softcap_inputs_reach_the_caps_knee_and_leave_other_cases_alone():
+    spec = AttnSpec(seqlens_q=(256,), heads_q=4, head_dim=64, dtype="fp32", softcap=30.0)
+    inputs = make_inputs(spec)
+    scores = torch.einsum("bihd,bjhd->bhij", inputs.q, inputs.k) * spec.softmax_scale
+    share = (scores.abs() >= 15.0).double().mean().item()
+    assert 0.08 < share < 0.2  # about 13% past c/2 (a standard deviation of c/3)
+    plain = make_inputs(spec.replace(softcap=None))
+    assert torch.equal(plain.q, make_inputs(AttnSpec(seqlens_q=(256,), heads_q=4, head_dim=64, dtype="fp32")).q)
+    assert not torch.equal(plain.q, inputs.q) and torch.equal(plain.v, inputs.v)
+
+
+@pytest.mark.parametrize("sq", [100, 577])
+def test_alibi_moves_the_top_key_of_most_rows(sq):
+    spec = AttnSpec(seqlens_q=(sq,), heads_q=4, head_dim=64, dtype="fp32", alibi=alibi_slopes(4))
+    inputs = make_inputs(spec)
+    scores = torch.einsum("bihd,bjhd->bhij", inputs.q, inputs.k) * spec.softmax_scale
+    from attnbench.features.alibi import relative_positions
+    biased = scores + torch.tensor(spec.alibi).view(1, -1, 1, 1) * relative_positions(sq, sq, "cpu")
+    moved = (scores.argmax(-1) != biased.argmax(-1)).double().mean(dim=(0, 2))
+    assert moved.min() > 0.1 and moved.max() > 0.85
+
+
 def test_sinks_carry_weight_so_ignoring_them_is_no_rounding_error():
     spec = AttnSpec(seqlens_q=(256,), heads_q=8, head_dim=64, dtype="fp32", sinks=True)
     inputs = make_inputs(spec)
@@ -136,6 +158,18 @@ class Mistaken(Backend):
             wrong = spec
 
         def forward(q, k, v, sinks=None):
+            if m == "softcap-derivative-dropped":  # the forward's cap, a backward as if there were none
+                groups = q.shape[2] // k.shape[2]
+                scores = torch.einsum("bihd,bjhd->bhij", q * spec.softmax_scale, k.repeat_interleave(groups, 2))
+                scores = _StraightThrough.apply(scores, spec.softcap)
+                mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(scores.shape[-1] - scores.shape[-2])
+                scores = scores.masked_fill(~mask, -math.inf) if spec.causal else scores
+                return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v.repeat_interleave(groups, 2))
+            if m == "alibi-backward-missing":  # the forward with the bias, the gradients as if there were none
+                right = naive_attention(q, k, v, causal=spec.causal, window=spec.window, scale=spec.softmax_scale,
+                                        terms=_terms(spec, q))
+                plain = naive_attention(q, k, v, causal=spec.causal, window=spec.window, scale=spec.softmax_scale)
+                return right.detach() + (plain - plain.detach())
             if m == "sinks-ignored":  # the sinks reach the kernel, which never reads them (d(sinks) = 0)
                 out = naive_attention(q, k, v, causal=spec.causal, window=spec.window, scale=spec.softmax_scale)
                 return out + 0 * sinks.sum().to(out.dtype)
@@ -166,6 +200,18 @@ class Mistaken(Backend):
         return Prepared(fn=fn)
 
 
+class _StraightThrough(torch.autograd.Function):
+    """c·tanh(s/c) forward, the identity's gradient backward: the softcap's derivative 1 − tanh² dropped."""
+
+    @staticmethod
+    def forward(ctx, s, cap):
+        return cap * torch.tanh(s / cap)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def _terms(spec, q):
     from attnbench.backends.naive import Terms
     return Terms.build(spec, q.shape[1], q.shape[1], q.device)
@@ -185,8 +231,11 @@ MISTAKES = {
     "sinks-ignored": dict(sinks=True, causal=True),
     "sink-in-numerator": dict(sinks=True),
     "softcap-before-scale": dict(softcap=2.0, causal=True),
+    "softcap-derivative-dropped": dict(softcap=30.0, causal=True),
+    "softcap-derivative-dropped at Gemma 2's cap": dict(softcap=50.0),
     "alibi-reversed-heads": dict(alibi=alibi_slopes(4), causal=True),
     "alibi-symmetric": dict(alibi=alibi_slopes(4)),
+    "alibi-backward-missing": dict(alibi=alibi_slopes(4), causal=True),
     "dsinks-missing": dict(sinks=True, causal=True),
 }
 
@@ -200,7 +249,8 @@ def test_the_check_fails_a_kernel_that_gets_a_variant_wrong(mistake, dtype):
     checker = AccuracyChecker()
     right = checker(spec, inputs, NaiveBackend().prepare(spec, inputs).fn(), NaiveBackend())
     assert right["verdict"] == "pass", right.get("reason")
-    wrong = checker(spec, inputs, Mistaken(mistake).prepare(spec, inputs).fn(), Mistaken(mistake))
+    kind = mistake.partition(" ")[0]
+    wrong = checker(spec, inputs, Mistaken(kind).prepare(spec, inputs).fn(), Mistaken(kind))
     assert wrong["verdict"] == "fail"
     if mistake == "dsinks-missing":
         assert "dsinks: not returned" in wrong["reason"]

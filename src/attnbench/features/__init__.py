@@ -39,6 +39,19 @@ def inputs_of(spec) -> tuple[FeatureInput, ...]:
     return tuple(item for f in active(spec) for item in f.inputs)
 
 
+def qk_scale(spec) -> float:
+    """The product of the active features' factors on q and k (``Feature.qk_scale``)."""
+    factor = 1.0
+    for f in active(spec):
+        factor *= f.qk_scale(value(spec, f), spec)
+    return factor
+
+
+def draw_key(spec) -> tuple:
+    """What the features change in a case's drawn inputs: cases that share it (and their shape) share inputs."""
+    return (tuple(item.name for item in inputs_of(spec)), qk_scale(spec))
+
+
 def grad_names(spec) -> tuple[str, ...]:
     """The names of the feature inputs of ``spec`` that have a gradient (``sinks``, ``gate``)."""
     return tuple(item.name for item in inputs_of(spec) if item.grad)

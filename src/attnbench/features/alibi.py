@@ -6,6 +6,12 @@ The bias is signed: a key after the query (only without a causal mask) gets a po
 whose models add ``slope_h · j`` (the same softmax: the two differ by a constant per row). Applied after the
 score features listed before it in ``FEATURES``, before the mask. The bias is formed in float32, as a model that keeps an fp32 ALiBi buffer does, and
 added in the scores' dtype. It adds no gradient to q and k beyond the shifted probabilities.
+
+**Inputs that make it matter.** The standard slopes (``2^-8k/n``) against N(0, 1) inputs need no help: the bias
+moves the highest-weighted key of most rows. On verify's CPU shapes (4 heads, 100–577 tokens) it changes the
+arg-max key of 88–98% of the rows of the steepest head and 16–63% of the gentlest; at 1000–4096 tokens and 16
+heads, 78–100% on every head (``tests/unit/test_variants.py``). A kernel with the slopes reversed, halved, per
+KV head, symmetric, or missing from its backward fails in bf16.
 """
 
 from __future__ import annotations

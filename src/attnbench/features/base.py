@@ -141,6 +141,11 @@ class Feature:
         return values[0]
 
     # ---- inputs and bytes ------------------------------------------------------------------------
+    def qk_scale(self, value, spec) -> float:
+        """A factor on the drawn q and k so that the feature matters (its terms reach their non-linear range);
+        1 leaves the case's inputs those of the same case without the feature."""
+        return 1.0
+
     def draw(self, spec, gen: torch.Generator, device, like_out: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:
         """Its seeded input tensors for ``spec`` (drawn after q, k, v and dout, so theirs do not change);
         ``like_out()`` draws N(0, 1) shaped and laid out like the output."""

@@ -2,6 +2,15 @@
 
 Applied to the scaled scores before ALiBi and the mask. Its derivative ``1 − tanh²(s / c)`` multiplies dS in
 the backward. It adds no FLOPs to the convention (``metrics``): a tanh is elementwise work on the scores.
+
+**Inputs that make it matter.** With N(0, 1) inputs the scaled scores have a standard deviation of 1, far below
+any cap a model uses (Gemma 2: 50), where ``c · tanh(s / c)`` is the identity to a few parts in 10⁴ and its
+derivative 1: a kernel without the softcap's derivative in its backward passed a bf16 check. A case with a
+softcap therefore draws q and k scaled (``qk_scale``) so that its scaled scores have a standard deviation of
+``c / 3`` before the cap: about 13% of them lie at ``|s| ≥ c / 2``, where tanh bends (derivative ≤ 0.79), and
+the largest reach the cap itself; the softmax stays finite and the rows keep several keys of weight, since the
+cap compresses the top scores. A kernel that drops the derivative, or applies the cap to unscaled scores, fails
+in bf16 (``tests/unit/test_variants.py``). The same case without a softcap keeps its N(0, 1) inputs.
 """
 
 from __future__ import annotations
@@ -11,6 +20,10 @@ import math
 import torch
 
 from attnbench.features.base import Feature, FeatureError, Option, finite_number, shown
+
+
+SCORE_SPREAD = 3.0
+"""The scaled scores of a case with a softcap c are drawn with a standard deviation of c / SCORE_SPREAD (module doc)."""
 
 
 def softcap(score: torch.Tensor, cap: float) -> torch.Tensor:
@@ -66,6 +79,10 @@ class Softcap(Feature):
         if not out:
             raise FeatureError("--softcap is empty; give a number like 50, or none")
         return tuple(dict.fromkeys(out))
+
+    def qk_scale(self, value, spec) -> float:
+        # q·k of N(0, a²) elements times the softmax scale has a standard deviation a² · scale · √d
+        return math.sqrt(value / SCORE_SPREAD / (spec.softmax_scale * math.sqrt(spec.head_dim)))
 
     def score_mod(self, value, sq, sk, device):
         return lambda scores, rows=None: softcap(scores, value)

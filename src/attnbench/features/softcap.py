@@ -21,7 +21,6 @@ import torch
 
 from attnbench.features.base import Feature, FeatureError, Option, finite_number, shown
 
-
 SCORE_SPREAD = 3.0
 """The scaled scores of a case with a softcap c are drawn with a standard deviation of c / SCORE_SPREAD (module doc)."""
 

@@ -30,7 +30,7 @@ class Outputs:
             setattr(self, name, value)
 
     def __getattr__(self, name: str):
-        if name.startswith("__"):
+        if name.startswith("__") or name == "_tensors":  # copy and pickle probe before __init__ ran
             raise AttributeError(name)
         return self._tensors.get(name)
 

@@ -1,4 +1,4 @@
-"""On a GPU: every kernel that offers sinks, softcap or ALiBi, checked against the exact reference forward and
+"""On a GPU: every kernel that offers sinks, softcap, ALiBi or an output gate, checked against the exact reference forward and
 (where it has one) backward, on shapes where mistakes show (GQA, queries shorter than keys, a window, a packed
 group with a one-token sequence). A backend or installed build that lacks a case skips with its own reason."""
 
@@ -24,8 +24,11 @@ VARIANTS = {
     "softcap-window": dict(softcap=30.0, window=(255, 0)),
     "alibi": dict(alibi=SLOPES),
     "all-three": dict(sinks=True, softcap=30.0, alibi=SLOPES),
+    "gate": dict(gate=True),
+    "gate-sinks": dict(gate=True, sinks=True),
 }
-BACKENDS = ("naive", "sdpa-math", "flex", "fa4", "fa4-varlen", "fa3", "fa3-varlen", "fa2", "fa2-varlen", "flashinfer")
+BACKENDS = ("naive", "sdpa-math", "flex", "fa4", "fa4-varlen", "fa3", "fa3-varlen", "fa2", "fa2-varlen", "flashinfer",
+            "sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
 SHAPES = {"dense": DENSE, "cross": CROSS, "varlen": VARLEN}
 
 
@@ -33,8 +36,10 @@ def cases():
     for backend in BACKENDS:
         for variant in VARIANTS:
             for shape in SHAPES:
-                if shape == "cross" and variant.startswith("softcap"):
-                    continue  # a softcap does not depend on positions: the aligned ones are sinks' and ALiBi's
+                if shape == "cross" and variant.startswith(("softcap", "gate")):
+                    continue  # neither depends on positions: the aligned ones are sinks' and ALiBi's
+                if backend.startswith("sdpa-") and backend != "sdpa-math" and not variant.startswith("gate"):
+                    continue  # the fused SDPA kernels take the gate alone
                 for pass_ in ("fwd", "fwd_bwd"):
                     yield pytest.param(backend, variant, shape, pass_, id=f"{backend}-{variant}-{shape}-{pass_}")
 
@@ -59,6 +64,8 @@ def test_variant_matches_the_exact_reference(backend, variant, shape, pass_):
     assert acc["verdict"] == "pass", acc.get("reason")
     if spec.sinks and pass_ != "fwd":
         assert "dsinks" in acc["tensors"]
+    if spec.gate and pass_ != "fwd":
+        assert "dgate" in acc["tensors"]
 
 
 def test_non_causal_sinks_and_alibi_on_flex_and_fa4():

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from attnbench import features
 from attnbench.accuracy.reference import BlockSizes, attention_backward, attention_forward, compute_dtype_for
 from attnbench.features.alibi import alibi_slopes
 from attnbench.inputs import make_inputs
@@ -63,8 +64,9 @@ def _sync(device: torch.device) -> None:
 def run_reference(spec: AttnSpec, device: torch.device, dtype: torch.dtype, blocks: BlockSizes) -> dict:
     """One timed fwd+bwd of the reference; seconds per phase and extra device memory (CUDA)."""
     inputs = make_inputs(spec, device, seed=0)
-    kw = dict(causal=spec.causal, scale=spec.softmax_scale, dtype=dtype, blocks=blocks, softcap=spec.softcap,
-              alibi=spec.alibi, sinks=inputs.sinks)
+    feats = {f.name: (getattr(spec, f.name) if f.stage == "score" else inputs.extra[f.name])
+             for f in features.active(spec) if f.stage != "output"}
+    kw = dict(causal=spec.causal, scale=spec.softmax_scale, dtype=dtype, blocks=blocks, features=feats)
     cuda = device.type == "cuda"
     if cuda:
         small = make_inputs(spec.replace(seqlens_q=(256,)), device, seed=1)
@@ -79,7 +81,8 @@ def run_reference(spec: AttnSpec, device: torch.device, dtype: torch.dtype, bloc
     out, lse = attention_forward(inputs.q, inputs.k, inputs.v, **kw)
     _sync(device)
     t1 = time.perf_counter()
-    dq, dk, dv, *_ = attention_backward(inputs.q, inputs.k, inputs.v, out, lse, inputs.dout, **kw)
+    grads = attention_backward(inputs.q, inputs.k, inputs.v, out, lse, inputs.dout, **kw)
+    dq, dk, dv = grads["dq"], grads["dk"], grads["dv"]
     _sync(device)
     t2 = time.perf_counter()
     finite = all(bool(torch.isfinite(t).all()) for t in (out, dq, dk, dv))

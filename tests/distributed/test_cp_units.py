@@ -242,3 +242,12 @@ def test_ulysses_head_check_and_default_degree():
     check_heads(8, 4, 4)
     assert _default_ulysses(8, AttnSpec(heads_q=32, heads_kv=8)) == 8
     assert _default_ulysses(4, AttnSpec(heads_q=6, heads_kv=6)) == 2
+
+
+def test_ulysses_pipeline_chunks_divide_the_heads_each_rank_holds():
+    from attnbench.distributed.ulysses import pipeline_chunks
+    assert pipeline_chunks(32, 32, 2) == 4 and pipeline_chunks(16, 8, 2) == 4 and pipeline_chunks(8, 4, 2) == 2
+    assert pipeline_chunks(6, 2, 2) == 1  # one kv-head per rank: nothing to split
+    assert pipeline_chunks(32, 32, 4, 2) == 2
+    with pytest.raises(ValueError, match="must divide the heads each rank holds"):
+        pipeline_chunks(12, 12, 2, 4)

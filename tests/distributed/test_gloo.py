@@ -21,6 +21,8 @@ CASES_2 = {
     "zigzag-fp32-causal-odd": ("zigzag", "sdpa-math", "fp32", True, 4, 4, 68, {"head_dim": 8}),
     "zigzag-fp32-causal-allgather": ("zigzag", "sdpa-math", "fp32", True, 4, 2, 64, {"comm": "allgather"}),
     "ulysses-fp32-causal-gqa": ("ulysses", "sdpa-math", "fp32", True, 4, 2, 64, {}),
+    "ulysses-fp32-causal-4-chunks": ("ulysses", "sdpa-math", "fp32", True, 16, 8, 64, {}),
+    "ulysses-bf16-gqa-2-chunks": ("ulysses", "sdpa-math", "bf16", False, 8, 4, 128, {}),
     "ring-bf16-causal": ("ring", "sdpa-math", "bf16", True, 4, 4, 128, {}),
     "zigzag-bf16-causal-gqa": ("zigzag", "sdpa-math", "bf16", True, 4, 2, 128, {}),
     "ring-cpuflash-fp32-causal": ("ring", "sdpa-flash", "fp32", True, 4, 4, 64, {}),

@@ -28,7 +28,7 @@ from attnbench.distributed import bench, timeline
 from attnbench.distributed import layout as lay
 from attnbench.distributed.kernels import KernelUnavailable, get_kernel
 from attnbench.distributed.names import KERNELS, canonical
-from attnbench.distributed.ulysses import check_heads
+from attnbench.distributed.ulysses import check_heads, pipeline_chunks
 from attnbench.results import env as envmod
 from attnbench.results import export, files
 from attnbench.results.record import Record
@@ -51,7 +51,7 @@ def _names(values, allowed, what) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def validate(specs, methods, world: int, ulysses_degree: int | None) -> None:
+def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chunks: int | str = "auto") -> None:
     """Reject what cannot run before any process group exists: the same answer on every rank."""
     for spec in specs:
         if spec.is_varlen:
@@ -61,14 +61,15 @@ def validate(specs, methods, world: int, ulysses_degree: int | None) -> None:
         if spec.pass_ == "bwd":
             raise UserError("dist times --pass fwd or fwd_bwd (the backward alone is not timed)")
         for method in methods:
-            _validate_case(spec, method, world, ulysses_degree)
+            _validate_case(spec, method, world, ulysses_degree, ulysses_chunks)
 
 
-def _validate_case(spec, method, world, ulysses_degree) -> None:
+def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -> None:
     seq, causal = spec.seqlens_q[0], spec.causal
     try:
         if method == "ulysses":
             check_heads(spec.heads_q, spec.heads_kv, world)
+            pipeline_chunks(spec.heads_q, spec.heads_kv, world, ulysses_chunks)
         if method in ("usp", "yunchang"):
             u = ulysses_degree or bench._default_ulysses(world, spec)
             if world % u:
@@ -94,6 +95,10 @@ def dist(
     ulysses_degree: Annotated[int | None, typer.Option(
         "--ulysses-degree", help="USP: ranks per Ulysses group (default: largest divisor <= 8 of world and heads).")] = None,
     ring_comm: Annotated[str, typer.Option("--ring-comm", help="p2p (ring) or allgather (gather K/V first).")] = "p2p",
+    ulysses_chunks: Annotated[str, typer.Option(
+        "--ulysses-chunks", metavar="N|auto", help="Ulysses' forward pipelined over N head chunks per rank, each "
+        "chunk's all-to-alls under the previous chunk's kernel (auto: 4, 2 or 1, whichever divides the heads; "
+        "1 = one all-to-all).")] = "auto",
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda if available).")] = None,
     batch_size: common.BatchSize = None,
     seq_lens: common.SeqLens = None,
@@ -167,6 +172,10 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
     if opts["ring_comm"] not in ("p2p", "allgather"):
         raise UserError(f"bad --ring-comm {opts['ring_comm']!r}; allowed: p2p, allgather")
+    chunks = str(opts.get("ulysses_chunks") or "auto").strip().lower()
+    if chunks != "auto":
+        chunks = common.positive_int(chunks, "--ulysses-chunks")
+    opts["ulysses_chunks"] = chunks
     opts["kernel"] = canonical(str(opts["kernel"]))
     if any(m not in bench.OWN_KERNEL for m in methods):
         try:
@@ -177,7 +186,7 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     opts["pass_"] = opts["pass_"] or ["fwd", "fwd_bwd"]
     specs = common.build_sweep(opts, dev).specs()
     world = world or common.env_int("WORLD_SIZE", 1, low=1)
-    validate(specs, methods, world, opts.get("ulysses_degree"))
+    validate(specs, methods, world, opts.get("ulysses_degree"), opts["ulysses_chunks"])
     cpu = dev == "cpu"
     try:
         timing = TimingConfig(warmup=common.option_int(opts, "warmup", 0, common.MAX_REPEAT, default=1 if cpu else 5),
@@ -231,6 +240,7 @@ def _execute(plan: dict) -> None:
             for spec in plan["specs"]:
                 res = bench.run_case(spec, method, opts["kernel"], ctx, timing=plan["timing"], check=opts["check"],
                                      ulysses_degree=opts.get("ulysses_degree"), comm=opts["ring_comm"],
+                                     ulysses_chunks=opts["ulysses_chunks"],
                                      seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline_calls") or 0)
                 if ctx.rank == 0:
                     _print_case(res, ctx.world)

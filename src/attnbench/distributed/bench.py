@@ -41,7 +41,7 @@ from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_ke
 from attnbench.distributed.names import canonical
 from attnbench.distributed.reference import TENSORS, exact_attention, max_mean, single_device
 from attnbench.distributed.ring import ring_attention
-from attnbench.distributed.ulysses import check_heads, ulysses_attention
+from attnbench.distributed.ulysses import check_heads, pipeline_chunks, ulysses_attention
 from attnbench.distributed.usp import make_mesh, usp_attention
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
@@ -129,7 +129,7 @@ def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> Dis
 
 
 def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, *, ulysses_degree: int | None,
-                 comm: str = "p2p") -> Method:
+                 comm: str = "p2p", ulysses_chunks: int | str = "auto") -> Method:
     """The method ``name`` for this case; ValueError for a bad case, MethodUnavailable for a missing peer."""
     causal, scale, seq = spec.causal, spec.softmax_scale, spec.seqlens_q[0]
     if name in OWN_COLLECTIVES and ctx.ranks_per_device > 1:
@@ -147,9 +147,10 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
     if name == "ulysses":
         check_heads(spec.heads_q, spec.heads_kv, ctx.world)
         lay.check_seq_len(seq, "contiguous", ctx.world, what="ulysses: world size")
+        chunks = pipeline_chunks(spec.heads_q, spec.heads_kv, ctx.world, ulysses_chunks)
         fn = _wrap(ulysses_attention, kernel=get_kernel(kernel_name, ctx.device), causal=causal, scale=scale,
-                   chunks="auto")
-        return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1)
+                   chunks=chunks)
+        return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1, info={"ulysses_chunks": chunks})
     if name in ("usp", "yunchang"):
         u = ulysses_degree or _default_ulysses(ctx.world, spec)
         check_heads(spec.heads_q, spec.heads_kv, u)
@@ -326,7 +327,7 @@ class CaseResult:
 
 def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContext, *, timing: TimingConfig,
              check: bool = True, ulysses_degree: int | None = None, comm: str = "p2p", seed: int = 0,
-             convention: str = "exact", timeline_calls: int = 0) -> CaseResult:
+             convention: str = "exact", timeline_calls: int = 0, ulysses_chunks: int | str = "auto") -> CaseResult:
     """Check and time one case on every rank; the result is complete on rank 0.
 
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
@@ -337,7 +338,8 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     peer = method_name in OWN_KERNEL
     try:
         kernel = None if peer else kernel_for(kernel_name, spec, ctx.device)
-        method = build_method(method_name, kernel_name, spec, ctx, ulysses_degree=ulysses_degree, comm=comm)
+        method = build_method(method_name, kernel_name, spec, ctx, ulysses_degree=ulysses_degree, comm=comm,
+                              ulysses_chunks=ulysses_chunks)
     except (MethodUnavailable, ValueError) as exc:  # every rank reaches the same decision
         result.status, result.reason = "unsupported", str(exc)
         return result

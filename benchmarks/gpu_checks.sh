@@ -53,7 +53,7 @@ case "${1:?stage}" in
   fidelity)
     timeout 60 "${AB[@]}" calibrate --db "$OUT/fidelity.db" > "$OUT/calibrate.txt" 2>&1; tail -8 "$OUT/calibrate.txt"
     timeout 300 python3 benchmarks/fidelity.py --out "$OUT/fidelity" > "$OUT/fidelity.txt" 2>&1; tail -30 "$OUT/fidelity.txt"
-    # P2: the default sweep, then where its time went (docs/results/2026-11-22-h200-sweep-cost.md)
+    # P2: the default sweep, then where its time went (docs/results/archive/2026-11-22-h200-sweep-cost.md)
     ( time timeout 300 "${AB[@]}" run --db "$OUT/p2.db" --output "$OUT/p2.json" ) > "$OUT/p2.txt" 2>&1; tail -4 "$OUT/p2.txt"
     python3 benchmarks/sweep_cost.py "$OUT/p2.db" | head -13
     ;;

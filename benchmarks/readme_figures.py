@@ -1,6 +1,6 @@
 """The README's and the results page's H100 default-sweep figures, drawn again from the stored records.
 
-    python3 benchmarks/readme_figures.py [--csv docs/results/h100-2026-11-26/default-sweep.csv] [--out docs/img]
+    python3 benchmarks/readme_figures.py [--csv docs/results/raw/h100-2026-11-26/default-sweep.csv.xz] [--out docs/img]
     python3 benchmarks/readme_figures.py --db /tmp/h100.db      # also: the records as a store, for `report`
 
 The CSV is the export of the H100 default sweep whose summary the README prints (2026-11-26, 736 records, no
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import lzma
 import re
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from attnbench.results.record import Record
 from attnbench.spec import AttnSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / "docs/results/h100-2026-11-26/default-sweep.csv"
+CSV = ROOT / "docs/results/raw/h100-2026-11-26/default-sweep.csv.xz"
 RUN_ID = "20261126-004709-55b1e8"
 CONTEXT = "b2 h16 d128 bf16 · NVIDIA H100 80GB HBM3 · 2026-11-26"
 LABEL = re.compile(r"b(\d+) s(\d+) h(\d+)(?:/(\d+))? d(\d+) (\w+)( causal)?$")
@@ -60,7 +61,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs/img")
     parser.add_argument("--db", type=Path, help="Also write the records into this store (for attnbench report).")
     args = parser.parse_args()
-    with args.csv.open(newline="") as fh:
+    opener = lzma.open if args.csv.suffix == ".xz" else open  # the stored export is xz-compressed
+    with opener(args.csv, "rt", newline="") as fh:
         records = [record(row) for row in csv.DictReader(fh)]
     rows = [r.to_row() for r in records]
     sets = dict(plots.backend_sets(rows))

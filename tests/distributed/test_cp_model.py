@@ -74,9 +74,9 @@ def test_slow_links_and_exposed_transfers_cost_time():
 def test_cp_model_command_fits_checks_and_predicts():
     from attnbench.cli import app
     res = CliRunner().invoke(app, [
-        "cp-model", "--kernels", str(ROOT / "docs/results/h200-2026-11-23/cp-model/local_kernels_h200.csv"),
-        "--fit", str(ROOT / "docs/results/h200x2-2026-11-22/seed001_tables.csv"),
-        "--check", str(ROOT / "docs/results/h200x2-2026-11-22/cp_p4.csv"), "--gpus", "2,16", "--seq-lens", "128k"])
+        "cp-model", "--kernels", str(ROOT / "docs/results/raw/h200-2026-11-23/cp-model/local_kernels_h200.csv"),
+        "--fit", str(ROOT / "docs/results/raw/h200x2-2026-11-22/seed001_tables.csv"),
+        "--check", str(ROOT / "docs/results/raw/h200x2-2026-11-22/cp_p4.csv"), "--gpus", "2,16", "--seq-lens", "128k"])
     assert res.exit_code == 0, res.output
     assert "check: predicted vs measured" in res.output and "within 5%" in res.output
     assert "predicted TF/s per device" in res.output and "ring-flash-attn" in res.output
@@ -202,7 +202,7 @@ def test_a_fit_with_no_finite_error_is_refused_not_reported():
 
 def _hostile_links(tmp_path, change) -> Path:
     import json
-    doc = json.loads((ROOT / "docs/results/h200x2-2026-11-24/links.json").read_text())
+    doc = json.loads((ROOT / "docs/results/raw/h200x2-2026-11-24/links.json").read_text())
     change(doc)
     path = tmp_path / "links.json"
     path.write_text(json.dumps(doc))
@@ -248,8 +248,8 @@ def _hostile_csv(tmp_path, source: str, change) -> Path:
     return path
 
 
-KERNELS = "docs/results/h200-2026-11-24/cp-model/local_kernels_h200.csv"
-FIT = "docs/results/h200x2-2026-11-22/seed001_tables.csv"
+KERNELS = "docs/results/raw/h200-2026-11-24/cp-model/local_kernels_h200.csv"
+FIT = "docs/results/raw/h200x2-2026-11-22/seed001_tables.csv"
 
 
 @pytest.mark.parametrize("flag, source, change, needle", [

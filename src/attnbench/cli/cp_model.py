@@ -13,7 +13,7 @@ from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.distributed.names import canonical
 
-RESULTS = Path("docs/results")
+RESULTS = Path("docs/results/raw")
 MAX_HEADS, MAX_GPUS, MAX_TOKENS = 4096, 65536, 2**31 - 1
 """Bounds of the predictions asked for (--q-heads, --gpus, --seq-lens): past them nothing is a real job."""
 DEFAULT_KERNELS = RESULTS / "h200-2026-11-24/cp-model/local_kernels_h200.csv"

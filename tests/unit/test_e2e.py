@@ -149,8 +149,8 @@ def test_llama_variants_are_the_exact_attention():
     sinks = torch.randn(4, dtype=torch.float64) + 2
     got = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=(4, 0),
                     softcap=30.0, alibi=(0.5, 0.25, 0.125, 0.0625), sinks=sinks).transpose(1, 2)
-    want, _ = attention_forward(q, k, v, causal=True, window=(4, 0), softcap=30.0, alibi=(0.5, 0.25, 0.125, 0.0625),
-                                sinks=sinks)
+    want, _ = attention_forward(q, k, v, causal=True, window=(4, 0),
+                                features={"softcap": 30.0, "alibi": (0.5, 0.25, 0.125, 0.0625), "sinks": sinks})
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 

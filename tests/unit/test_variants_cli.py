@@ -81,7 +81,7 @@ def test_alibi_slopes_file_sets_the_slopes(tmp_path):
     (["--softcap", "-5"], "bad --softcap"),
     (["--softcap", "inf"], "bad --softcap"),
     (["--softcap", "nan"], "bad --softcap"),
-    (["--alibi-slopes", "SLOPES3"], "has 3 slopes, but the sweep has 4 q-heads"),
+    (["--alibi-slopes", "SLOPES3"], "ALiBi needs one slope per query head: 3 slopes for 4 q-heads"),
     (["--alibi-slopes", "/nonexistent/slopes.txt"], "no such file"),
     (["--alibi-slopes", "BADSLOPES"], "'x' is not a finite number"),
     (["--sinks", "--backends", "sdpa-flash"], "backend sdpa-flash cannot run attention sinks"),

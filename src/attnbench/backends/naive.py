@@ -58,6 +58,8 @@ def naive_attention(q_bshd: torch.Tensor, k_bshd: torch.Tensor, v_bshd: torch.Te
     if mask.drop is not None:
         scores = scores.masked_fill(mask.drop, float("-inf"))
     row = terms.row if terms is not None else None
+    if row is None:  # a row feature's input given without terms (``naive_attention(q, k, v, sinks=...)``)
+        row = next((f for f in features.FEATURES if f.stage == "rows" and named.get(f.name) is not None), None)
     if row is None:
         probs = torch.softmax(scores, dim=-1)
         if mask.empty_rows is not None:

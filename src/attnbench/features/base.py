@@ -136,8 +136,9 @@ class Feature:
         if values is None:
             return self.off
         if len(values) > 1:
-            raise FeatureError(f"{self.options[0].flags[0]} takes one value for a model, got {len(values)}; "
-                               "run it once per value to compare")
+            raise FeatureError(f"{self.options[0].flags[0]} both: a model has {self.name} or not; run it twice to "
+                               "compare" if self.options[0].tristate else
+                               f"{self.options[0].flags[0]} takes one value for a model, got {len(values)}")
         return values[0]
 
     # ---- inputs and bytes ------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def make_inputs(spec: AttnSpec, device: str | torch.device = "cpu", seed: int = 
     dtype = spec.torch_dtype
     drawn = 0
 
-    factor = features.qk_scale(spec)  # a feature's inputs that make it matter (a softcap's scores at its knee)
+    factor = features.qk_scale(spec)  # a feature's inputs that make it matter (scores that reach a term's non-linear range)
 
     def randn(*shape):
         nonlocal drawn

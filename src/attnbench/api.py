@@ -4,7 +4,7 @@
 its ``--config`` YAML, ``--preset`` and ``--resume`` all build, through the same code — and ``run(plan)``
 executes it, writing each record to the store as it is measured, and returns the records. Options are the
 command line's, by parameter name (the YAML keys): ``seq_lens``, ``backends``, ``causal`` (or ``causal_mode``),
-``pass_`` (or ``pass``), ``preset``, a feature's name (``alibi=True``; a list of values is an axis), ``device``, ``db``...
+``pass_`` (or ``pass``), ``preset``, a feature by its name (its value as in YAML; a list of values is an axis), ``device``, ``db``...
 A value may be a scalar or a list, as in YAML. Bad input raises ``ValueError`` with the CLI's one-line message.
 
 ``verify(**options)`` is ``attnbench verify``: the bug-prone shapes unless shapes are given, one call each,

@@ -100,7 +100,7 @@ class Feature:
         """ValueError when ``value`` is not a valid setting for ``spec`` (called only when on)."""
 
     def label(self, value) -> str:
-        """Its word in a case's label (``b2 s4096 ... alibi``)."""
+        """Its word in a case's label (``b2 s4096 ... <label>``)."""
         return self.name
 
     def axis(self, value) -> str:

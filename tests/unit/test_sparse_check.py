@@ -25,7 +25,7 @@ WRONG = 10 * ROUNDING
 
 @pytest.fixture(scope="module")
 def case():
-    return make_case(33, 301, 5, 61, seed=11, sinks=True, lengths=True, empty=0.2, repeats=0.15, extra=(57, 19))
+    return make_case(33, 301, 5, 61, seed=11, attn_sink=True, lengths=True, empty=0.2, repeats=0.15, extra=(57, 19))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def kernel(case, mistake: str | None = None) -> Outputs:
     elif mistake == "extra cache dropped":
         kw.update(extra_kv=None, extra=None)
     elif mistake == "sink ignored":
-        kw.update(sinks=None)
+        kw.update(attn_sink=None)
     elif mistake == "repeats counted once":
         sel = _once(sel)
     elif mistake is not None:
@@ -82,14 +82,14 @@ def test_the_case_makes_every_mistake_possible(case):
     idx = case.selection.indices
     assert (idx == -1).any() and (idx >= case.kv.shape[0]).any() and (case.selection.lengths < idx.shape[1]).any()
     assert any(len(set(r)) < len(r) for r in idx.tolist())
-    share = torch.sigmoid(case.sinks.double()[:, None] - reference_sparse(
+    share = torch.sigmoid(case.attn_sink.double()[:, None] - reference_sparse(
         case.q, case.kv, case.selection, **{**case.kwargs(), "dout": None}).lse)
-    assert 0.1 < float(share.mean()) < 0.9  # the sinks take a real share of the rows
+    assert 0.1 < float(share.mean()) < 0.9  # the sink logits take a real share of the rows
 
 
 def test_a_correct_kernel_is_within_bf16_rounding(right):
     metrics = right
-    assert set(metrics) == {"out", "lse", "max_logits", "dq", "dkv", "dextra_kv", "dsinks"}
+    assert set(metrics) == {"out", "lse", "max_logits", "dq", "dkv", "dextra_kv", "dattn_sink"}
     for name, m in metrics.items():
         assert m["rel_l2"] < ROUNDING, (name, m["rel_l2"])
         assert m["nonfinite"] == 0 and "inf_mismatch" not in m
@@ -97,7 +97,7 @@ def test_a_correct_kernel_is_within_bf16_rounding(right):
 
 def test_the_plain_bf16_baseline_is_bf16_sized(case, ref):
     metrics = compare(baseline_sparse(case.q, case.kv, case.selection, **case.kwargs()).tensors(), ref.tensors())
-    assert set(metrics) == {"out", "lse", "dq", "dkv", "dextra_kv", "dsinks"}
+    assert set(metrics) == {"out", "lse", "dq", "dkv", "dextra_kv", "dattn_sink"}
     for name, m in metrics.items():
         assert 0 < m["rel_l2"] < 8 * U, (name, m["rel_l2"])
 

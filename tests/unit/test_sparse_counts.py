@@ -25,10 +25,10 @@ def test_forward_counts_the_valid_slots_and_reads_each_distinct_row_once():
 
 def test_fp8_rows_sinks_and_an_extra_cache():
     extra = Selection(indices=torch.tensor([[0, 2], [2, 2], [-1, 1]]))
-    c = sparse_counts(SEL, 10, heads=5, row_bytes=656, sinks=True, extra=extra, extra_rows=3)
+    c = sparse_counts(SEL, 10, heads=5, row_bytes=656, attn_sink=True, extra=extra, extra_rows=3)
     assert (c.slots, c.rows) == (7 + 5, 5 + 3)
     plain = sparse_counts(SEL, 10, heads=5, row_bytes=656)
-    assert c.bytes - plain.bytes == 3 * 656 + 6 * 4 + 5 * 4  # its rows, its index lists, the fp32 sinks
+    assert c.bytes - plain.bytes == 3 * 656 + 6 * 4 + 5 * 4  # its rows, its index lists, the fp32 sink logits
     assert c.flops == 2 * 5 * 12 * (576 + 512)
 
 

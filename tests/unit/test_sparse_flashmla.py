@@ -34,7 +34,7 @@ def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk
     assert indices.dtype == torch.int32 and indices.shape[:2] == (q.shape[0], 1) and indices.shape[2] % 128 == 0
     assert topk_length is None or topk_length.dtype == torch.int32
     ref = reference_sparse(q, kv, Selection(indices=indices[:, 0], lengths=topk_length), scale=sm_scale, d_v=d_v,
-                           sinks=attn_sink)
+                           attn_sink=attn_sink)
     out, lse, top = _flashmla_layout(ref)
     return out, top, lse
 
@@ -69,7 +69,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     extra_rows = extra = None
     if extra_k_cache is not None:
         extra_rows, extra = _scope(extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
-    ref = reference_sparse(q.view(b * s_q, h, d), rows, sel, scale=softmax_scale, d_v=head_dim_v, sinks=attn_sink,
+    ref = reference_sparse(q.view(b * s_q, h, d), rows, sel, scale=softmax_scale, d_v=head_dim_v, attn_sink=attn_sink,
                            extra_kv=extra_rows, extra=extra)
     out, lse, _ = _flashmla_layout(ref)
     return out.view(b, s_q, h, head_dim_v), lse.view(b, s_q, h).transpose(1, 2)
@@ -85,10 +85,10 @@ def fake(monkeypatch):
 
 
 def test_prefill_hands_back_the_references_layout(fake):
-    case = make_case(7, 37, 64, 13, seed=1, sinks=True, lengths=True, empty=0.3)
-    call = flashmla.sparse_prefill(case.q, case.kv, case.selection, scale=case.scale, sinks=case.sinks)
+    case = make_case(7, 37, 64, 13, seed=1, attn_sink=True, lengths=True, empty=0.3)
+    call = flashmla.sparse_prefill(case.q, case.kv, case.selection, scale=case.scale, attn_sink=case.attn_sink)
     got = call()
-    ref = reference_sparse(case.q, case.kv, case.selection, scale=case.scale, sinks=case.sinks)
+    ref = reference_sparse(case.q, case.kv, case.selection, scale=case.scale, attn_sink=case.attn_sink)
     assert got.out.shape == ref.out.shape and got.lse.shape == ref.lse.shape == (64, 7)
     metrics = compare(got.tensors(), ref.tensors())
     assert metrics["out"]["rel_l2"] < 2 ** -8 and metrics["lse"]["rel_l2"] < 1e-6 and metrics["max_logits"]["rel_l2"] < 1e-6
@@ -109,7 +109,7 @@ def test_prefill_refuses_what_the_kernel_refuses():
 
 
 def _decode_case(lengths: bool, extra: bool):
-    case = make_case(3 * 2, 45, 5, 13, seed=3, sinks=True, empty=0.3, extra=(19, 7) if extra else None)
+    case = make_case(3 * 2, 45, 5, 13, seed=3, attn_sink=True, empty=0.3, extra=(19, 7) if extra else None)
     sel = case.selection
     if lengths:  # one length per request, shared by its 2 queries
         sel = Selection(indices=sel.indices, lengths=torch.tensor([13, 13, 4, 4, 0, 0]))
@@ -123,10 +123,10 @@ def test_decode_hands_back_the_references_layout_over_the_dequantized_rows(fake,
     case, sel = _decode_case(lengths, extra)
     rows = quantize_rows(case.kv)
     extra_rows = quantize_rows(case.extra_kv) if extra else None
-    call = flashmla.sparse_decode(case.q, rows, sel, requests=3, scale=case.scale, sinks=case.sinks,
+    call = flashmla.sparse_decode(case.q, rows, sel, requests=3, scale=case.scale, attn_sink=case.attn_sink,
                                   extra_rows=extra_rows, extra=case.extra, page=16)
     got = call()
-    ref = reference_sparse(case.q, dequantize_rows(rows), sel, scale=case.scale, sinks=case.sinks,
+    ref = reference_sparse(case.q, dequantize_rows(rows), sel, scale=case.scale, attn_sink=case.attn_sink,
                            extra_kv=None if not extra else dequantize_rows(extra_rows), extra=case.extra)
     assert got.out.shape == (6, 5, 512) and got.lse.shape == (5, 6)
     metrics = compare(got.tensors(), ref.tensors())

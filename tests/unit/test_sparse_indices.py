@@ -61,7 +61,7 @@ def test_random_patterns_follow_the_seed():
 
 
 def test_a_case_is_seeded_and_its_options_do_what_they_say():
-    kw = dict(sinks=True, lengths=True, empty=0.25, repeats=0.25, extra=(11, 5), seed=7)
+    kw = dict(attn_sink=True, lengths=True, empty=0.25, repeats=0.25, extra=(11, 5), seed=7)
     case = make_case(S_Q, S_KV, 5, TOPK, **kw)
     again = make_case(S_Q, S_KV, 5, TOPK, **kw)
     assert torch.equal(case.q, again.q) and torch.equal(case.selection.indices, again.selection.indices)
@@ -70,9 +70,9 @@ def test_a_case_is_seeded_and_its_options_do_what_they_say():
     assert any(len(set(r)) < len(r) for r in idx.clamp(min=-1).tolist())  # a repeated index
     assert case.selection.lengths is not None and case.selection.lengths.max() <= TOPK
     assert case.extra_kv.shape == (11, 576) and case.extra.indices.shape == (S_Q, 5)
-    assert case.sinks.shape == (5,) and case.sinks.dtype == torch.float32
+    assert case.attn_sink.shape == (5,) and case.attn_sink.dtype == torch.float32
     assert case.q.shape == (S_Q, 5, 576) and case.kv.shape == (S_KV, 576) and case.dout.shape == (S_Q, 5, 512)
     assert case.q.dtype == torch.bfloat16
     plain = make_case(S_Q, S_KV, 5, TOPK, seed=7)
-    assert plain.sinks is None and plain.extra is None and plain.selection.lengths is None
+    assert plain.attn_sink is None and plain.extra is None and plain.selection.lengths is None
     assert torch.equal(plain.q, case.q) and torch.equal(plain.kv, case.kv)

@@ -30,7 +30,7 @@ def _slots(cache, selection, t):
     return out
 
 
-def written_out(q, kv, selection, *, scale, d_v, sinks=None, extra_kv=None, extra=None):
+def written_out(q, kv, selection, *, scale, d_v, attn_sink=None, extra_kv=None, extra=None):
     """(out (T, H, d_v), lse (H, T), max_logits (H, T)), one query at a time: softmax over the rows its slots name
     (a repeated index once per slot), the sink in the denominator only, no slot: out 0 and lse −inf."""
     outs, lses, tops = [], [], []
@@ -45,7 +45,7 @@ def written_out(q, kv, selection, *, scale, d_v, sinks=None, extra_kv=None, extr
         keys = torch.stack(rows)
         s = scale * q[t] @ keys.T
         lse = torch.logsumexp(s, dim=-1)
-        denominator = lse if sinks is None else torch.logaddexp(lse, sinks)
+        denominator = lse if attn_sink is None else torch.logaddexp(lse, attn_sink)
         outs.append(torch.exp(s - denominator[:, None]) @ keys[:, :d_v])
         lses.append(lse)
         tops.append(s.amax(dim=-1))
@@ -57,10 +57,10 @@ CASES = {
     "empty slots": dict(empty=0.3),
     "repeated indices": dict(repeats=0.4),
     "lengths": dict(lengths=True),
-    "sinks": dict(sinks=True),
+    "sink": dict(attn_sink=True),
     "extra cache": dict(extra=(23, 9)),
-    "all at once": dict(empty=0.2, repeats=0.3, lengths=True, sinks=True, extra=(23, 9)),
-    "window": dict(pattern="window", sinks=True),
+    "all at once": dict(empty=0.2, repeats=0.3, lengths=True, attn_sink=True, extra=(23, 9)),
+    "window": dict(pattern="window", attn_sink=True),
     "prefix": dict(pattern="prefix", lengths=True),
 }
 
@@ -70,9 +70,9 @@ def test_reference_is_the_written_out_loop_forward_and_backward(name):
     case = make_case(7, 37, 5, 13, dtype=torch.float64, seed=3, **SMALL, **CASES[name])
     ref = reference_sparse(case.q, case.kv, case.selection, blocks=BlockSizes(q=3), **case.kwargs())
     leaves = {n: t.clone().double().requires_grad_(True) for n, t in
-              (("q", case.q), ("kv", case.kv), ("extra_kv", case.extra_kv), ("sinks", case.sinks)) if t is not None}
+              (("q", case.q), ("kv", case.kv), ("extra_kv", case.extra_kv), ("attn_sink", case.attn_sink)) if t is not None}
     out, lse, top = written_out(leaves["q"], leaves["kv"], case.selection, scale=case.scale, d_v=case.d_v,
-                                sinks=leaves.get("sinks"), extra_kv=leaves.get("extra_kv"), extra=case.extra)
+                                attn_sink=leaves.get("attn_sink"), extra_kv=leaves.get("extra_kv"), extra=case.extra)
     torch.testing.assert_close(ref.out, out.detach(), **TIGHT)
     torch.testing.assert_close(ref.lse, lse.detach(), **TIGHT)
     torch.testing.assert_close(ref.max_logits, top.detach(), **TIGHT)
@@ -86,7 +86,7 @@ def test_each_semantic_changes_the_answer_of_the_odd_case():
     """The written-out cases above are not vacuous: every option moves the output of the plain case."""
     plain = make_case(7, 37, 5, 13, dtype=torch.float64, seed=3, **SMALL)
     base = reference_sparse(plain.q, plain.kv, plain.selection, **plain.kwargs()).out
-    for name in ("empty slots", "repeated indices", "lengths", "sinks", "extra cache"):
+    for name in ("empty slots", "repeated indices", "lengths", "sink", "extra cache"):
         case = make_case(7, 37, 5, 13, dtype=torch.float64, seed=3, **SMALL, **CASES[name])
         got = reference_sparse(case.q, case.kv, case.selection, **case.kwargs()).out
         assert (got - base).norm() > 0.05 * base.norm(), name
@@ -119,26 +119,26 @@ def test_a_query_with_no_valid_slot_gives_zero_output_and_minus_inf_lse_whatever
     q = torch.randn(3, 5, 19, dtype=torch.float64)
     kv = torch.randn(8, 19, dtype=torch.float64)
     sel = Selection(indices=torch.tensor([[1, 2], [-1, 9], [3, 4]]), lengths=torch.tensor([2, 2, 0]))
-    ref = reference_sparse(q, kv, sel, scale=0.3, d_v=11, sinks=torch.randn(5, dtype=torch.float64),
+    ref = reference_sparse(q, kv, sel, scale=0.3, d_v=11, attn_sink=torch.randn(5, dtype=torch.float64),
                            dout=torch.randn(3, 5, 11, dtype=torch.float64))
     for t in (1, 2):
         assert ref.out[t].abs().max() == 0 and ref.dq[t].abs().max() == 0
         assert torch.isneginf(ref.lse[:, t]).all() and torch.isneginf(ref.max_logits[:, t]).all()
-    assert ref.out[0].abs().max() > 0 and torch.isfinite(ref.dsinks).all()
+    assert ref.out[0].abs().max() > 0 and torch.isfinite(ref.dattn_sink).all()
 
 
 def test_infinite_sinks_are_taken_as_flashmla_takes_them():
     """+inf: the output is 0; −inf: no effect; neither changes the lse (FlashMLA's lse leaves the sink out)."""
     case = make_case(5, 29, 3, 7, dtype=torch.float64, seed=1, **SMALL)
     none = reference_sparse(case.q, case.kv, case.selection, scale=case.scale, d_v=case.d_v)
-    sinks = torch.tensor([math.inf, -math.inf, 0.5], dtype=torch.float64)
-    ref = reference_sparse(case.q, case.kv, case.selection, scale=case.scale, d_v=case.d_v, sinks=sinks,
+    attn_sink = torch.tensor([math.inf, -math.inf, 0.5], dtype=torch.float64)
+    ref = reference_sparse(case.q, case.kv, case.selection, scale=case.scale, d_v=case.d_v, attn_sink=attn_sink,
                            dout=case.dout)
     assert ref.out[:, 0].abs().max() == 0
     torch.testing.assert_close(ref.out[:, 1], none.out[:, 1], **TIGHT)
     assert (ref.out[:, 2] - none.out[:, 2]).abs().max() > 1e-3
     torch.testing.assert_close(ref.lse, none.lse, **TIGHT)
-    assert torch.isfinite(ref.dsinks).all() and ref.dsinks[:2].abs().max() == 0
+    assert torch.isfinite(ref.dattn_sink).all() and ref.dattn_sink[:2].abs().max() == 0
 
 
 def test_one_kv_head_shared_by_every_query_head_in_either_cache_shape():
@@ -167,7 +167,7 @@ def test_rows_no_slot_names_never_reach_the_result_even_as_nan():
 
 
 def test_blocks_of_queries_do_not_change_the_result():
-    case = make_case(11, 41, 3, 9, dtype=torch.float64, seed=5, sinks=True, extra=(13, 5), empty=0.2, **SMALL)
+    case = make_case(11, 41, 3, 9, dtype=torch.float64, seed=5, attn_sink=True, extra=(13, 5), empty=0.2, **SMALL)
     whole = reference_sparse(case.q, case.kv, case.selection, **case.kwargs())
     pieces = reference_sparse(case.q, case.kv, case.selection, blocks=BlockSizes(q=4, max_elems=5 * 19 * 14),
                               **case.kwargs())

@@ -14,11 +14,11 @@ the attention over every key each query may see (lower-right causal, ``metrics.a
 selection saves.
 
 **Bytes** are the minimal traffic, as ``metrics.py``: forward reads q, each *distinct* selected row once (``row_bytes``:
-1152 for a bf16 row of 576, 656 for V3.2's FP8 row), the index lists (int32), the lengths, the sinks, and writes the
+1152 for a bf16 row of 576, 656 for V3.2's FP8 row), the index lists (int32), the lengths, the sink logits, and writes the
 output and the fp32 lse. FlashMLA's prefill benchmark counts a row once per valid slot (its reads through L2); its
 decode benchmark counts distinct rows (``tests/lib.py:378-398``), as here. The dense equivalent reads every visible
-key row once. Backward reads q, rows, index lists, sinks, out, dO, lse and writes dq, the gradient of each distinct row
-(``elem_bytes`` an element) and the sinks'.
+key row once. Backward reads q, rows, index lists, sink logits, out, dO, lse and writes dq, the gradient of each distinct row
+(``elem_bytes`` an element) and the sink logits'.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _selected(selection: Selection, rows: int) -> tuple[int, int]:
 
 def sparse_counts(selection: Selection, cache_rows: int, *, heads: int, d_qk: int = LATENT + ROPE,
                   d_v: int = LATENT, pass_: str = "fwd", row_bytes: int | None = None, elem_bytes: int = 2,
-                  extra: Selection | None = None, extra_rows: int = 0, sinks: bool = False,
+                  extra: Selection | None = None, extra_rows: int = 0, attn_sink: bool = False,
                   causal: bool = True) -> SparseCounts:
     """Counts of one call (module docstring): T queries, the last T of a ``cache_rows``-token sequence for the dense
     equivalent; q, out and gradients ``elem_bytes`` an element; a row ``row_bytes`` (default d_qk · elem_bytes)."""
@@ -83,7 +83,7 @@ def sparse_counts(selection: Selection, cache_rows: int, *, heads: int, d_qk: in
     q = t * heads * d_qk * elem_bytes
     o = t * heads * d_v * elem_bytes
     lse = t * heads * LSE_BYTES
-    side = heads * 4 if sinks else 0  # the sinks are fp32 logits
+    side = heads * 4 if attn_sink else 0  # fp32 sink logits, one per head
 
     def moved(read_rows: int, with_index: int) -> float:
         fwd = q + read_rows * row_bytes + with_index + side + o + lse

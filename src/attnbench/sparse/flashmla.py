@@ -53,7 +53,7 @@ def pad_slots(indices: torch.Tensor, multiple: int) -> torch.Tensor:
 
 
 def sparse_prefill(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, scale: float, d_v: int = LATENT,
-                   sinks: torch.Tensor | None = None) -> Callable[[], Outputs]:
+                   attn_sink: torch.Tensor | None = None) -> Callable[[], Outputs]:
     """The call of FlashMLA's sparse prefill on q (T, Hq, D) bf16 and kv (N, D) or (N, 1, D) bf16."""
     reason = prefill_reason(q.shape[1], q.shape[2], d_v)
     if reason:
@@ -63,7 +63,7 @@ def sparse_prefill(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, s
     kv3 = kv.reshape(kv.shape[0], 1, kv.shape[-1])
     idx = pad_slots(selection.indices, PREFILL_SLOTS)[:, None, :]
     lengths = None if selection.lengths is None else selection.lengths.to(torch.int32).contiguous()
-    sink = None if sinks is None else sinks.to(torch.float32).contiguous()
+    sink = None if attn_sink is None else attn_sink.to(torch.float32).contiguous()
     q_in = q.contiguous()
 
     def call() -> Outputs:
@@ -97,7 +97,7 @@ def _decode_lists(selection: Selection, rows: int, requests: int) -> tuple[torch
 
 
 def sparse_decode(q: torch.Tensor, rows: torch.Tensor, selection: Selection, *, requests: int, scale: float,
-                  sinks: torch.Tensor | None = None, extra_rows: torch.Tensor | None = None,
+                  attn_sink: torch.Tensor | None = None, extra_rows: torch.Tensor | None = None,
                   extra: Selection | None = None, page: int = PAGE) -> Callable[[], Outputs]:
     """The call of FlashMLA's sparse FP8 decode: q (T, Hq, 576) bf16 with T = requests · s_q (request-major), the
     (N, 656) FP8 ``rows`` (``fp8.quantize_rows``), and an extra cache of such rows with its selection."""
@@ -113,7 +113,7 @@ def sparse_decode(q: torch.Tensor, rows: torch.Tensor, selection: Selection, *, 
     if extra_rows is not None:
         extra_cache = paged_rows(extra_rows, page)
         extra_idx, extra_lengths = _decode_lists(extra, extra_rows.shape[0], requests)
-    sink = None if sinks is None else sinks.to(torch.float32).contiguous()
+    sink = None if attn_sink is None else attn_sink.to(torch.float32).contiguous()
     meta, _ = flash_mla.get_mla_metadata()
 
     def call() -> Outputs:

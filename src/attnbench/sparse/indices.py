@@ -11,7 +11,7 @@ sees fewer than ``topk`` keys), the form FlashMLA and DeepSeek's indexer produce
 - ``indexer_indices``: the top-k of the lightning indexer (``indexer.py``) over seeded indexer inputs: the keys a
   model's indexer would keep.
 
-``make_case`` draws a whole case from a seed: q and the cache in bf16, the selection, and optionally sinks, an
+``make_case`` draws a whole case from a seed: q and the cache in bf16, the selection, and optionally sink logits, an
 extra cache (V4) with its own selection, per-query lengths, empty slots and repeated indices, so that each
 semantic of ``reference.py`` can be made to matter.
 """
@@ -112,7 +112,7 @@ class SparseCase:
     """Softmax scale of the scores."""
     d_v: int
     """Value width: the first d_v dims of a row."""
-    sinks: torch.Tensor | None = None
+    attn_sink: torch.Tensor | None = None
     """(Hq,) float32 sink logits, or None."""
     extra_kv: torch.Tensor | None = None
     """(N2, D) rows of the extra cache, or None."""
@@ -123,19 +123,19 @@ class SparseCase:
 
     def kwargs(self) -> dict:
         """Keyword arguments of ``reference_sparse`` (and the baseline) besides q, kv and the selection."""
-        return dict(scale=self.scale, d_v=self.d_v, sinks=self.sinks, extra_kv=self.extra_kv, extra=self.extra,
+        return dict(scale=self.scale, d_v=self.d_v, attn_sink=self.attn_sink, extra_kv=self.extra_kv, extra=self.extra,
                     dout=self.dout)
 
 
 def make_case(s_q: int, s_kv: int, heads: int, topk: int, *, pattern: str = "random", dim: int = LATENT + ROPE,
               d_v: int = LATENT, scale: float = DEEPSEEK_SCALE, causal: bool = True, seed: int = 0,
-              sinks: bool = False, lengths: bool = False, empty: float = 0.0, repeats: float = 0.0,
+              attn_sink: bool = False, lengths: bool = False, empty: float = 0.0, repeats: float = 0.0,
               extra: tuple[int, int] | None = None, dtype: torch.dtype = torch.bfloat16, device=None) -> SparseCase:
     """A seeded case. ``lengths``: each query's length drawn from 0..topk; ``empty``: the fraction of slots set to
     −1 or to an index past the cache (half each); ``repeats``: the fraction of slots overwritten with another slot's
     index of the same query; ``extra``: (rows, topk) of an extra cache with random indices and lengths of its own.
     Sinks are ln(mean valid slots) + σ²/2 + N(0, 1), σ² = scale²·D the scores' variance: with them each sink takes
-    a large share of its rows, as the sinks feature draws them (``features/sinks.py``)."""
+    a large share of its rows, as the project's gpt-oss sink feature draws them."""
     gen = torch.Generator(device=device or "cpu").manual_seed(seed)
     q = torch.randn(s_q, heads, dim, generator=gen, device=device).to(dtype)
     kv = torch.randn(s_kv, dim, generator=gen, device=device).to(dtype)
@@ -148,12 +148,12 @@ def make_case(s_q: int, s_kv: int, heads: int, topk: int, *, pattern: str = "ran
         extra_idx = torch.randint(0, rows, (s_q, width), generator=gen, device=device, dtype=torch.int32)
         extra_sel = _mutate(extra_idx, rows, gen, lengths=True, empty=empty, repeats=0.0)
     sink = None
-    if sinks:
+    if attn_sink:
         valid = sel.valid(s_kv).sum() + (0 if extra_sel is None else extra_sel.valid(extra_kv.shape[0]).sum())
         mean = max(1.0, float(valid) / s_q)
         sink = torch.randn(heads, generator=gen, device=device) + (math.log(mean) + scale ** 2 * dim / 2)
     dout = torch.randn(s_q, heads, d_v, generator=gen, device=device).to(dtype)
-    return SparseCase(q=q, kv=kv, selection=sel, scale=scale, d_v=d_v, sinks=sink, extra_kv=extra_kv,
+    return SparseCase(q=q, kv=kv, selection=sel, scale=scale, d_v=d_v, attn_sink=sink, extra_kv=extra_kv,
                       extra=extra_sel, dout=dout)
 
 

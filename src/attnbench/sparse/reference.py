@@ -53,8 +53,8 @@ off (``exact_fp32_matmul``). Queries go ``BlockSizes.q`` at a time, fewer when o
 
 Shapes (``attnbench.outputs.Outputs``): ``out`` (T, Hq, d_v); ``lse``, ``max_logits`` (Hq, T) (the varlen layout
 of ``accuracy/reference.py``); ``dq`` like q; ``dkv`` like kv ((N, D) or (N, 1, D)); ``dextra_kv`` like the
-extra cache; ``dsinks`` (Hq,) — named like the gpt-oss sinks feature's gradient, which the verdict already judges
-as a per-head tensor. All in the compute dtype.
+extra cache; ``dattn_sink`` (Hq,) — inputs named as FlashMLA names them (its per-head gradient, like the gpt-oss sink
+feature's, has too few elements for the verdict's systematic measures). All in the compute dtype.
 """
 
 from __future__ import annotations
@@ -151,20 +151,20 @@ def _scores(q_blk: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, scale:
     return s.masked_fill_(~valid[:, None, :], -math.inf)
 
 
-def _sink_weight(lse: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+def _sink_weight(lse: torch.Tensor, attn_sink: torch.Tensor | None) -> torch.Tensor:
     """σ(lse − sink): the share of a row's softmax its keys keep; 0 for a row with no key (lse = −inf)."""
-    if sinks is None:
+    if attn_sink is None:
         return (~torch.isneginf(lse)).to(lse.dtype)
-    w = torch.sigmoid(lse - sinks.to(lse.dtype))
+    w = torch.sigmoid(lse - attn_sink.to(lse.dtype))
     return torch.where(torch.isneginf(lse), torch.zeros_like(w), w)
 
 
 def sparse_forward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, scale: float, d_v: int = LATENT,
-                   sinks: torch.Tensor | None = None, extra_kv: torch.Tensor | None = None,
+                   attn_sink: torch.Tensor | None = None, extra_kv: torch.Tensor | None = None,
                    extra: Selection | None = None, dtype: torch.dtype | None = None,
                    blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact (out (T, Hq, d_v), lse (Hq, T), max_logits (Hq, T)) in ``dtype`` (module docstring): q (T, Hq, D), kv
-    (N, D) or (N, 1, D), ``sinks`` (Hq,) logits or None, ``extra_kv`` (N2, D) with its ``extra`` selection."""
+    (N, D) or (N, 1, D), ``attn_sink`` (Hq,) logits or None, ``extra_kv`` (N2, D) with its ``extra`` selection."""
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     blocks = blocks or BlockSizes()
     sources = caches(q, kv, selection, extra_kv, extra)
@@ -183,17 +183,17 @@ def sparse_forward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, s
             row_lse = torch.logsumexp(s, dim=-1)  # −inf for a row with no valid slot
             p = s.sub_(torch.where(torch.isinf(row_lse), 0.0, row_lse)[..., None]).exp_()
             o = torch.bmm(p, rows[..., :d_v])
-            out[a:b] = o.mul_(_sink_weight(row_lse, sinks)[..., None])
+            out[a:b] = o.mul_(_sink_weight(row_lse, attn_sink)[..., None])
             lse[a:b] = row_lse
             del s, p, rows
     return out, lse.T, top.T
 
 
 def sparse_backward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, out: torch.Tensor, lse: torch.Tensor,
-                    dout: torch.Tensor, *, scale: float, d_v: int = LATENT, sinks: torch.Tensor | None = None,
+                    dout: torch.Tensor, *, scale: float, d_v: int = LATENT, attn_sink: torch.Tensor | None = None,
                     extra_kv: torch.Tensor | None = None, extra: Selection | None = None,
                     dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> dict[str, torch.Tensor]:
-    """Exact ``dq``, ``dkv`` (and ``dextra_kv``, ``dsinks`` when given) from the exact ``out`` (T, Hq, d_v) and
+    """Exact ``dq``, ``dkv`` (and ``dextra_kv``, ``dattn_sink`` when given) from the exact ``out`` (T, Hq, d_v) and
     ``lse`` (Hq, T) of ``sparse_forward`` and ``dout`` (T, Hq, d_v); arguments as there."""
     dtype = dtype or compute_dtype_for(q.device, q.dtype)
     blocks = blocks or BlockSizes()
@@ -202,7 +202,7 @@ def sparse_backward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, out
     slots = sum(s.selection.indices.shape[1] for s in sources)
     dq = torch.zeros(tq, hq, dim, dtype=dtype, device=q.device)
     drows = [torch.zeros(s.rows.shape, dtype=dtype, device=q.device) for s in sources]
-    dsinks = None if sinks is None else torch.zeros(hq, dtype=dtype, device=q.device)
+    dattn_sink = None if attn_sink is None else torch.zeros(hq, dtype=dtype, device=q.device)
     lse_t = lse.T.to(dtype)
     bq = _row_block(tq, slots, hq, dim, blocks)
     with exact_fp32_matmul():
@@ -211,7 +211,7 @@ def sparse_backward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, out
             rows, valid = _gather(sources, a, b, dtype)
             q_blk = q[a:b].to(dtype)
             row_lse = lse_t[a:b]
-            total = row_lse if sinks is None else torch.logaddexp(row_lse, sinks.to(dtype))
+            total = row_lse if attn_sink is None else torch.logaddexp(row_lse, attn_sink.to(dtype))
             total = torch.where(torch.isneginf(row_lse), math.inf, total)  # no key: P = 0 (the output is 0)
             p = _scores(q_blk, rows, valid, scale).sub_(total[..., None]).exp_()
             do_blk, o_blk = dout[a:b].to(dtype), out[a:b].to(dtype)
@@ -221,20 +221,20 @@ def sparse_backward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, out
             drow = torch.bmm(ds.transpose(1, 2), q_blk).mul_(scale)
             drow[..., :d_v] += torch.bmm(p.transpose(1, 2), do_blk)
             _scatter(sources, drows, drow, valid, a, b)
-            if dsinks is not None:
-                dsinks -= (_sink_share(row_lse, sinks) * delta).sum(dim=0)
+            if dattn_sink is not None:
+                dattn_sink -= (_sink_share(row_lse, attn_sink) * delta).sum(dim=0)
             del p, ds, drow, rows
     grads = {"dq": dq}
     for name, grad, given in zip(("dkv", "dextra_kv"), drows, (kv, extra_kv)):
         grads[name] = grad.view(given.shape)
-    if dsinks is not None:
-        grads["dsinks"] = dsinks
+    if dattn_sink is not None:
+        grads["dattn_sink"] = dattn_sink
     return grads
 
 
-def _sink_share(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+def _sink_share(lse: torch.Tensor, attn_sink: torch.Tensor) -> torch.Tensor:
     """σ(sink − lse): the sink's share of each row's softmax; 0 for a row with no key (its output is 0)."""
-    share = torch.sigmoid(sinks.to(lse.dtype) - lse)
+    share = torch.sigmoid(attn_sink.to(lse.dtype) - lse)
     return torch.where(torch.isneginf(lse), torch.zeros_like(share), share)
 
 
@@ -251,12 +251,12 @@ def _scatter(sources: list[Cache], drows: list[torch.Tensor], drow: torch.Tensor
 
 
 def reference_sparse(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, scale: float, d_v: int = LATENT,
-                     sinks: torch.Tensor | None = None, extra_kv: torch.Tensor | None = None,
+                     attn_sink: torch.Tensor | None = None, extra_kv: torch.Tensor | None = None,
                      extra: Selection | None = None, dout: torch.Tensor | None = None,
                      dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> Outputs:
     """Exact outputs of one index-selected MLA call (shapes in the module docstring); with ``dout`` (T, Hq, d_v)
-    also the gradients of q, the cache(s) and the sinks."""
-    kw = dict(scale=scale, d_v=d_v, sinks=sinks, extra_kv=extra_kv, extra=extra, dtype=dtype, blocks=blocks)
+    also the gradients of q, the cache(s) and the sink logits."""
+    kw = dict(scale=scale, d_v=d_v, attn_sink=attn_sink, extra_kv=extra_kv, extra=extra, dtype=dtype, blocks=blocks)
     out, lse, top = sparse_forward(q, kv, selection, **kw)
     ref = Outputs(out=out, lse=lse, max_logits=top)
     if dout is not None:

@@ -7,7 +7,7 @@ imported inside, so this module loads without it.
 
 - ``sparse_prefill``: ``flash_mla_sparse_fwd(q (T, Hq, D) bf16, kv (N, 1, D) bf16, indices (T, 1, K) int32, sm_scale,
   d_v, attn_sink, topk_length) -> (out, max_logits (T, Hq), lse (T, Hq))`` (``flash_mla/flash_mla_interface.py:176-
-  211``). Hq must be 64 or 128 and D 576 or 512 (``csrc/api/sparse_fwd.h:212-220``); the Hopper kernel wants K a
+  211``). Hq must be 64 or 128 and D 576 or 512 (``csrc/api/sparse_fwd.h:131-132,190-205``); the Hopper kernel wants K a
   multiple of 128 (``csrc/sm90/prefill/sparse/phase1.cuh:577``), so the lists are padded with −1 (empty slots
   change nothing). A query with no valid slot comes back with lse = +inf (``phase1.cuh:449``).
 - ``sparse_decode``: ``flash_mla_with_kvcache(q (b, s_q, Hq, 576), k_cache (pages, page, 1, 656) FP8 rows, None,

@@ -14,14 +14,15 @@ scales (``config_671B_v3.2.json``: ``scale_fmt = "ue8m0"``); its kernel ``fp8_in
 270``) computes ``k_scale[s] · Σ_h relu(q_fp8 · k_fp8) · w``, the same number (the scale is positive). Only keys at
 or before the query's own position count: ``[ks, ke)`` is DeepGEMM's ``cu_seq_len_k_start/end``; the causal
 default is ``ks = 0``, ``ke = pos + 1`` with the queries the last T of S tokens (``pos = S − T + t``), as the paged
-reference masks ``k <= q_offset`` (``test_attention.py:271``) and the model adds a causal mask before its top-k
-(``model.py:474-476``). V3.2: Hi = 64, Di = 128, k = 2048 (``config_671B_v3.2.json``).
+reference masks ``k <= q_offset`` (``test_attention.py:270``) and the model adds its causal mask, −inf above the
+diagonal (``model.py:892``, ``triu_(1)``), before its top-k (``model.py:474-476``). V3.2: Hi = 64, Di = 128,
+k = 2048 (``config_671B_v3.2.json``).
 
 **Exact reference** (``indexer_logits``, ``indexer_topk``): the e4m3 inputs exactly, in fp64 on the CPU, fp32 with
 TF32 off on a GPU, in blocks of queries (a block's (rows, Hi, S) products bounded by ``BlockSizes.max_elems``).
 ``indexer_topk`` keeps only each block's top k, never the whole (T, S) matrix; a query that sees fewer than k keys
-gets −1 in its remaining slots. **Baseline** (``indexer_baseline``): DeepSeek's reference in PyTorch, the logits in
-float32, ``torch.topk``.
+gets −1 in its remaining slots. **Baseline** (``indexer_baseline``): DeepGEMM's reference math in PyTorch, the
+logits in float32, then ``torch.topk``.
 
 **The selection check** (``check_selection``). Kernels break ties and near-ties differently (bf16 logits tie often),
 so chosen indices are not compared with the reference's. Per query, with ``r`` the reference's top-k scores sorted
@@ -156,7 +157,8 @@ def indexer_topk(inputs: IndexerInputs, topk: int = INDEX_TOPK, *, dtype: torch.
 
 
 def indexer_baseline(inputs: IndexerInputs, topk: int = INDEX_TOPK) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain PyTorch (DeepSeek's reference): (logits (T, S) float32, indices (T, topk) int32, −1 where unseen)."""
+    """Plain PyTorch (DeepGEMM's reference math): (logits (T, S) float32, indices (T, topk) int32, −1 where
+    unseen); it holds a (T, Hi, S) product at once, so it is for small cases."""
     q = inputs.q.float()
     k = inputs.k.float() * inputs.k_scale[:, None]
     prod = torch.einsum("thd,sd->ths", q, k).relu()

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.spec import DTYPES, FP8_DTYPES, LABEL_SEQUENCES, normalize_dtype
 from attnbench.serving import describe
+from attnbench.spec import DTYPES, FP8_DTYPES, LABEL_SEQUENCES, normalize_dtype
 
 KINDS = ("gdn", "kda", "mamba2", "linear")
 PASSES = ("fwd", "fwd_bwd")

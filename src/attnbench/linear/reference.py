@@ -88,15 +88,17 @@ def recurrence_steps(spec: RecurrenceSpec, s: torch.Tensor, q, k, v, g, beta) ->
     In whatever dtype the operands come in; the module doc writes the step out."""
     outs = []
     scale = spec.qk_scale
-    for i in range(q.shape[1]):
-        if g is not None:
-            decay = torch.exp(g[:, i])
+    steps = q.shape[1]
+    per_token = [x.unbind(1) if x is not None else [None] * steps for x in (q, k, v, g, beta)]
+    for q_t, k_t, v_t, g_t, beta_t in zip(*per_token):
+        if g_t is not None:
+            decay = torch.exp(g_t)
             s = s * (decay[..., None] if spec.per_channel else decay[..., None, None])
-        u = v[:, i]
+        u = v_t
         if spec.delta:
-            u = beta[:, i, :, None] * (u - torch.einsum("nhkv,nhk->nhv", s, k[:, i]))
-        s = s + k[:, i, :, :, None] * u[:, :, None, :]
-        outs.append(scale * torch.einsum("nhkv,nhk->nhv", s, q[:, i]))
+            u = beta_t[..., None] * (u - (s * k_t[..., None]).sum(-2))
+        s = s + k_t[..., None] * u[..., None, :]
+        outs.append(scale * (s * q_t[..., None]).sum(-2))
     return torch.stack(outs, dim=1), s
 
 

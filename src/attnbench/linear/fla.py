@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs
+from attnbench.linear.inputs import RecurrenceInputs, validate
 from attnbench.linear.reference import expand_heads, l2norm
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs, grad_name
@@ -73,6 +73,7 @@ def supports(spec: RecurrenceSpec, op: str = "chunk") -> str | None:
 
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -> Callable[[], Outputs]:
     """A closure running fla's ``op`` on ``inputs``: each call returns Outputs (module doc)."""
+    validate(spec, inputs)
     if (why := supports(spec, op)) is not None:
         raise ValueError(why)
     call = _kernel(spec, op)

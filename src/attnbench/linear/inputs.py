@@ -140,6 +140,33 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
     return RecurrenceInputs(**tensors, cu_seqlens=cu, seed=seed)
 
 
+def expected_shapes(spec: RecurrenceSpec) -> dict[str, tuple[int, ...]]:
+    """The shape of every input ``spec`` has, by name (module doc for the layouts)."""
+    nb, t = (1, spec.total_tokens) if spec.is_varlen else (spec.num_seqs, spec.seqlens[0])
+    h, hv, dk, dv = spec.heads_qk, spec.heads_v, spec.d_k, spec.d_v
+    shapes = {"q": (nb, t, h, dk), "k": (nb, t, h, dk), "v": (nb, t, hv, dv), "dout": (nb, t, hv, dv),
+              "g": (nb, t, hv, dk) if spec.per_channel else (nb, t, hv), "beta": (nb, t, hv), "dt": (nb, t, hv),
+              "A": (hv,), "D": (hv,), "initial_state": spec.state_shape, "dfinal_state": spec.state_shape}
+    return {name: shapes[name] for name in (*spec.input_names, "dout", "dfinal_state")}
+
+
+def validate(spec: RecurrenceSpec, inputs: RecurrenceInputs) -> None:
+    """Raise a one-line ValueError when ``inputs`` do not fit ``spec`` (a missing tensor, a wrong shape, offsets
+    that do not match the sequences)."""
+    for name, shape in expected_shapes(spec).items():
+        got = inputs.tensor(name)
+        if got is None:
+            raise ValueError(f"the case needs {name} {shape} but the inputs have none")
+        if tuple(got.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(got.shape)} but the case needs {shape}"
+                             + (" = (N, HV, K, V)" if name.endswith("state") else ""))
+    if spec.is_varlen:
+        want = [0, *_cumsum(spec.sequences)]
+        if inputs.cu_seqlens is None or inputs.cu_seqlens.tolist() != want:
+            got = None if inputs.cu_seqlens is None else inputs.cu_seqlens.tolist()
+            raise ValueError(f"cu_seqlens is {got} but the case's sequences need {want}")
+
+
 def _stratified(bounds: tuple[float, float], n: int, gen: torch.Generator, *, log: bool) -> torch.Tensor:
     """n fp64 values in ``bounds``, one from each 1/n quantile (uniform, or log-uniform), in shuffled order."""
     u = (torch.randperm(n, generator=gen).double() + torch.rand(n, generator=gen, dtype=torch.float64)) / n

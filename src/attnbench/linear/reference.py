@@ -41,7 +41,7 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from attnbench.linear.inputs import RecurrenceInputs, pad_sequences, unpad_sequences
+from attnbench.linear.inputs import RecurrenceInputs, pad_sequences, unpad_sequences, validate
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs, grad_name
 
@@ -129,6 +129,7 @@ def reference(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, block: int | No
 
     ``block``: tokens per checkpointed block (default sqrt(T)); ``device``: where to compute (default the
     inputs' device)."""
+    validate(spec, inputs)
     grads = spec.pass_ == "fwd_bwd"
     device = device or inputs.q.device
     leaves = {name: inputs.tensor(name).detach().to(device, torch.float64).requires_grad_(grads)

@@ -18,8 +18,8 @@ Per chunk of C tokens with state S₀ at its start and chunk-local cumulative lo
     S_next = exp(γ_C) S₀ + (exp(γ_C − γ) ⊙ K)ᵀ U
 
 which follows from unrolling the recurrence over the chunk (U holds each token's ``beta·(v − Sᵀk)``). The unit
-lower-triangular solve runs in fp32 (``torch.linalg.solve_triangular`` takes no half types; fla's kernels solve
-in fp32 too), its result cast back to ``dtype``; every other product is in ``dtype``. A sequence is padded with
+lower-triangular solve runs in fp32 for half types (``torch.linalg.solve_triangular`` takes none; fla's kernels
+solve in fp32 too), its result cast back to ``dtype``; every other product is in ``dtype``. A sequence is padded with
 zero tokens to a whole number of chunks, which changes nothing (``inputs.pad_sequences``).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs
+from attnbench.linear.inputs import RecurrenceInputs, validate
 from attnbench.linear.reference import finish, operands, recurrence_steps
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs, grad_name
@@ -88,9 +88,10 @@ def _one_chunk(spec: RecurrenceSpec, s, q, k, v, g, beta):
             k_write = k * torch.exp(gam[..., -1:] - gam)[..., None]
     if spec.delta:
         lower = (beta[..., None] * kk).masked_fill(~later.T.tril(-1), 0)  # strictly before: j < i
-        eye = torch.eye(size, dtype=torch.float32, device=q.device)
+        solve = torch.promote_types(v.dtype, torch.float32)
+        eye = torch.eye(size, dtype=solve, device=q.device)
         rhs = beta[..., None] * (v - k_read @ s.to(v.dtype))
-        u = torch.linalg.solve_triangular(eye + lower.float(), rhs.float(), upper=False, unitriangular=True)
+        u = torch.linalg.solve_triangular(eye + lower.to(solve), rhs.to(solve), upper=False, unitriangular=True)
         u = u.to(v.dtype)
     else:
         u = v
@@ -116,6 +117,7 @@ def _zero_state(ops: dict) -> torch.Tensor:
 
 def _run(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, dtype: torch.dtype) -> Outputs:
     """Leaves in ``dtype`` -> forward(operands) -> finish -> Outputs, with autograd's gradients for fwd_bwd."""
+    validate(spec, inputs)
     grads = spec.pass_ == "fwd_bwd"
     leaves = {name: inputs.tensor(name).detach().to(dtype).requires_grad_(grads) for name in spec.input_names}
     with torch.enable_grad() if grads else torch.no_grad():

@@ -11,12 +11,13 @@ or ~0 everywhere):
 - q, k, v, dout: N(0, 1) in the case's dtype. A delta-rule case without in-op L2 normalisation gets q and k
   already L2-normalised per head, as its layer hands them (fla's docstring example normalises k): with raw
   N(0, 1) keys of d_k = 128, ``beta·|k|² > 2`` and the delta rule diverges.
-- GDN (Qwen3-Next's ``GatedDeltaNet``, fla ``layers/gated_deltanet.py:151-165``) and Mamba2
+- GDN (Qwen3-Next's ``GatedDeltaNet``; the layer files cited here are fla's GitHub ``fla/layers/`` at commit
+  bc3b101, which the fla-core wheel does not ship: ``gated_deltanet.py:151-165``) and Mamba2
   (``layers/mamba2.py:205-219``): ``g = -exp(A_log) · softplus(a + dt_bias)`` per token and value head, with
   A = exp(A_log) in [1, 16], ``dt_bias = softplus⁻¹(dt0)``, dt0 log-uniform in [1e-3, 0.1] (the layers'
-  initialisation; GDN's A starts at 0, we start at 1 as KDA does so that no head is stuck at decay 1) and the
-  projection's output ``a`` ~ N(0, 1). So ``g ≈ -A·dt0·e^a``: per-token decays ``exp(g)`` with median 0.93 and 5-95% range
-  0.55-0.99 (seed 0, 8 heads), heads from long memory to short. A and dt0 are drawn stratified over the value heads
+  initialisation; GDN's layer draws A from [0, 16], we take KDA's [1, 16] so that no head sits at decay 1)
+  and the projection's output ``a`` ~ N(0, 1). So ``g ≈ -A·dt0·e^a``: per-token decays ``exp(g)`` with median
+  0.93 and 5-95% range 0.55-0.99 (seed 0, 8 heads), heads from long memory to short. A and dt0 are drawn stratified over the value heads
   (one draw per 1/HV quantile, shuffled), so that even three heads cover the range. Mamba2's decay is the same
   number: ``dt = softplus(a + dt_bias)`` (its ``dt_softplus``), ``A = -exp(A_log)``, decay ``exp(A·dt)``.
 - KDA (Kimi Linear, fla ``layers/kda.py:174-185``): the same with ``a`` and ``dt_bias`` per key channel

@@ -12,14 +12,14 @@ and the state after the last token is the final state. With ``spec.l2norm`` q an
 ``sqrt(Σ x² + 1e-6)`` over each head's d_k (fla's ``l2norm_fwd`` eps). Mamba2 (SSD) is the linear form with
 C, B, ``dt·x`` as q, k, v, ``g = A·dt``, scale 1, and ``+ D·x`` on the output with ``skip``.
 
-Confirmed against fla-core 0.6.0 (``fla/ops``): ``gated_delta_rule/naive.py:49-57`` (decay, then
+Confirmed against fla-core 0.6.0 (``fla/ops``): ``gated_delta_rule/naive.py:48-59`` (decay, then
 ``v − Σ_k h·k``, times beta, rank-one update, then ``o = q·h`` with q pre-scaled), the Triton recurrence
-``gated_delta_rule/fused_recurrent.py:114-161`` (same order; ``i_h = i_hv // (HV // H)`` at line 70; the in-kernel
-L2 norm ``x / sqrt(Σx² + 1e-6)`` at 118-120), ``kda/naive.py:59-63`` and ``kda/fused_recurrent.py:151-196``
+``gated_delta_rule/fused_recurrent.py:114-162`` (same order; ``i_h = i_hv // (HV // H)`` at line 70; the in-kernel
+L2 norm ``x / sqrt(Σx² + 1e-6)`` at 118-120), ``kda/naive.py:59-63`` and ``kda/fused_recurrent.py:151-200``
 (per-channel ``exp(g)`` on the state's K rows, then the same delta rule), ``simple_gla/chunk.py:238-291`` (the
 linear form, g per head), ``modules/norm/l2norm.py:112`` (eps 1e-6); Mamba2 against state-spaces/mamba
 ``mamba_ssm/modules/ssd_minimal.py:34-78`` (``ssd_minimal_discrete(X·dt, A·dt, B, C)``: decay ``exp(Σ A·dt)``,
-no scale) and fla ``layers/mamba2.py:521-560`` (decode: ``state·exp(dt·A) + dt·B·x``, ``y = C·state + D·x``).
+no scale) and fla's GitHub ``fla/layers/mamba2.py:521-560`` (commit bc3b101; the wheel has no layers) (decode: ``state·exp(dt·A) + dt·B·x``, ``y = C·state + D·x``).
 Mamba's own state is (N, HV, V, K) — headdim before dstate — the transpose of fla's (N, HV, K, V) used here.
 
 Computation: vectorised over sequences and value heads, a loop over tokens. Varlen sequences are padded to

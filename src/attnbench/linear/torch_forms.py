@@ -7,7 +7,7 @@ for ``fwd_bwd``, ``d<name>`` of each of ``spec.input_names`` through autograd (o
 
 ``naive_recurrent``: ``reference.recurrence_steps``, the loop of the definition, in ``dtype``.
 
-``chunked``: the chunk form fla's kernels compute (fla-core 0.6.0 ``gated_delta_rule/naive.py:68-160``, the WY
+``chunked``: the chunk form fla's kernels compute (fla-core 0.6.0 ``gated_delta_rule/naive.py:67-161``, the WY
 representation; ``kda/naive.py:69-166`` per channel; mamba's ``ssd_minimal.py:34-78`` for the delta-free kinds).
 Per chunk of C tokens with state S₀ at its start and chunk-local cumulative log-decays γ_i = Σ_{j≤i} g_j:
 

@@ -1,0 +1,132 @@
+"""The recurrence as a user writes it in PyTorch, in one dtype and differentiable: token by token, and in chunks.
+
+Both take every input cast to ``dtype`` (default: the case's dtype, so bf16 for a bf16 case, the gates and the
+state included) and return ``attnbench.outputs.Outputs`` in the reference's layout: ``out``, ``final_state`` and,
+for ``fwd_bwd``, ``d<name>`` of each of ``spec.input_names`` through autograd (of the loss
+``<out, dout> + <final_state, dfinal_state>``, as ``reference.reference``).
+
+``naive_recurrent``: ``reference.recurrence_steps``, the loop of the definition, in ``dtype``.
+
+``chunked``: the chunk form fla's kernels compute (fla-core 0.6.0 ``gated_delta_rule/naive.py:67-161``, the WY
+representation; ``kda/naive.py:69-166`` per channel; mamba's ``ssd_minimal.py:34-78`` for the delta-free kinds).
+Per chunk of C tokens with state S₀ at its start and chunk-local cumulative log-decays γ_i = Σ_{j≤i} g_j:
+
+    Γ_ij   = exp(γ_i − γ_j) for j ≤ i, else 0            (per channel for kda: inside the k-sum)
+    U      = (I + tril(diag(β)(K Kᵀ ⊙ Γ), −1))⁻¹ diag(β) [V − (exp(γ) ⊙ K) S₀]     delta rule
+    U      = V                                                                    linear, mamba2
+    O      = scale · ((exp(γ) ⊙ Q) S₀ + (Q Kᵀ ⊙ Γ) U)       (Γ's diagonal included: o_t sees token t)
+    S_next = exp(γ_C) S₀ + (exp(γ_C − γ) ⊙ K)ᵀ U
+
+which follows from unrolling the recurrence over the chunk (U holds each token's ``beta·(v − Sᵀk)``). The unit
+lower-triangular solve runs in fp32 for half types (``torch.linalg.solve_triangular`` takes none; fla's kernels
+solve in fp32 too), its result cast back to ``dtype``; every other product is in ``dtype``. A sequence is padded with
+zero tokens to a whole number of chunks, which changes nothing (``inputs.pad_sequences``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.linear.inputs import RecurrenceInputs, validate
+from attnbench.linear.reference import finish, operands, recurrence_steps
+from attnbench.linear.spec import RecurrenceSpec
+from attnbench.outputs import Outputs, grad_name
+
+
+def naive_recurrent(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, dtype: torch.dtype | None = None) -> Outputs:
+    """The token loop in ``dtype`` (default the case's): out, final_state and (fwd_bwd) the gradients."""
+    def forward(ops):
+        s = ops["h0"] if ops["h0"] is not None else _zero_state(ops)
+        return recurrence_steps(spec, s, ops["q"], ops["k"], ops["v"], ops["g"], ops["beta"])
+    return _run(spec, inputs, forward, dtype or spec.torch_dtype)
+
+
+def chunked(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, dtype: torch.dtype | None = None,
+            chunk: int | None = None) -> Outputs:
+    """The chunk form (module doc) in ``dtype`` with ``chunk`` tokens a chunk (default ``spec.chunk``)."""
+    size = chunk or spec.chunk
+    return _run(spec, inputs, lambda ops: chunk_steps(spec, ops, size), dtype or spec.torch_dtype)
+
+
+def chunk_steps(spec: RecurrenceSpec, ops: dict, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.operands``' output -> (o (N, T, HV, V), final state), a chunk of ``size`` tokens at a time."""
+    steps = ops["q"].shape[1]
+    pad = (-steps) % size
+    seq = {name: _pad_time(ops[name], pad) for name in ("q", "k", "v", "g", "beta")}
+    s = ops["h0"] if ops["h0"] is not None else _zero_state(ops)
+    outs = []
+    for start in range(0, steps + pad, size):
+        part = {name: None if x is None else x[:, start:start + size].transpose(1, 2) for name, x in seq.items()}
+        o, s = _one_chunk(spec, s, **part)
+        outs.append(o.transpose(1, 2))
+    return torch.cat(outs, dim=1)[:, :steps], s
+
+
+def _one_chunk(spec: RecurrenceSpec, s, q, k, v, g, beta):
+    """One chunk, head-major operands (N, HV, C, ·), state (N, HV, K, V) -> (o (N, HV, C, V), next state)."""
+    size = q.shape[2]
+    later = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)  # j > i: not yet seen
+    if g is None:
+        gam = None
+        qk = (q @ k.transpose(-1, -2)).masked_fill(later, 0)
+        kk = k @ k.transpose(-1, -2)
+        q_read, k_read, k_write = q, k, k
+    else:
+        gam = g.cumsum(2)  # (N, HV, C) or (N, HV, C, K)
+        if spec.per_channel:
+            diff = (gam[:, :, :, None] - gam[:, :, None]).masked_fill(later[..., None], float("-inf"))
+            decay = torch.exp(diff)  # (N, HV, C, C, K)
+            qk = torch.einsum("nhik,nhjk,nhijk->nhij", q, k, decay)
+            kk = torch.einsum("nhik,nhjk,nhijk->nhij", k, k, decay)
+            q_read, k_read = q * torch.exp(gam), k * torch.exp(gam)
+            k_write = k * torch.exp(gam[:, :, -1:] - gam)
+        else:
+            decay = torch.exp((gam[..., :, None] - gam[..., None, :]).masked_fill(later, float("-inf")))
+            qk = (q @ k.transpose(-1, -2)) * decay
+            kk = (k @ k.transpose(-1, -2)) * decay
+            q_read, k_read = q * torch.exp(gam)[..., None], k * torch.exp(gam)[..., None]
+            k_write = k * torch.exp(gam[..., -1:] - gam)[..., None]
+    if spec.delta:
+        lower = (beta[..., None] * kk).masked_fill(~later.T.tril(-1), 0)  # strictly before: j < i
+        solve = torch.promote_types(v.dtype, torch.float32)
+        eye = torch.eye(size, dtype=solve, device=q.device)
+        rhs = beta[..., None] * (v - k_read @ s.to(v.dtype))
+        u = torch.linalg.solve_triangular(eye + lower.to(solve), rhs.to(solve), upper=False, unitriangular=True)
+        u = u.to(v.dtype)
+    else:
+        u = v
+    o = spec.qk_scale * (q_read @ s.to(q.dtype) + qk @ u)
+    if gam is None:
+        s_next = s + k_write.transpose(-1, -2) @ u
+    else:
+        last = torch.exp(gam[:, :, -1])
+        s_next = s * (last[..., None] if spec.per_channel else last[..., None, None]) + k_write.transpose(-1, -2) @ u
+    return o, s_next
+
+
+def _pad_time(x, pad: int):
+    if x is None or not pad:
+        return x
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
+
+
+def _zero_state(ops: dict) -> torch.Tensor:
+    q, v = ops["q"], ops["v"]
+    return q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[3])
+
+
+def _run(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, dtype: torch.dtype) -> Outputs:
+    """Leaves in ``dtype`` -> forward(operands) -> finish -> Outputs, with autograd's gradients for fwd_bwd."""
+    validate(spec, inputs)
+    grads = spec.pass_ == "fwd_bwd"
+    leaves = {name: inputs.tensor(name).detach().to(dtype).requires_grad_(grads) for name in spec.input_names}
+    with torch.enable_grad() if grads else torch.no_grad():
+        o, state = forward(operands(spec, leaves))
+        out = finish(spec, o, leaves)
+    result = Outputs(out=out.detach(), final_state=state.detach())
+    if grads:
+        ups = (inputs.dout.to(dtype), inputs.dfinal_state.to(dtype))
+        got = torch.autograd.grad((out, state), list(leaves.values()), ups, allow_unused=True)
+        for name, leaf, grad in zip(leaves, leaves.values(), got):
+            result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
+    return result

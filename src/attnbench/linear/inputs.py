@@ -1,11 +1,11 @@
 """Seeded inputs of a recurrence case, in fla's layouts, with the gates made as the models make them.
 
 Layouts (fla's ``chunk_gated_delta_rule`` / ``chunk_kda``): q, k (B, T, H, K); v, dout (B, T, HV, V); per-head
-gates and beta (B, T, HV); KDA's per-channel gate (B, T, HV, K); states (N, HV, K, V). A varlen case packs its
+gates and beta (B, T, HV); KDA's per-channel decay (B, T, HV, K); states (N, HV, K, V). A varlen case packs its
 sequences into B = 1 with int64 ``cu_seqlens`` (N+1,), as fla takes them. ``pad_sequences`` /
 ``unpad_sequences`` move between that layout and one row per sequence, (N, T_max, ...), zeros after each end.
 
-Distributions (the point: every gate changes the result by far more than bf16 rounding does, and none is ~1
+Distributions (the point: every gating input changes the result by far more than bf16 rounding does, and none is ~1
 or ~0 everywhere):
 
 - q, k, v, dout: N(0, 1) in the case's dtype. A delta-rule case without in-op L2 normalisation gets q and k
@@ -78,11 +78,11 @@ class RecurrenceInputs:
     dfinal_state: torch.Tensor | None = None
     """Upstream gradient of the final state: (N, HV, K, V), fp32 (fwd_bwd)."""
     A_log: torch.Tensor | None = None
-    """The decay parameter g (or Mamba2's A) was made from: (HV,), fp32 (for kernels that form the gate)."""
+    """The decay parameter g (or Mamba2's A) was made from: (HV,), fp32 (for kernels that form the decay themselves)."""
     dt_bias: torch.Tensor | None = None
-    """The gate's bias: (HV,), or (HV·K,) for kda; fp32."""
+    """The decay's bias: (HV,), or (HV·K,) for kda; fp32."""
     a: torch.Tensor | None = None
-    """The gate's per-token pre-activation: shaped like g (Mamba2: like dt); fp32."""
+    """The decay's per-token pre-activation: shaped like g (Mamba2: like dt); fp32."""
     cu_seqlens: torch.Tensor | None = None
     """int64 (N+1,) offsets of each sequence in the packed tensors (varlen only)."""
     seed: int = DEFAULT_SEED

@@ -12,7 +12,7 @@ per token, on the (K, V) state:
     update           S + k uᵀ                   2·K·V
     output           Sᵀq                        2·K·V
 
-so gdn/kda 7·K·V, linear and mamba2 5·K·V, less K·V without a gate. The state is touched every token: the
+so gdn/kda 7·K·V, linear and mamba2 5·K·V, less K·V without gating. The state is touched every token: the
 recurrent form is bound by reading and writing it, and its FLOPs are small.
 
 **Chunked form** (``form="chunked"``: what ``chunk_*`` kernels compute), per chunk of c tokens (the last chunk

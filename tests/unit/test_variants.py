@@ -112,7 +112,7 @@ def test_softcap_inputs_reach_the_caps_knee_and_leave_other_cases_alone():
     inputs = make_inputs(spec)
     scores = torch.einsum("bihd,bjhd->bhij", inputs.q, inputs.k) * spec.softmax_scale
     share = (scores.abs() >= 15.0).double().mean().item()
-    assert 0.08 < share < 0.2  # about 13% past c/2 (a standard deviation of c/3)
+    assert 0.03 < share < 0.08  # about 5% past c/2 (a standard deviation of c/4)
     plain = make_inputs(spec.replace(softcap=None))
     assert torch.equal(plain.q, make_inputs(AttnSpec(seqlens_q=(256,), heads_q=4, head_dim=64, dtype="fp32")).q)
     assert not torch.equal(plain.q, inputs.q) and torch.equal(plain.v, inputs.v)

@@ -7,8 +7,8 @@ the backward. It adds no FLOPs to the convention (``metrics``): a tanh is elemen
 any cap a model uses (Gemma 2: 50), where ``c · tanh(s / c)`` is the identity to a few parts in 10⁴ and its
 derivative 1: a kernel without the softcap's derivative in its backward passed a bf16 check. A case with a
 softcap therefore draws q and k scaled (``qk_scale``) so that its scaled scores have a standard deviation of
-``c / 3`` before the cap: about 13% of them lie at ``|s| ≥ c / 2``, where tanh bends (derivative ≤ 0.79), and
-the largest reach the cap itself; the softmax stays finite and the rows keep several keys of weight, since the
+``c / 4`` before the cap: about 5% of them lie at ``|s| ≥ c / 2``, where tanh bends (derivative ≤ 0.79), the
+largest reach the cap itself; the softmax stays finite and the rows keep several keys of weight, since the
 cap compresses the top scores. A kernel that drops the derivative, or applies the cap to unscaled scores, fails
 in bf16 (``tests/unit/test_variants.py``). The same case without a softcap keeps its N(0, 1) inputs.
 """
@@ -21,7 +21,7 @@ import torch
 
 from attnbench.features.base import Feature, FeatureError, Option, finite_number, shown
 
-SCORE_SPREAD = 3.0
+SCORE_SPREAD = 4.0
 """The scaled scores of a case with a softcap c are drawn with a standard deviation of c / SCORE_SPREAD (module doc)."""
 
 

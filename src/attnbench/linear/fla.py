@@ -68,7 +68,27 @@ def supports(spec: RecurrenceSpec, op: str = "chunk") -> str | None:
         import fla.ops  # noqa: F401
     except ImportError as exc:
         return f"fla-core is not installed ({exc})"
+    if op == "chunk" and spec.pass_ == "fwd_bwd" and spec.kind in GATED_BACKWARD and (why := _gated_backward_reason()):
+        return why
     return None
+
+
+GATED_BACKWARD = ("gdn", "kda", "linear", "mamba2")
+"""Chunk kinds whose backward runs fla's gated chunk_bwd_dqkwg, which fla refuses on Hopper with Triton 3.4-3.7.0."""
+
+
+def _gated_backward_reason() -> str | None:
+    """fla 0.6.0 raises in its gated chunk backward on Hopper with Triton >= 3.4, < 3.7.1 ("produces incorrect
+    results", fla#640) unless TileLang is installed: the same refusal, before the case runs."""
+    import importlib.util
+
+    import triton
+    major, minor = torch.cuda.get_device_capability()
+    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3])
+    if major != 9 or not (3, 4, 0) <= version < (3, 7, 1) or importlib.util.find_spec("tilelang") is not None:
+        return None
+    return (f"fla's gated chunk backward refuses Triton {triton.__version__} on Hopper (wrong results, fla#640): it "
+            "needs Triton >= 3.7.1 or tilelang")
 
 
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -> Callable[[], Outputs]:

@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, port: int, cases: list, queue) -> None:
                             head_dim=extra.get("head_dim", 16), dtype=dtype, causal=causal, pass_="fwd_bwd")
             try:
                 m = bench.build_method(method, kernel, spec, ctx, ulysses_degree=extra.get("ulysses_degree"),
-                                       comm=extra.get("comm", "p2p"))
+                                       comm=extra.get("comm", "p2p"), ulysses_chunks=extra.get("ulysses_chunks", 1))
             except ValueError as exc:
                 results[name] = {"error": str(exc)}
                 continue

@@ -129,7 +129,7 @@ def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> Dis
 
 
 def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, *, ulysses_degree: int | None,
-                 comm: str = "p2p", ulysses_chunks: int | str = "auto") -> Method:
+                 comm: str = "p2p", ulysses_chunks: int | str = 1) -> Method:
     """The method ``name`` for this case; ValueError for a bad case, MethodUnavailable for a missing peer."""
     causal, scale, seq = spec.causal, spec.softmax_scale, spec.seqlens_q[0]
     if name in OWN_COLLECTIVES and ctx.ranks_per_device > 1:
@@ -327,7 +327,7 @@ class CaseResult:
 
 def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContext, *, timing: TimingConfig,
              check: bool = True, ulysses_degree: int | None = None, comm: str = "p2p", seed: int = 0,
-             convention: str = "exact", timeline_calls: int = 0, ulysses_chunks: int | str = "auto") -> CaseResult:
+             convention: str = "exact", timeline_calls: int = 0, ulysses_chunks: int | str = 1) -> CaseResult:
     """Check and time one case on every rank; the result is complete on rank 0.
 
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase

@@ -71,6 +71,9 @@ class RunOptions:
     batch_names: dict | None = None
     """Serving batches read from a trace: (seqlens_q, seqlens_k) -> the step's name, kept in each record's
     ``info["batch_name"]``."""
+    backend_options: dict = field(default_factory=dict)
+    """Backend name -> the constructor options it runs with (``--backend-opt``, checked by
+    ``backends.options.resolve``); the registry itself is never changed."""
 
 
 def long_case_ms(timing: TimingConfig, device_type: str) -> float:
@@ -117,7 +120,7 @@ class Runner:
         self.clock = PhaseClock()
         self.stop_requested = False
         """Set (e.g. by a SIGINT handler) to stop after the case in flight."""
-        self.backends = [registry.get(name) for name in options.backends]
+        self.backends = [registry.get(name, options.backend_options.get(name)) for name in options.backends]
         self.clocks = ClockMonitor(self.device)
         self.ceilings = options.ceilings or plausibility.ceilings(self.device)
         self.precompiler = Precompiler([], device=options.device, seed=options.seed, inputs_dist=options.inputs)
@@ -405,6 +408,7 @@ class Runner:
     def _timing_context(self) -> CaseContext:
         return CaseContext(config=self.options.timing, device=self.device, seed=self.options.seed,
                            trace_dir=self.options.trace_dir, sessions=self.sessions,
+                           backend_options=self.options.backend_options,
                            inputs=None if self.options.inputs.is_default else self.options.inputs.describe())
 
     def _check_after_timing(self, spec, backend, inputs, prepared, accuracy: dict,

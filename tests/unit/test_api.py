@@ -31,3 +31,18 @@ def test_importing_the_package_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", "import attnbench, sys; print('torch' in sys.modules)"],
                          capture_output=True, text=True, cwd=DOC.parents[1] / "src").stdout
     assert out.strip() == "False"
+
+
+def test_backend_options_reach_the_run_and_leave_the_registry_alone(tmp_path):
+    import attnbench
+    from attnbench.backends import registry
+    before = registry.registered("flex-sparse")
+    plan = attnbench.plan(device="cpu", seq_lens="64", q_heads=2, head_size=16, dtype="fp32", pass_="fwd",
+                          causal=False, backends="flex-sparse", backend_opt=["flex-sparse.sparsity=0.5"],
+                          db=str(tmp_path / "o.db"))
+    assert plan.options.backend_options == {"flex-sparse": {"sparsity": 0.5}}
+    assert registry.registered("flex-sparse") is before  # the run's options are its own
+    for isolate in (False, True):  # in this process and in a worker process
+        records = attnbench.run(plan if not isolate else plan.__class__(**{**plan.__dict__, "isolate": True}))
+        assert records[0].status == "ok", records[0].reason
+        assert records[0].info["target_sparsity"] == 0.5, records[0].info  # the option, not the default

@@ -127,7 +127,7 @@ def test_the_child_reports_a_failing_case_and_runs_the_next(monkeypatch):
         def prepare_case(self, spec, inputs):
             raise ValueError("head size 16 is not compiled in\nsecond line")
 
-    monkeypatch.setattr(registry, "get", lambda name: Refuses() if name == "refuses" else real(name))
+    monkeypatch.setattr(registry, "get", lambda name, options=None: Refuses() if name == "refuses" else real(name, options))
     job = {"device": "cpu", "seed": 0, "warmup": 1, "cold_l2": False,
            "cases": [{"spec": spec(32).to_dict(), "backend": "naive", "iterations": 2},
                      {"spec": spec(32).to_dict(), "backend": "refuses", "iterations": 2},
@@ -179,7 +179,7 @@ def test_the_child_makes_fewer_calls_of_a_long_case_as_the_events_timer_samples(
                 time.sleep(0.02)
             return Prepared(fn=fn)
 
-    monkeypatch.setattr(registry, "get", lambda name: Slow() if name == "slow" else real(name))
+    monkeypatch.setattr(registry, "get", lambda name, options=None: Slow() if name == "slow" else real(name, options))
     job = {"device": "cpu", "seed": 0, "warmup": 10, "cold_l2": False, "max_time_ms": 100.0,
            "cases": [{"spec": spec(32).to_dict(), "backend": "slow", "iterations": 30}]}
     (slow,) = child.run_job(job)

@@ -122,22 +122,29 @@ _configured: dict[str, object] = {}
 """The backends the last ``apply`` configured, each with what was registered under its name before (None: nothing)."""
 
 
-def apply(items: list[str] | None) -> dict[str, dict]:
-    """Parse ``items`` and register each configured backend in place of those an earlier ``apply`` configured;
-    ValueError naming the bad option (and nothing changed)."""
+def resolve(items: list[str] | None) -> dict[str, dict]:
+    """Parse and check ``items``: backend name -> the constructor options it takes (each backend built once with
+    them, so a bad option is a usage error now, not a failed case later); ValueError naming the bad option. A run
+    hands the result to its backends (``RunOptions.backend_options``); nothing global changes."""
     options = parse(items)
-    factories = {}
     for name, kwargs in options.items():
         if name not in registry.names():
             raise ValueError(f"--backend-opt {name}: unknown backend; known: {', '.join(registry.names())}")
         cls = type(registry.get(name))
         kwargs = check(cls, name, kwargs)
         try:
-            cls(**kwargs)  # validate now: a bad option is a usage error, not a failed case later
+            cls(**kwargs)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"--backend-opt {name}: {exc}") from None
-        factories[name] = functools.partial(cls, **kwargs)
         options[name] = kwargs
+    return options
+
+
+def apply(items: list[str] | None) -> dict[str, dict]:
+    """``resolve``, then register each configured backend in place of those an earlier ``apply`` configured (the
+    end-to-end models look their backends up by name); ValueError naming the bad option (and nothing changed)."""
+    options = resolve(items)
+    factories = {name: functools.partial(type(registry.get(name)), **kwargs) for name, kwargs in options.items()}
     reset()
     for name, factory in factories.items():
         _configured[name] = registry.registered(name)

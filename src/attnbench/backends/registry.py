@@ -115,8 +115,9 @@ def names() -> list[str]:
     return list(dict.fromkeys([*BUILTIN, *_extra, *_entry_points()]))
 
 
-def get(name: str) -> Backend:
-    """Instantiate backend ``name``; ValueError naming the known backends if it does not exist."""
+def get(name: str, options: dict | None = None) -> Backend:
+    """Instantiate backend ``name`` with its constructor ``options`` (``backends.options.resolve`` checks them);
+    ValueError naming the known backends if it does not exist."""
     load_plugins()
     if name in _extra:
         target = _extra[name]
@@ -127,7 +128,7 @@ def get(name: str) -> Backend:
         target = eps[name].load()
     else:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(names())}")
-    backend = target()
+    backend = target(**(options or {}))
     if not isinstance(backend, Backend):
         raise TypeError(f"backend {name!r} is a {type(backend).__name__}, not an attnbench Backend")
     if not backend.name:
@@ -135,13 +136,14 @@ def get(name: str) -> Backend:
     return backend
 
 
-def available(device, default_only: bool = False) -> list[str]:
-    """Names of the backends that can run on ``device`` here (package importable, device type allowed);
-    with ``default_only``, only those that take part in a sweep with no --backends given."""
+def available(device, default_only: bool = False, options: dict | None = None) -> list[str]:
+    """Names of the backends that can run on ``device`` here (package importable, device type allowed), each
+    built with its ``options`` (name -> constructor options); with ``default_only``, only those that take part in
+    a sweep with no --backends given."""
     out = []
     for name in names():
         try:
-            backend = get(name)
+            backend = get(name, (options or {}).get(name))
         except Exception as exc:  # a broken third-party plug-in must not break the listing
             log.warning("backend %s failed to load: %s", name, exc)
             continue

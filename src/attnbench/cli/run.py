@@ -78,8 +78,8 @@ def show_summary(records: list, config: dict, device_name: str = "") -> None:
     summary.render(built, common.view_console())
 
 
-def resolve_backends(names: list[str] | None, impl: str | None, device: str, skip_missing: bool = False
-                     ) -> tuple[str, ...]:
+def resolve_backends(names: list[str] | None, impl: str | None, device: str, skip_missing: bool = False,
+                     options: dict | None = None) -> tuple[str, ...]:
     """--backends / --impl -> registry names (validated); default = every backend available here. A named
     backend that cannot run here is an error unless ``skip_missing`` (its cases are then recorded as
     unsupported, with the reason)."""
@@ -93,7 +93,7 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
                             f"use --backends with one of: {alternatives}")
         names = [*(names or []), target]
     if not names:
-        return tuple(registry.available(device, default_only=True))
+        return tuple(registry.available(device, default_only=True, options=options))
     out = []
     known = registry.names()
     for item in names:
@@ -109,18 +109,18 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
         raise UserError("--backends is empty; give at least one backend name")
     out = list(dict.fromkeys(out))
     for name in out:  # a named backend that cannot run would make a run that tests nothing look fine
-        why = None if skip_missing else cannot_run(name, device)
+        why = None if skip_missing else cannot_run(name, device, options)
         if why:
             raise UserError(why + " (--skip-missing records it as unsupported instead)")
     return tuple(out)
 
 
-def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
+def check_variants(backends: tuple[str, ...], specs: list[AttnSpec], options: dict | None = None) -> None:
     """A backend named on the command line that cannot take a variant the sweep asks for is an error (its
     every such case would only be 'unsupported'), saying which backends can."""
     wanted = dict.fromkeys(v for spec in specs for v in spec.variants)
     for name in backends:
-        caps = registry.get(name).capabilities
+        caps = registry.get(name, (options or {}).get(name)).capabilities
         for variant in wanted:
             if not getattr(caps, variant):
                 able = [n for n in registry.names() if _takes(n, variant)]
@@ -128,14 +128,14 @@ def check_variants(backends: tuple[str, ...], specs: list[AttnSpec]) -> None:
                                 f"{', '.join(able) or 'none'} (--skip-missing records its cases as unsupported)")
 
 
-def check_serving(backends: tuple[str, ...], specs: list[AttnSpec], device: str) -> None:
+def check_serving(backends: tuple[str, ...], specs: list[AttnSpec], device: str, options: dict | None = None) -> None:
     """A backend named on the command line that takes none of a serving or MLA sweep's cases (a page size it
     cannot take, a tree, an fp8 cache, a latent or rope size) is an error naming why, as for the variants."""
     serving = [spec for spec in specs if spec.serving_features or spec.mla]
     if not serving:
         return
     for name in backends:
-        backend = registry.get(name)
+        backend = registry.get(name, (options or {}).get(name))
         reasons = [backend.supports(spec, device) for spec in serving]
         if all(reasons) and len(serving) == len(specs):
             raise UserError(f"backend {name} takes none of the cases: {reasons[0]} (--skip-missing records them as "
@@ -149,10 +149,11 @@ def _takes(name: str, variant: str) -> bool:
         return False
 
 
-def cannot_run(name: str, device: str) -> str | None:
-    """Why backend ``name`` cannot run at all on ``device`` here, with how to fix it; None if it can."""
+def cannot_run(name: str, device: str, options: dict | None = None) -> str | None:
+    """Why backend ``name`` (built with its ``options``) cannot run at all on ``device`` here, with how to fix it;
+    None if it can."""
     from attnbench.backends.base import device_type
-    backend = registry.get(name)
+    backend = registry.get(name, (options or {}).get(name))
     reason = backend.unavailable_reason()
     if reason:
         return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
@@ -201,14 +202,14 @@ def plan_from_options(opts: dict) -> RunPlan:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
         specs = sweep.specs()
         from attnbench.backends import options as backend_options
-        backend_options.apply(common._as_list(opts.get("backend_opt")))
+        configured = backend_options.resolve(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device,
-                                common.option_bool(opts, "skip_missing"))
+                                common.option_bool(opts, "skip_missing"), configured)
     if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing"):
-        check_variants(backends, specs)
-        check_serving(backends, specs, device)
+        check_variants(backends, specs, configured)
+        check_serving(backends, specs, device, configured)
     check_summary_options(opts, backends)
     output = text(opts, "output")
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
@@ -223,7 +224,7 @@ def plan_from_options(opts: dict) -> RunPlan:
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
                          inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device),
                          batch_names={(b.seqlens_q, b.seqlens_k): b.name for b in sweep.batches or () if b.traced}
-                         or None, **extra)
+                         or None, backend_options=configured, **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},

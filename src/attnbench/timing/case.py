@@ -42,6 +42,8 @@ class CaseContext:
     sessions: object | None = None
     """The run's ``external.ProfileSessions`` (external profilers: one process per backend); None = a process
     for this case alone."""
+    backend_options: dict | None = None
+    """Backend name -> constructor options, for the external child that builds the backends again."""
 
 
 def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext) -> tuple[list, dict]:
@@ -107,7 +109,8 @@ def profile_sessions(ctx: CaseContext, cases, stopped=lambda: False):
     return ProfileSessions(ctx.config.mode, cases, iterations=ctx.config.repeat, device=str(ctx.device),
                            seed=ctx.seed, warmup=max(1, ctx.config.warmup), cold_l2=ctx.config.cold_l2,
                            inputs=ctx.inputs, batch=ctx.config.profiler_batch,
-                           max_time_ms=ctx.config.max_time_for(ctx.device.type), stopped=stopped)
+                           max_time_ms=ctx.config.max_time_for(ctx.device.type), stopped=stopped,
+                           backend_options=ctx.backend_options)
 
 
 def _external(spec, backend, ctx: CaseContext) -> tuple[list[float], dict]:

@@ -45,7 +45,7 @@ def run_job(job: dict) -> list[dict]:
     results = []
     for case in job["cases"]:
         spec = AttnSpec.from_dict(case["spec"])
-        backend = registry.get(case["backend"])
+        backend = registry.get(case["backend"], job.get("backend_options", {}).get(case["backend"]))
         try:
             inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
             prepared = backend.prepare_case(spec, inputs)

@@ -75,7 +75,7 @@ Profiled = tuple[list[float], dict]
 
 def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int = 0, warmup: int = 5,
                  cold_l2: bool = True, timeout_s: float = 900, inputs: dict | None = None,
-                 max_time_ms: float | None = None) -> list[Profiled | CaseFailed]:
+                 max_time_ms: float | None = None, backend_options: dict | None = None) -> list[Profiled | CaseFailed]:
     """Every case measured under ``tool`` in one child process (``inputs``: how the inputs are drawn,
     ``InputDist.describe()``; None = N(0, 1); ``max_time_ms``: the events timer's cap, which bounds a case's
     calls as it bounds its samples; None = each case's ``iterations``): per case, in order, its samples and
@@ -90,7 +90,7 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
         tmp = Path(tmp)
         cap = max_time_ms if max_time_ms is not None and math.isfinite(max_time_ms) else None
         job = {"device": device, "seed": seed, "inputs": inputs, "warmup": warmup, "cold_l2": cold,
-               "max_time_ms": cap, "result": str(tmp / "result.json"),
+               "max_time_ms": cap, "result": str(tmp / "result.json"), "backend_options": backend_options or {},
                "cases": [{"spec": c.spec.to_dict(), "backend": c.backend, "iterations": c.iterations} for c in cases]}
         (tmp / "job.json").write_text(json.dumps(job))
         child = child_command(tmp / "job.json")
@@ -136,10 +136,11 @@ class ProfileSessions:
 
     def __init__(self, tool: str, cases: list[tuple[AttnSpec, str]], *, iterations: int, device: str,
                  seed: int = 0, warmup: int = 5, cold_l2: bool = True, inputs: dict | None = None,
-                 batch: int = 32, max_time_ms: float | None = None, stopped=lambda: False):
+                 batch: int = 32, max_time_ms: float | None = None, stopped=lambda: False,
+                 backend_options: dict | None = None):
         self.tool, self.iterations, self.batch, self.stopped = tool, iterations, max(1, batch), stopped
         self.options = {"device": device, "seed": seed, "warmup": warmup, "cold_l2": cold_l2, "inputs": inputs,
-                        "max_time_ms": max_time_ms}
+                        "max_time_ms": max_time_ms, "backend_options": backend_options}
         self.any_backend = tool == "nsys"
         """Whether one process takes cases of several backends (nsys), or of one (ncu, rocprof)."""
         self.pending: dict[str, list[tuple[str, AttnSpec]]] = {}

@@ -19,8 +19,8 @@ def exact_attention(q, k, v, dout, *, causal: bool, scale: float) -> dict:
     """Exact out, dq, dk, dv of bshd inputs: the blocked reference of ``attnbench.accuracy``
     (fp64 on CPU and for fp32 inputs, fp32 with TF32 off for 16-bit inputs on GPUs)."""
     out, lse = attention_forward(q, k, v, causal=causal, scale=scale)
-    dq, dk, dv = attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)
-    return dict(zip(TENSORS, (out, dq, dk, dv), strict=True))
+    grads = attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale)  # by name: dq, dk, dv
+    return {"out": out, **{name: grads[name] for name in TENSORS[1:]}}
 
 
 def single_device(q, k, v, dout, *, kernel: LocalKernel, causal: bool, scale: float) -> dict:

@@ -39,3 +39,69 @@ def test_runs_keeps_every_run_id_on_one_line(tmp_path):
     assert res.returncode == 0, res.stderr
     assert all(run_id in res.stdout for run_id in ids)  # whole, where a user copies them from
     assert widest(res.stdout) <= WIDTH
+
+
+def _case_lines(text: str) -> list[list[str]]:
+    """The lines of each row's case in a ``--table`` printout (the text under the "case" header)."""
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if " case " in line and " pass " in line)
+    start, end = lines[head].index("case"), lines[head].index("pass")
+    rows: list[list[str]] = []
+    for line in lines[head + 2:]:
+        if line[:start].strip():
+            rows.append([])
+        if rows and line[start:end].strip():
+            rows[-1].append(line[start:end].strip())
+    return rows
+
+
+SERVING = AttnSpec(seqlens_q=(2048, 2048) + (1,) * 32, seqlens_k=(2048, 2048) + (1024,) * 32, heads_q=4, heads_kv=2,
+                   head_dim=32, dtype="fp32", causal=True, pass_="fwd", sinks=True, softcap=50.0, window=(128, 0),
+                   page_size=16)
+"""A serving batch (--batch 2q2k_32q1kv1k) of a model with every variant: a label of 76 characters."""
+
+
+def _store_serving_run(db, specs: list[AttnSpec]) -> None:
+    reason = "varlen (grouped sequences) not supported by this kernel, whatever the lengths"
+    with ResultStore(db) as store:
+        store.start_run("serving", command="attnbench run --batch 2q2k_32q1kv1k", config={}, env_id=None,
+                        version="test")
+        for spec in specs:
+            store.write(synthetic_record("serving", spec, "naive", [2.0, 2.1, 2.2],
+                                         accuracy={"verdict": "pass"}, info={"cpu": {"busy": True}}))
+            store.write(synthetic_record("serving", spec, "sdpa-flash", [1.0], status="unsupported",
+                                         reason=reason))
+        store.finish_run("serving")
+
+
+def test_show_table_keeps_a_serving_case_on_two_lines_at_most(tmp_path):
+    db = tmp_path / "s.db"
+    _store_serving_run(db, [SERVING, SERVING.replace(page_size=None, softcap=None)])
+    res = cli("show", "--db", db, "--table")
+    assert res.returncode == 0, res.stderr
+    assert widest(res.stdout) <= WIDTH
+    rows = _case_lines(res.stdout)
+    assert len(rows) == 4 and all(1 <= len(lines) <= 2 for lines in rows), rows
+    assert all(lines[0].startswith("b1 reqs[2q2k_32q1kv1k]") for lines in rows)  # the requests, unbroken
+    shown = " ".join(" ".join(lines) for lines in rows) + " " + res.stdout.splitlines()[0]
+    for word in SERVING.label().split():  # every word of the label: in its row, or in the title when all share it
+        assert word in shown
+
+
+def test_a_trace_step_is_named_by_its_requests_counted_not_spelled_out(tmp_path):
+    lens = [1, 1, 77, 300] * 10
+    step = AttnSpec(seqlens_q=tuple(lens), seqlens_k=tuple(q + 37 * i for i, q in enumerate(lens)), heads_q=4,
+                    head_dim=32, dtype="fp32", causal=True, pass_="fwd")
+    db = tmp_path / "t.db"
+    _store_serving_run(db, [step])
+    res = cli("show", "--db", db, "--table")
+    rows = _case_lines(res.stdout)
+    assert all(len(lines) <= 2 for lines in rows), rows
+    assert " ".join(rows[0]).startswith("b1 reqs[40: q1..300 kv1..1743]")
+
+
+def test_show_table_sets_the_busy_mark_apart_from_the_verdict(tmp_path):
+    db = tmp_path / "b.db"
+    _store_serving_run(db, [SERVING.replace(seqlens_q=(64,), seqlens_k=(64,), page_size=None)])
+    res = cli("show", "--db", db, "--table")
+    assert " pass ? " in res.stdout and "pass?" not in res.stdout

@@ -455,7 +455,8 @@ def run(
     if not quiet:
         if common.option_bool(plan.config, "table"):
             peaks = measured_peaks(plan.db, plan.options.device, copy=True)
-            common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
+            common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks,
+                                               width=common.console.width))
         show_summary(records, plan.config, envmod.device_name(plan.options.device))
         ok = sum(r.status == "ok" for r in records)
         common.console.print(f"{ok}/{len(records)} cases ok in {format_breakdown(phases)}\nstored in {plan.db} as run "

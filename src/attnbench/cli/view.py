@@ -221,7 +221,7 @@ def show(
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
     records = [Record.from_row(r) for r in rows]
     if table:
-        common.console.print(records_table(records, title=f"run {', '.join(run_ids)}"))
+        common.console.print(records_table(records, title=f"run {', '.join(run_ids)}", width=common.console.width))
         return
     config = {"metric": metric, "baseline": baseline}
     check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 from results_fixtures import cli, synthetic_record
+from rich.console import Console
 
+from attnbench.accuracy.tolerance import Tolerance
 from attnbench.cli import common
+from attnbench.report import grid
+from attnbench.results.record import Record
 from attnbench.results.store import ResultStore
 from attnbench.spec import AttnSpec
 
@@ -105,3 +109,54 @@ def test_show_table_sets_the_busy_mark_apart_from_the_verdict(tmp_path):
     _store_serving_run(db, [SERVING.replace(seqlens_q=(64,), seqlens_k=(64,), page_size=None)])
     res = cli("show", "--db", db, "--table")
     assert " pass ? " in res.stdout and "pass?" not in res.stdout
+
+
+def _checked(backend: str, spec: AttnSpec, ratio: float, **fields) -> Record:
+    limits = {"out": {"max_abs": 1e-3}, "dq": {"max_abs": 1e-3}}
+    return Record(run_id="v", backend=backend, spec=spec, accuracy={
+        "verdict": "pass" if ratio <= 1 else "fail", "limits": limits,
+        "tensors": {"out": {"max_abs": ratio * 1e-3}, "dq": {"max_abs": 1e-4}}}, **fields)
+
+
+def _preset_cases() -> list[AttnSpec]:
+    """gpt-oss-20b's layers at eight lengths: 16 cases, as `verify --preset gpt-oss-20b` checks on a GPU."""
+    return [AttnSpec(seqlens_q=(s,), heads_q=64, heads_kv=8, head_dim=64, dtype="bf16", causal=True, sinks=True,
+                     window=w, pass_="fwd_bwd") for s in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+            for w in (None, (127, 0))]
+
+
+def _render_grid(records: list[Record]) -> str:
+    console = Console(width=WIDTH, force_terminal=False)
+    with console.capture() as cap:
+        grid.render(records, console)
+    return cap.get()
+
+
+def test_verify_grid_shows_every_number_within_100_columns():
+    specs = _preset_cases()
+    records = [_checked(b, spec, 0.27 + 0.01 * i) for b in ("naive", "sdpa-math", "flashinfer")
+               for i, spec in enumerate(specs)]
+    text = _render_grid(records)
+    assert widest(text) <= WIDTH and "…" not in text
+    assert ".27" in text and ".42" in text  # the numbers, not 0… in every cell
+    names = grid.case_names(records)
+    legend = [line for line in text.splitlines() if line.startswith(("cases: ", "       "))]
+    for i, name in enumerate(names.values()):  # each case whole on one line of the legend
+        assert any(f"{i + 1} {name}" in line for line in legend), (i, name, legend)
+    assert "ᶠ" not in text and "✗" not in text  # no mark is shown, so none is explained
+    assert "2 x the error of PyTorch math" in " ".join(text.split())  # k, from the Tolerance
+
+
+def test_verify_grid_splits_cases_that_do_not_fit_and_explains_the_marks_it_shows():
+    specs = _preset_cases()
+    records = [_checked("naive", spec, 0.5) for spec in specs]
+    records += [_checked("flash-forward-only", spec.replace(pass_="fwd"), 12.0 if i == 3 else 0.5, status="mismatch"
+                         if i == 3 else "ok") for i, spec in enumerate(specs)]
+    text = _render_grid(records)
+    assert widest(text) <= WIDTH and "…" not in text
+    tables = [line for line in text.splitlines() if line.startswith("backend")]
+    assert len(tables) == 2 and "16" in tables[1] and "16" not in tables[0]  # two tables of eight cases
+    assert "12ᶠ✗" in text
+    flat = " ".join(text.split())
+    assert "✗ failed its check" in flat and "ᶠ forward only" in flat
+    assert f"{Tolerance().k_max:g} x for the largest element" in flat

@@ -160,3 +160,41 @@ def test_verify_grid_splits_cases_that_do_not_fit_and_explains_the_marks_it_show
     flat = " ".join(text.split())
     assert "✗ failed its check" in flat and "ᶠ forward only" in flat
     assert f"{Tolerance().k_max:g} x for the largest element" in flat
+
+
+def _cpu_rates_run(db) -> list[Record]:
+    """A CPU run's rates (0.001-0.06 TFLOP/s) at three lengths, two kernels, stored."""
+    records = []
+    with ResultStore(db) as store:
+        store.start_run("cpu", command="attnbench run --device cpu", config={}, env_id=None, version="test")
+        for s, tflops in ((128, 0.001), (256, 0.02), (512, 0.06)):
+            spec = AttnSpec(seqlens_q=(s,), heads_q=4, head_dim=64, dtype="fp32", pass_="fwd")
+            for backend, factor in (("naive", 1.0), ("sdpa-math", 0.5)):
+                record = synthetic_record("cpu", spec, backend, [1.0, 1.1, 1.2], tflops=tflops * factor,
+                                          accuracy={"verdict": "pass"})
+                store.write(record)
+                records.append(record)
+        store.finish_run("cpu")
+    return records
+
+
+def test_one_unit_for_a_cpu_runs_rates_in_every_view(tmp_path):
+    from attnbench.cli.e2e import e2e_table
+    from attnbench.report import html, plots, summary
+    db = tmp_path / "u.db"
+    records = _cpu_rates_run(db)
+    assert summary.build(records).unit == "GF/s"
+    with ResultStore(db) as store:
+        rows = store.rows("cpu")
+        page = html.build(store, ["cpu"])
+    fig = plots.figure(rows, "seq_len", "tflops")
+    assert fig.axes[0].get_ylabel() == "throughput (GFLOP/s)"
+    assert max(max(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()) == pytest.approx(60.0)
+    assert "<th>GFLOP/s</th>" in page and "TFLOP/s" not in page
+    for r, value in zip(records[:2], (0.0005, 0.002), strict=True):
+        r.info["e2e"] = {"attn_tflops": value}
+    console = Console(width=WIDTH, force_terminal=False)
+    with console.capture() as cap:
+        console.print(e2e_table(records[:2], "llama-tiny prefill on cpu"))
+    line = next(line for line in cap.get().splitlines() if line.split()[:1] == ["Attn"] and "(" not in line)
+    assert line.split()[:4] == ["Attn", "GFLOP/s", "0.500", "2.00"]

@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench import features
+from attnbench import features, metrics
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 from attnbench.serving import describe, group_label, tree_label
@@ -152,13 +152,11 @@ def _value(r: Record, metric: str, base: Record | None, scale: float = 1.0) -> f
 
 
 def unit_of(records: list[Record], metric: str) -> tuple[str, float]:
-    """The cells' unit and its factor from the stored one: GF/s where every rate is under 1 TF/s (CPU runs),
-    so a cell's four characters hold three significant digits and two kernels 60% apart never both read
-    0.02; the metric's own unit otherwise."""
+    """The cells' unit and its factor from the stored one: for rates, ``metrics.rate_unit`` of the records that
+    ran (GF/s for a CPU run's); the metric's own unit otherwise."""
     if metric == "tflops":
-        rates = [r.tflops for r in records if r.status == "ok" and r.tflops is not None]
-        if rates and max(rates) < 1.0:
-            return "GF/s", 1e3
+        unit = metrics.rate_unit(r.tflops for r in records if r.status == "ok")
+        return unit.short, unit.factor
     return METRICS[metric], 1.0
 
 

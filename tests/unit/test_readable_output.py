@@ -198,3 +198,23 @@ def test_one_unit_for_a_cpu_runs_rates_in_every_view(tmp_path):
         console.print(e2e_table(records[:2], "llama-tiny prefill on cpu"))
     line = next(line for line in cap.get().splitlines() if line.split()[:1] == ["Attn"] and "(" not in line)
     assert line.split()[:4] == ["Attn", "GFLOP/s", "0.500", "2.00"]
+
+
+def test_dist_tables_fit_100_columns_and_mark_a_busy_cpus_numbers(capsys):
+    from attnbench.cli import dist
+    from attnbench.distributed.bench import CaseResult
+
+    def result(seq: int, busy: bool) -> CaseResult:
+        spec = AttnSpec(seqlens_q=(seq,), heads_q=4, head_dim=16, dtype="fp32", causal=True, pass_="fwd_bwd")
+        return CaseResult(spec=spec, method="zigzag", kernel="sdpa-math", stats={"median_ms": 4.68},
+                          tflops_per_device=0.00094, info={"cpu": {"threads": 1, "busy": busy}})
+
+    dist._print_tables([result(131072, True), result(256, False)], 2)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert widest(out) <= WIDTH
+    assert lines[2].endswith("| MB/device | GFLOP/s |")  # the rate in a CPU's unit: 0.940, not 0.00094 TFLOP/s
+    busy, calm = (line for line in lines if line.startswith("| 1 |"))
+    assert busy == "| 1 | 131072 | 4 | 16 | False | 213.675 ? | 4.680 ? | n/a | 0.940 ? |"
+    assert calm == "| 1 | 256 | 4 | 16 | False | 213.675 | 4.680 | n/a | 0.940 |"
+    assert lines[-1] == dist.BUSY_NOTE

@@ -218,3 +218,16 @@ def test_dist_tables_fit_100_columns_and_mark_a_busy_cpus_numbers(capsys):
     assert busy == "| 1 | 131072 | 4 | 16 | False | 213.675 ? | 4.680 ? | n/a | 0.940 ? |"
     assert calm == "| 1 | 256 | 4 | 16 | False | 213.675 | 4.680 | n/a | 0.940 |"
     assert lines[-1] == dist.BUSY_NOTE
+
+
+def test_the_grouped_case_note_counts_the_backends_that_skip_every_grouped_case():
+    from attnbench.report.footnotes import grouped_note
+    group = AttnSpec(seqlens_q=(64, 96), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")
+    records = []
+    for backend in ("naive", "sdpa-flash", "flex-sparse", "sdpa-efficient"):
+        ran = backend == "naive"  # runs the forward only; the others skip both cases
+        records.append(synthetic_record("g", group, backend, [1.0, 1.1], status="ok" if ran else "unsupported"))
+        records.append(synthetic_record("g", group.replace(pass_="fwd_bwd"), backend, [1.0, 1.1],
+                                        status="unsupported"))
+    (note,) = grouped_note(records)
+    assert "which 3 of 4 backends skip" in note  # naive ran one of them: it does not skip them

@@ -31,8 +31,9 @@ def grouped_note(records: list[Record]) -> list[str]:
     if all(r.n <= 1 for r in records if r.status == "ok"):  # verify's cases, chosen for it: nothing was mistyped
         return []
     grouped = [r for r in records if r.spec.is_varlen]
-    skipped = {r.backend for r in grouped if r.status == "unsupported"}
     backends = {r.backend for r in grouped}
+    # a backend that ran any of them does not skip them, though it may skip one (a pass, a mask)
+    skipped = backends - {r.backend for r in grouped if r.status != "unsupported"}
     if not grouped or 2 * len(skipped) <= len(backends):
         return []
     groups = list(dict.fromkeys(r.spec.seqlens_q for r in grouped))

@@ -231,3 +231,9 @@ def test_the_grouped_case_note_counts_the_backends_that_skip_every_grouped_case(
                                         status="unsupported"))
     (note,) = grouped_note(records)
     assert "which 3 of 4 backends skip" in note  # naive ran one of them: it does not skip them
+
+
+def test_help_keeps_the_brackets_of_a_trace_line():
+    res = cli("run", "--help")
+    assert res.returncode == 0
+    assert '{"requests": [[new, keys], ...]}' in " ".join(res.stdout.replace("│", " ").split())

@@ -237,3 +237,9 @@ def test_help_keeps_the_brackets_of_a_trace_line():
     res = cli("run", "--help")
     assert res.returncode == 0
     assert '{"requests": [[new, keys], ...]}' in " ".join(res.stdout.replace("│", " ").split())
+
+
+def test_compare_and_merge_name_their_arguments_as_usage_lines_do():
+    usage = cli("compare", "--help").stdout.splitlines()[1].split()
+    assert usage[-2:] == ["RUN_A", "RUN_B"]  # not {run_a} {run_b}
+    assert cli("merge", "--help").stdout.splitlines()[1].split()[-2:] == ["OUTPUT", "INPUT..."]

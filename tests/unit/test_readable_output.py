@@ -243,3 +243,14 @@ def test_compare_and_merge_name_their_arguments_as_usage_lines_do():
     usage = cli("compare", "--help").stdout.splitlines()[1].split()
     assert usage[-2:] == ["RUN_A", "RUN_B"]  # not {run_a} {run_b}
     assert cli("merge", "--help").stdout.splitlines()[1].split()[-2:] == ["OUTPUT", "INPUT..."]
+
+
+def test_a_single_sequence_length_is_named_as_labels_name_it():
+    from attnbench.report import summary
+    spec = AttnSpec(seqlens_q=(128,), heads_q=4, head_dim=64, dtype="fp32", pass_="fwd")
+    records = [synthetic_record("h", spec.replace(causal=c), b, [1.0]) for c in (False, True)
+               for b in ("naive", "sdpa-math")]
+    assert summary.build(records).header.startswith("b1 s128 h4 d64 fp32 fwd · ")
+    grouped = [synthetic_record("h", spec.replace(seqlens_q=(64, 96), seqlens_k=(64, 96), causal=c), "naive", [1.0])
+               for c in (False, True)]
+    assert summary.build(grouped).header.startswith("b1 s64,96 h4 ")

@@ -199,8 +199,8 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     varying = [k for k in SWEEP_ORDER if len(values.get(k, ())) > 1]
     row_axis = max(varying, key=lambda k: (len(values[k]), -SWEEP_ORDER.index(k))) if varying else "seq"
     group_axes = [k for k in SWEEP_ORDER if k in varying and k != row_axis]
-    fixed = [next(iter(values[k])) for k in LABEL_ORDER if k in values and k not in varying and k != row_axis
-             and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED
+    fixed = [_in_header(k, next(iter(values[k]))) for k in LABEL_ORDER if k in values and k not in varying
+             and k != row_axis and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED
              and not next(iter(values[k])).endswith(" ")]
     by_case = {(_group_key(pos[id(r)], group_axes), pos[id(r)].get(row_axis, ""), r.backend): r for r in records}
     base_of = {}
@@ -236,6 +236,12 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
     notes = _notes(records, pivots, merged, approx, approx_column, metric)
     return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
+
+
+def _in_header(axis: str, value: str) -> str:
+    """A fixed axis's value as the header names it: a length as a label writes it (s128, s77,300), where a row
+    of the S column is the bare number."""
+    return f"s{value}" if axis == "seq" and re.fullmatch(r"[\d,]+", value) else value
 
 
 @dataclass(frozen=True)

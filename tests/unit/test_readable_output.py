@@ -254,3 +254,17 @@ def test_a_single_sequence_length_is_named_as_labels_name_it():
     grouped = [synthetic_record("h", spec.replace(seqlens_q=(64, 96), seqlens_k=(64, 96), causal=c), "naive", [1.0])
                for c in (False, True)]
     assert summary.build(grouped).header.startswith("b1 s64,96 h4 ")
+
+
+def test_presets_name_each_model_once():
+    import re
+
+    from attnbench import presets
+
+    def key(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+    lines = cli("presets").stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(presets.PRESETS)
+    for name, line in zip(presets.PRESETS, lines, strict=True):
+        assert key(line).count(key(name)) == 1, line  # "gpt-oss-20b  gpt-oss-20b: ..." named it twice
+    assert "deepseek-v3          MLA decode: 128/1 heads" in lines[list(presets.PRESETS).index("deepseek-v3")]

@@ -268,3 +268,16 @@ def test_presets_name_each_model_once():
     for name, line in zip(presets.PRESETS, lines, strict=True):
         assert key(line).count(key(name)) == 1, line  # "gpt-oss-20b  gpt-oss-20b: ..." named it twice
     assert "deepseek-v3          MLA decode: 128/1 heads" in lines[list(presets.PRESETS).index("deepseek-v3")]
+
+
+def test_other_processes_never_use_more_cores_than_there_are():
+    from attnbench.report.footnotes import cpu_notes
+    spec = AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")
+
+    def note(others: float) -> str:
+        record = synthetic_record("c", spec, "naive", [1.0], info={"cpu": {"threads": 1, "cores": 2,
+                                                                           "others_at_start": others}})
+        return cpu_notes([record])[0]
+    assert note(2.2) == "CPU: 1 thread of 2 cores (other processes were using all 2 cores when the run started)"
+    assert note(1.97).endswith("using all 2 cores when the run started)")
+    assert note(1.2).endswith("using 1.2 cores when the run started)")

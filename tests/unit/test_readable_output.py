@@ -281,3 +281,10 @@ def test_other_processes_never_use_more_cores_than_there_are():
     assert note(2.2) == "CPU: 1 thread of 2 cores (other processes were using all 2 cores when the run started)"
     assert note(1.97).endswith("using all 2 cores when the run started)")
     assert note(1.2).endswith("using 1.2 cores when the run started)")
+
+
+def test_the_reports_environment_has_no_empty_header_row():
+    from attnbench.report import html_tables
+    text = html_tables.environment({"device_name": "AMD EPYC", "torch": "2.13.0", "python": "3.11.7"})
+    assert "<th></th>" not in text and "<thead>" not in text
+    assert "<td>device</td><td>AMD EPYC</td>" in text and "<td>software</td><td>torch 2.13.0, python 3.11.7</td>" in text

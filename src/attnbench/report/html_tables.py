@@ -36,7 +36,8 @@ def num(value) -> str:
 
 def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(), cls: str = "",
           sortable: bool = False) -> str:
-    """An HTML table; cells are escaped unless ``Raw``."""
+    """An HTML table; cells are escaped unless ``Raw``. Headers that name nothing (a list of keys and values)
+    make no header row."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     num_attr = ' class="num"'
@@ -45,7 +46,8 @@ def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(),
                         for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     extra = ' data-sortable="1"' if sortable else ""
-    return f'<table class="{cls}"{extra}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f'<table class="{cls}"{extra}>{thead}<tbody>{"".join(body)}</tbody></table>'
 
 
 def span(cls: str, text: str, title: str = "") -> Raw:

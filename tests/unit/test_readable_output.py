@@ -288,3 +288,20 @@ def test_the_reports_environment_has_no_empty_header_row():
     text = html_tables.environment({"device_name": "AMD EPYC", "torch": "2.13.0", "python": "3.11.7"})
     assert "<th></th>" not in text and "<thead>" not in text
     assert "<td>device</td><td>AMD EPYC</td>" in text and "<td>software</td><td>torch 2.13.0, python 3.11.7</td>" in text
+
+
+def test_backends_says_how_to_have_flex_on_the_cpu(tmp_path):
+    import inspect
+    import json
+
+    from attnbench.backends import registry
+    rows = {r["name"]: r for r in json.loads(cli("backends", "--device", "cpu", "--json").stdout)}
+    assert "--backend-opt flex.cpu=true" in rows["flex"]["reason"] and "not cpu" not in rows["flex"]["reason"]
+    assert rows["sdpa-cudnn"]["reason"] == "runs on cuda, not cpu"  # no option offers it here
+    for name in registry.names():  # the option each hint names is one the backend takes
+        backend = registry.get(name)
+        for device in getattr(backend, "device_options", {}):
+            assert inspect.signature(type(backend)).parameters[device].annotation in (bool, "bool"), name
+            assert device in type(backend)(**{device: True}).capabilities.devices
+    res = cli("run", "--device", "cpu", "--backends", "flex", "--db", tmp_path / "r.db")
+    assert res.returncode == 2 and "--backend-opt flex.cpu=true" in res.stderr and not (tmp_path / "r.db").exists()

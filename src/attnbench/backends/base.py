@@ -186,6 +186,17 @@ class Backend:
     option_types: dict[str, type] = {}
     """Types of options the constructor takes through ``**kwargs`` (its annotations give the others')."""
 
+    device_options: dict[str, str] = {}
+    """Devices outside ``capabilities.devices`` that a constructor option named after the device offers the
+    backend on (``--backend-opt NAME.cpu=true``), each with why it is off by default."""
+
+    def device_hint(self, device: str | torch.device) -> str | None:
+        """How to have the backend on ``device``'s type where an option offers it (``device_options``), else None."""
+        dev = device_type(device)
+        if dev in self.capabilities.devices or dev not in self.device_options:
+            return None
+        return f"on {dev} with --backend-opt {self.name}.{dev}=true ({self.device_options[dev]})"
+
     build_limits: tuple[str, ...] = ()
     """Start of the errors a trimmed build of the package raises for what it was built without (a head dim,
     FP8): such a case is ``unsupported`` by the installed build, not a kernel ``error``."""

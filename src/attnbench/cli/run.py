@@ -157,8 +157,9 @@ def cannot_run(name: str, device: str) -> str | None:
     if reason:
         return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
     if device_type(device) not in backend.capabilities.devices:
+        hint = backend.device_hint(device)
         return (f"backend {name} runs on {'/'.join(backend.capabilities.devices)}, not on {device_type(device)} "
-                f"(--device)")
+                f"(--device){'; ' + hint if hint else ''}")
     return None
 
 

@@ -305,3 +305,25 @@ def test_backends_says_how_to_have_flex_on_the_cpu(tmp_path):
             assert device in type(backend)(**{device: True}).capabilities.devices
     res = cli("run", "--device", "cpu", "--backends", "flex", "--db", tmp_path / "r.db")
     assert res.returncode == 2 and "--backend-opt flex.cpu=true" in res.stderr and not (tmp_path / "r.db").exists()
+
+
+def test_torchs_no_cuda_runtime_warning_stays_out_of_a_cpu_runs_output():
+    import logging
+
+    import attnbench.backends.base  # noqa: F401  (installs the filter, as every process running kernels does)
+
+    class Keep(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+    logger, keep = logging.getLogger("torch.utils.cpp_extension"), Keep()
+    logger.addHandler(keep)
+    try:  # as torch.utils.cpp_extension logs it on import, where torch was built for CUDA and no GPU is there
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local/cuda")
+        logger.warning("Error checking compiler version for %s", "c++")  # its other warnings still show
+    finally:
+        logger.removeHandler(keep)
+    assert keep.seen == ["Error checking compiler version for c++"]

@@ -34,6 +34,10 @@ query heads (the value is part of that row), as FlashMLA's benchmark counts them
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import numpy as np
 
 from attnbench import features
@@ -120,6 +124,30 @@ def kv_bytes(spec: AttnSpec) -> int:
 def tflops_per_s(flop: float, ms: float | None) -> float | None:
     """TFLOP/s for ``flop`` operations in ``ms`` milliseconds."""
     return None if not ms else flop / (ms * 1e-3) / 1e12
+
+
+@dataclass(frozen=True)
+class RateUnit:
+    """The unit FLOP rates are shown in, for every view of them alike (``rate_unit``)."""
+
+    short: str
+    """In a table's narrow column or header: TF/s or GF/s."""
+    name: str
+    """In words (a figure's axis, the report, e2e): TFLOP/s or GFLOP/s."""
+    factor: float
+    """From TFLOP/s, the unit rates are stored in."""
+
+
+TERA, GIGA = RateUnit("TF/s", "TFLOP/s", 1.0), RateUnit("GF/s", "GFLOP/s", 1e3)
+
+
+def rate_unit(tflops: Iterable[float | None]) -> RateUnit:
+    """The unit of the rates a view shows (in TFLOP/s, as stored): GFLOP/s when every one is under 1 TFLOP/s (a
+    CPU run's 0.001-0.06), so that they read 1-60 with three significant digits and two kernels 60% apart never
+    both read 0.02; TFLOP/s otherwise (and when there are none). The summary, the records table, the figures,
+    the report, e2e and dist all ask this, so a run's rates have one unit wherever they are read."""
+    rates = [r for r in tflops if r is not None and math.isfinite(r)]
+    return GIGA if rates and max(rates) < 1.0 else TERA
 
 
 def gb_per_s(nbytes: float, ms: float | None) -> float | None:

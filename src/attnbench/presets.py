@@ -9,6 +9,7 @@ typed on the command line, with where each model's shapes come from (its publish
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,25 @@ def apply(opts: dict, name: str | None) -> dict:
     return {**opts, **{k: v for k, v in preset.options.items() if opts.get(k) is None}}
 
 
+def beyond_name(name: str, model: str) -> str:
+    """What ``model`` says beyond the preset's ``name``: its leading words that spell the name (case, spaces and
+    hyphens aside) dropped, so a listing names the model once ("gpt-oss-20b" says all of "gpt-oss-20b";
+    "DeepSeek-V3 MLA decode" says "MLA decode" beyond "deepseek-v3"); the whole model where no prefix does."""
+    def key(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+    ends = [m.start() for m in re.finditer(r"[\s-]", model)] + [len(model)]
+    spelled = [end for end in ends if key(model[:end]) == key(name)]
+    return model[spelled[-1]:].lstrip(" -") if spelled else model
+
+
 def describe(name: str) -> str:
-    """One line: the preset's model and what it sets."""
+    """One line: what the preset's model name does not say already (``beyond_name``) and what it sets."""
     preset = PRESETS[name]
     opts = preset.options
+    model = beyond_name(name, preset.model)
+    lead = f"{model}: " if model else ""
     if opts.get("mla"):
-        return f"{preset.model}: {opts['q_heads'][0]}/1 heads, d576/512 (latent + rope), " \
+        return f"{lead}{opts['q_heads'][0]}/1 heads, d576/512 (latent + rope), " \
                f"scale {float(opts['softmax_scale']):.3g}"
     heads = int(opts["q_heads"][0])
     parts = [f"{heads}/{opts.get('kv_heads', opts['q_heads'])[0]} heads",
@@ -65,4 +79,4 @@ def describe(name: str) -> str:
     windows = [w for w in opts.get("window", []) if w != "none"]
     if windows:
         parts.append("window " + " ".join(windows) + " + full")
-    return f"{preset.model}: " + ", ".join(parts)
+    return lead + ", ".join(parts)

@@ -41,7 +41,7 @@ def test_the_ci_of_each_median_is_a_band_and_the_figure_says_so():
     ax = fig.axes[0]
     band, = ax.collections  # one band, for the one line
     lows = band.get_paths()[0].vertices[:, 1]
-    assert min(lows) == pytest.approx(1 / (512 / 90))  # a rate's band: the inverse of the time's
+    assert min(lows) == pytest.approx(1e3 / (512 / 90))  # a rate's band: the inverse of the time's (in GFLOP/s)
     assert plots.SPREAD_NOTE in [t.get_text() for t in fig.texts]
     no_ci = plots.figure([row(seq=s) for s in (128, 256)], "seq_len", "ms")
     assert not no_ci.axes[0].collections and plots.SPREAD_NOTE not in [t.get_text() for t in no_ci.texts]

@@ -188,7 +188,7 @@ def test_verify_grid_names_cases_and_marks_failures():
     skip = Record(run_id="v", backend="c", spec=spec, status="unsupported", reason="varlen not supported")
     backends, cases, cells, legend = grid.build([good, bad, skip])
     assert backends == ["a", "b", "c"] and len(cases) == 1
-    assert cells[("a", cases[0])] == "0.50" and cells[("b", cases[0])] == "3.00✗" and cells[("c", cases[0])] == "-"
+    assert cells[("a", cases[0])] == ".50" and cells[("b", cases[0])] == "3.0✗" and cells[("c", cases[0])] == "-"
     console = Console(width=100, force_terminal=False)
     with console.capture() as cap:
         grid.render([good, bad, skip], console)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,20 @@ from attnbench.outputs import Outputs, grad_name
 from attnbench.spec import AttnSpec
 
 __all__ = ["Backend", "BackendUnavailable", "Capabilities", "Outputs", "Prepared", "SideCall", "autograd_closure"]
+
+
+class _NoCudaRuntimeNote(logging.Filter):
+    """Drops torch's "No CUDA runtime is found, using CUDA_HOME=..." warning. A CUDA build of torch on a host
+    without a GPU logs it when a kernel's compile (inductor on CPU, a kernel package) first imports
+    ``torch.utils.cpp_extension``, in torch's own format, among a CPU run's progress lines; it says nothing
+    about the run (torch warns only where no CUDA device is available, so every run there is a CPU run)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+# here, in the module every process that compiles or runs a kernel imports (the CLI, isolated and compile workers)
+logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaRuntimeNote())
 
 
 class BackendUnavailable(RuntimeError):
@@ -185,6 +200,17 @@ class Backend:
     (``backends/options.py``); an integer option not listed takes 0..2**31-1."""
     option_types: dict[str, type] = {}
     """Types of options the constructor takes through ``**kwargs`` (its annotations give the others')."""
+
+    device_options: dict[str, str] = {}
+    """Devices outside ``capabilities.devices`` that a constructor option named after the device offers the
+    backend on (``--backend-opt NAME.cpu=true``), each with why it is off by default."""
+
+    def device_hint(self, device: str | torch.device) -> str | None:
+        """How to have the backend on ``device``'s type where an option offers it (``device_options``), else None."""
+        dev = device_type(device)
+        if dev in self.capabilities.devices or dev not in self.device_options:
+            return None
+        return f"on {dev} with --backend-opt {self.name}.{dev}=true ({self.device_options[dev]})"
 
     build_limits: tuple[str, ...] = ()
     """Start of the errors a trimmed build of the package raises for what it was built without (a head dim,

@@ -234,6 +234,7 @@ class FlexBackend(Backend):
     description = "torch FlexAttention, torch.compile'd per shape; block masks for causal/window/varlen"
     capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True, sinks=True, softcap=True,
                                 alibi=True, gate=True, shared_prefix=True, tree=True)
+    device_options = {"cpu": "off by default: compiling takes 20-40 s a shape there, and it runs forward only"}
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):

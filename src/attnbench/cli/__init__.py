@@ -64,8 +64,8 @@ app.command("report")(view.report)
 app.command("export")(view.export)
 app.command("show")(view.show)
 app.command("runs")(view.runs)
-app.command("compare")(compare_cmd.compare)
-app.command("merge")(compare_cmd.merge)
+app.command("compare", cls=compare_cmd.PlainUsage)(compare_cmd.compare)
+app.command("merge", cls=compare_cmd.PlainUsage)(compare_cmd.merge)
 app.command("repair")(view.repair)
 
 

@@ -12,6 +12,7 @@ import torch
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from attnbench import features
 from attnbench.features.base import BOOLEAN_WORDS, FeatureError
@@ -596,7 +597,8 @@ BatchSpec = Annotated[list[str] | None, typer.Option(
          "keys), 128q1kv1k..32k (keys drawn with --seed), 4q1kv[1k,8k]. Keys count the new tokens.")]
 BatchTrace = Annotated[Path | None, typer.Option(
     "--batch-trace", metavar="FILE", rich_help_panel="Serving batches",
-    help="Replay the batches of a JSON/JSONL trace (each line: {\"requests\": [[new, keys], ...]}) as a sweep.")]
+    help=escape("Replay the batches of a JSON/JSONL trace (each line: {\"requests\": [[new, keys], ...]}) as a "
+                "sweep."))]  # help is rich markup: [new, keys] would be read as a tag and dropped
 PageSize = Annotated[list[str] | None, typer.Option(
     "--page-size", metavar="N", rich_help_panel="Serving batches",
     help="Tokens a KV cache page holds (an axis: 1 16 64; none = no pages); cases with one run on paged kernels.")]

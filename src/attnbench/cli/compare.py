@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -10,12 +11,22 @@ import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand
 
 from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.cli.view import open_store, resolve_run
 from attnbench.results import compare as cmp
 from attnbench.results import merge as mergemod
+
+
+class PlainUsage(TyperCommand):
+    """A usage line that names required arguments as click does (``RUN_A RUN_B``), not in typer's braces, which
+    read like a format string's placeholders (``{run_a} {run_b}``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{(.*)\}", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
 
 VERDICT_STYLE = {"regression": "bold red", "slower": "yellow", "same": "dim", "faster": "green",
                  "inconclusive": "cyan", "no-ci": "dim", "status": "magenta"}
@@ -56,8 +67,8 @@ def why_lines(result: cmp.Comparison) -> list[str]:
 
 
 def compare(
-    run_a: Annotated[str, typer.Argument(help="Baseline run id (or unique prefix).")],
-    run_b: Annotated[str, typer.Argument(help="Run to compare with the baseline.")],
+    run_a: Annotated[str, typer.Argument(metavar="RUN_A", help="Baseline run id (or unique prefix).")],
+    run_b: Annotated[str, typer.Argument(metavar="RUN_B", help="Run to compare with the baseline.")],
     db: common.Db = None,
     fail_on_regression: Annotated[str | None, typer.Option(
         "--fail-on-regression", help="Exit 1 when a case is clearly slower by more than this, e.g. 5%.")] = None,
@@ -97,8 +108,9 @@ def compare(
 
 
 def merge(
-    output: Annotated[Path, typer.Argument(help="Database to write (created, or added to).")],
-    inputs: Annotated[list[Path], typer.Argument(help="Databases to copy in, e.g. the rank files of a sweep.")],
+    output: Annotated[Path, typer.Argument(metavar="OUTPUT", help="Database to write (created, or added to).")],
+    inputs: Annotated[list[Path], typer.Argument(
+        metavar="INPUT", help="Databases to copy in, e.g. the rank files of a sweep.")],
 ) -> None:
     """Combine result databases (e.g. one per GPU of a sharded sweep) into one."""
     missing = [str(p) for p in inputs if not p.is_file()]

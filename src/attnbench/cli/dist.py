@@ -31,7 +31,7 @@ from attnbench.distributed.names import KERNELS, canonical
 from attnbench.distributed.ulysses import check_heads, pipeline_chunks
 from attnbench.results import env as envmod
 from attnbench.results import export, files
-from attnbench.results.record import Record
+from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.timing import TimingConfig
 
@@ -39,8 +39,10 @@ SEP = "#" * 30
 MAX_TIMELINE_CALLS = 1000
 """Most calls ``--timeline`` records: each keeps every rank's phases per step in memory, and a median over
 more calls says nothing new."""
-TABLE_COLUMNS = ("batch_size", "seq_len", "nheads", "head_size", "fwd_only", "throughput(iters/s)",
-                 "latency(ms/iter)", "peak memory(MB/device)", "speed(TFLOPS)")
+TABLE_COLUMNS = ("batch", "seq_len", "heads", "head_size", "fwd_only", "iters/s", "ms/iter", "MB/device")
+"""The columns of a method's table (the write-up's, named short enough for 100 columns), then the rate's."""
+BUSY = "?"
+BUSY_NOTE = f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine"
 
 
 def _names(values, allowed, what) -> list[str]:
@@ -329,19 +331,25 @@ def _print_timeline(res: bench.CaseResult) -> None:
     cols = (*timeline.PHASES, "total", *(("call",) if "call" in totals[0] else ()), "imbalance")
     lines += ["| rank | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
     lines += [f"| {i} | " + " | ".join(f"{t[c]:.2f}" for c in cols) + " |" for i, t in enumerate(totals)]
-    lines.append("imbalance: the slowest rank's kernel time less this rank's; wait: communication not hidden "
-                 "under compute, waits for slower peers included; gap: the GPU idle while the host launches; "
-                 "call: the recorded calls' own time (total less than call: time after the last phase)")
     common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # markdown: whole lines
+    common.console.print("imbalance: the slowest rank's kernel time less this rank's; wait: communication not "
+                         "hidden under compute, waits for slower peers included; gap: the GPU idle while the host "
+                         "launches; call: the recorded calls' own time (total less than call: time after the last "
+                         "phase)", highlight=False, markup=False)  # prose: wrapped at the width
 
 
 def _print_tables(results: list[bench.CaseResult], world: int) -> None:
+    """A markdown table per method (seed 001's columns): the rate in ``metrics.rate_unit`` of the results (GFLOP/s
+    on CPU), a busy CPU's numbers marked as ``run`` marks them."""
+    from attnbench import metrics
+    unit = metrics.rate_unit(r.tflops_per_device for r in results if r.stats is not None)
+    columns = (*TABLE_COLUMNS, unit.name)
     groups: dict[str, list[bench.CaseResult]] = {}
     for res in results:
         groups.setdefault(_backend_name(res), []).append(res)
     for name, rows in groups.items():
-        lines = [f"\n### {name} on {world} ranks", "| " + " | ".join(TABLE_COLUMNS) + " |",
-                 "| " + " | ".join(":----:" for _ in TABLE_COLUMNS) + " |"]
+        lines = [f"\n### {name} on {world} ranks", "| " + " | ".join(columns) + " |",
+                 "| " + " | ".join(":---:" for _ in columns) + " |"]
         for r in rows:
             s = r.spec
             if r.stats is None:
@@ -349,9 +357,13 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
             else:
                 med = r.stats["median_ms"]
                 mem = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
-                tf = r.tflops_per_device or 0.0
-                cells = [f"{1e3 / med:.3f}", f"{med:.3f}", mem, f"{tf:.1f}" if tf >= 0.1 else f"{tf:.2g}", ""]
+                rate = (r.tflops_per_device or 0.0) * unit.factor
+                mark = f" {BUSY}" if busy_of(r.info) else ""
+                cells = [f"{1e3 / med:.3f}{mark}", f"{med:.3f}{mark}", mem,
+                         (f"{rate:.1f}" if rate >= 10 else f"{rate:#.3g}") + mark, ""]
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
         common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # seed 001's format
+        if any(busy_of(r.info) for r in rows if r.stats is not None):
+            common.console.print(BUSY_NOTE, highlight=False, markup=False)

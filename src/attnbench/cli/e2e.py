@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import attnbench
-from attnbench import features
+from attnbench import features, metrics
 from attnbench.backends import options as backend_options
 from attnbench.cli import common
 from attnbench.cli.common import UserError
@@ -122,9 +122,10 @@ def e2e_table(records: list[Record], title: str) -> Table:
     def counted(r: Record, key: str, fmt: str) -> str:
         value = r.info.get("e2e", {}).get("kernel_counts", {}).get(key)
         return "-" if value is None or r.status != "ok" else format(value, fmt)
+    rate = metrics.rate_unit(r.info.get("e2e", {}).get("attn_tflops") for r in records if r.status == "ok")
     rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", "sig", 1e-3),
             ("Total (s)", "total_ms", "sig", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
-            ("Attn TFLOP/s", "attn_tflops", "sig", 1.0), ("Cosine", "cosine", ".6f", 1.0),
+            (f"Attn {rate.name}", "attn_tflops", "sig", rate.factor), ("Cosine", "cosine", ".6f", 1.0),
             ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
     for label, key, fmt, scale in rows:
         table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
@@ -141,7 +142,7 @@ TIMED = ("attn_share", "attn_ms", "total_ms", "speedup", "attn_tflops")
 
 
 def _sig(value: float) -> str:
-    """Three significant digits: a CPU step's 0.00214 s and attention's 0.0005 TFLOP/s are not 0.000."""
+    """Three significant digits: a CPU step's 0.00214 s is not 0.000."""
     return f"{value:#.3g}".rstrip(".") if abs(value) < 1000 else f"{value:.0f}"
 
 

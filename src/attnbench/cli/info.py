@@ -64,7 +64,8 @@ def _backend_row(name: str, dev: str) -> dict:
     if reason is not None:
         install = backend.install_hint()
     elif device_type(dev) not in backend.capabilities.devices:
-        reason = f"runs on {'/'.join(backend.capabilities.devices)}, not {device_type(dev)}"
+        hint = backend.device_hint(dev)  # flex on CPU: an option away
+        reason = f"runs on {'/'.join(backend.capabilities.devices)}" + (f"; {hint}" if hint else f", not {device_type(dev)}")
     return {"name": name, "available": reason is None, "reason": reason, "install": install,
             "version": backend.version() if reason is None else None,
             "description": backend.describe(dev) if reason is None else backend.description,

@@ -158,8 +158,9 @@ def cannot_run(name: str, device: str, options: dict | None = None) -> str | Non
     if reason:
         return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
     if device_type(device) not in backend.capabilities.devices:
+        hint = backend.device_hint(device)
         return (f"backend {name} runs on {'/'.join(backend.capabilities.devices)}, not on {device_type(device)} "
-                f"(--device)")
+                f"(--device){'; ' + hint if hint else ''}")
     return None
 
 
@@ -456,7 +457,8 @@ def run(
     if not quiet:
         if common.option_bool(plan.config, "table"):
             peaks = measured_peaks(plan.db, plan.options.device, copy=True)
-            common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks))
+            common.console.print(records_table(records, title=f"run {run_id} on {plan.options.device}", peaks=peaks,
+                                               width=common.console.width))
         show_summary(records, plan.config, envmod.device_name(plan.options.device))
         ok = sum(r.status == "ok" for r in records)
         common.console.print(f"{ok}/{len(records)} cases ok in {format_breakdown(phases)}\nstored in {plan.db} as run "

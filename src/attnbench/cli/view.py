@@ -221,7 +221,7 @@ def show(
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
     records = [Record.from_row(r) for r in rows]
     if table:
-        common.console.print(records_table(records, title=f"run {', '.join(run_ids)}"))
+        common.console.print(records_table(records, title=f"run {', '.join(run_ids)}", width=common.console.width))
         return
     config = {"metric": metric, "baseline": baseline}
     check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
@@ -242,8 +242,15 @@ def runs(db: common.Db = None) -> None:
         common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
         return
     table = Table(title=f"runs in {store.path}", header_style="bold", title_justify="left")
-    for col in ("run", "started", "status", "device", "ok", "command"):
-        table.add_column(col, justify="right" if col == "ok" else "left", overflow="fold")
+    # What a user copies into `show` / `compare` (the id) and the short columns stay on one line, whole;
+    # the device and the command fold into the width that is left.
+    id_width = max(len(r["run_id"]) for r in listed)
+    table.add_column("run", no_wrap=True, min_width=id_width)
+    table.add_column("started", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("device", overflow="fold")
+    table.add_column("ok", justify="right", no_wrap=True)
+    table.add_column("command", overflow="fold")
     for r in listed:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
         when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"

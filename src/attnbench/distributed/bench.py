@@ -14,9 +14,10 @@ merge bug (errors of the order of the values themselves) never passes. The floor
 the tensor's largest value, keeps a single-device kernel that happens to be nearly exact (fp32/fp64
 math) from making the bound smaller than the rounding of the merge itself.
 
-Timing. ``timing.measure`` on each rank (CUDA events or perf_counter), then an element-wise all_reduce
+Timing. ``timing.measure_detailed`` on each rank (CUDA events or perf_counter), then an element-wise all_reduce
 MAX over ranks: the latency of an iteration is that of its slowest rank. Peak memory is the largest
-``max_memory_allocated`` over ranks while only the shards are resident (full inputs freed first).
+``max_memory_allocated`` over ranks while only the shards are resident (full inputs freed first). On CPU a
+case is busy (``info["cpu"]["busy"]``) when any rank was timed on a busy CPU, as ``run`` judges its cases.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from attnbench.distributed.ulysses import check_heads, pipeline_chunks, ulysses_
 from attnbench.distributed.usp import make_mesh, usp_attention
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
-from attnbench.timing import TimingConfig, measure, summarize
+from attnbench.timing import TimingConfig, measure_detailed, summarize
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +266,11 @@ def timed_closure(method: Method, shards: list[torch.Tensor], pass_: str):
     return fwd_bwd
 
 
-def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float], int | None, list[list[float]]]:
-    """Per-iteration max-over-ranks samples (ms), the max-over-ranks peak allocated bytes, and every rank's
-    own samples (a rank that waits on a slower one shows it there)."""
+def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float], int | None, list[list[float]], dict | None]:
+    """Per-iteration max-over-ranks samples (ms), the max-over-ranks peak allocated bytes, every rank's own
+    samples (a rank that waits on a slower one shows it there) and, on CPU, rank 0's ``info["cpu"]`` (threads,
+    preempted samples, ...: ``timing.cpu.time_cpu``) with ``busy`` when any rank was timed on a busy CPU (the
+    call waits for the slowest rank)."""
     cuda = ctx.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(ctx.device)
@@ -277,12 +280,15 @@ def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float]
     # no time-based warm-up or sample count: exactly warmup + repeat calls; and every device starts each
     # timed call together with the others (``align``), so that no rank's time holds a wait for a late peer.
     align = _device_barrier(ctx.device) if cuda else None
-    samples = measure(fn, timing.fixed(), ctx.device, align=align)
+    measured = measure_detailed(fn, timing.fixed(), ctx.device, align=align)
+    samples, cpu = measured.samples_ms, measured.info.get("cpu")
     peak = torch.cuda.max_memory_allocated(ctx.device) if cuda else 0
-    values = max_over_ranks([*samples, float(peak)])
+    values = max_over_ranks([*samples, float(peak), float(bool(cpu and cpu.get("busy")))])
     per_rank = [None] * ctx.world
     dist.all_gather_object(per_rank, [round(x, 4) for x in samples])
-    return values[:-1], (int(values[-1]) if cuda else None), per_rank
+    if cpu is not None:
+        cpu = {**cpu, "busy": bool(values[-1])}
+    return values[:-2], (int(values[-2]) if cuda else None), per_rank, cpu
 
 
 def _device_barrier(device: torch.device):
@@ -364,7 +370,9 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             _free(ctx.device)
             t0 = time.perf_counter()
             closure = timed_closure(method, shards, spec.pass_)
-            samples, result.peak_bytes, result.info["samples_per_rank"] = time_method(closure, timing, ctx)
+            samples, result.peak_bytes, result.info["samples_per_rank"], cpu = time_method(closure, timing, ctx)
+            if cpu is not None:  # the record's CPU load, as run's records have it (views mark a busy one)
+                result.info["cpu"] = cpu
             wall["timing_s"] = time.perf_counter() - t0
             if timeline_calls:
                 mine, call_ms = timeline.record(closure, ctx.device, timeline_calls)

@@ -31,8 +31,9 @@ def grouped_note(records: list[Record]) -> list[str]:
     if all(r.n <= 1 for r in records if r.status == "ok"):  # verify's cases, chosen for it: nothing was mistyped
         return []
     grouped = [r for r in records if r.spec.is_varlen]
-    skipped = {r.backend for r in grouped if r.status == "unsupported"}
     backends = {r.backend for r in grouped}
+    # a backend that ran any of them does not skip them, though it may skip one (a pass, a mask)
+    skipped = backends - {r.backend for r in grouped if r.status != "unsupported"}
     if not grouped or 2 * len(skipped) <= len(backends):
         return []
     groups = list(dict.fromkeys(r.spec.seqlens_q for r in grouped))
@@ -53,10 +54,12 @@ def cpu_notes(records: list[Record]) -> list[str]:
         return []
     first = cpus[0][1]
     threads = [c.get("threads") for _, c in cpus]
-    text = f"CPU: {threads[0]} thread{'s' * (threads[0] != 1)} of {first.get('cores', '?')} cores"
+    cores = first.get("cores")
+    text = f"CPU: {threads[0]} thread{'s' * (threads[0] != 1)} of {cores or '?'} cores"
     others = first.get("others_at_start")
-    if others and others >= 0.1:
-        text += f" (other processes were using {others:.1f} cores when the run started)"
+    if others and others >= 0.1:  # CPU time over a moment: it can read above the cores there are
+        using = f"all {cores}" if isinstance(cores, int) and round(others, 1) >= cores else f"{others:.1f}"
+        text += f" (other processes were using {using} cores when the run started)"
     lowered = next((i for (i, _), t in zip(cpus, threads) if t != threads[0]), None)
     if lowered is not None:
         text += f"; {min(threads)} from case {lowered + 1} on, when other processes took cores"

@@ -1,15 +1,16 @@
 """`verify`'s answer on one screen: backends down, cases across, each cell the worst ratio of an error to its
-limit (pass below 1), a mark where the check failed; the cases named in a short legend."""
+limit (pass below 1), a mark where the check failed; the cases named in a short legend. Cases that do not fit
+the width across go to further tables below."""
 
 from __future__ import annotations
 
 from attnbench import features
-from attnbench.accuracy.tolerance import worst_ratio
+from attnbench.accuracy.tolerance import Tolerance, worst_ratio
 from attnbench.report.footnotes import listed, reason_groups
 from attnbench.report.summary import axes
 from attnbench.results.record import FAILED_VERDICTS, Record, verdict_of
 
-FAIL = "✗"
+FAIL, FORWARD = "✗", "ᶠ"
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "implausible": "imp"}
 
 
@@ -47,9 +48,9 @@ def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]
             cells[key] = STATUS_CELL.get(r.status, "-")
             continue
         ratio = worst(r)
-        text = "-" if ratio is None else (f"{ratio:.2f}" if ratio < 10 else f"{ratio:.0f}")
+        text = "-" if ratio is None else ratio_text(ratio)
         if r.spec.pass_ == "fwd":
-            text += "ᶠ"
+            text += FORWARD
         if verdict in FAILED_VERDICTS or r.status in ("mismatch", "nan", "implausible"):
             text += FAIL
         cells[key] = text
@@ -57,10 +58,52 @@ def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]
     return backends, cases, cells, legend
 
 
-def render(records: list[Record], console) -> None:
-    """Print the grid, the case legend and counted reasons for what was not checked."""
+def ratio_text(ratio: float) -> str:
+    """A ratio in at most three characters: .27 below 1, 1.4 below 10, 12 and 340 above, 2e3 from 1000."""
+    if ratio < 0.995:
+        return f"{ratio:.2f}"[1:]
+    if ratio < 9.95:
+        return f"{ratio:.1f}"
+    return f"{ratio:.0f}" if ratio < 999.5 else f"{ratio:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def panels(backends: list[str], cases: list[str], cells: dict, width: int) -> list[list[int]]:
+    """The case indices of each table, as many cases as fit ``width`` across, spread evenly over the tables."""
+    first = max([len("backend")] + [len(b) for b in backends])
+    # a case's column: its cells, one space of padding before them and the rule between columns
+    widths = [max(len(str(i + 1)), *(len(cells.get((b, c), "")) for b in backends)) + 2 for i, c in enumerate(cases)]
+    fit, used = 0, first
+    for w in widths:
+        if used + w > width:
+            break
+        used, fit = used + w, fit + 1
+    tables = -(-len(cases) // max(1, fit))
+    size = -(-len(cases) // tables) if cases else 0
+    return [list(range(i, min(i + size, len(cases)))) for i in range(0, len(cases), size)] if cases else [[]]
+
+
+def legend_lines(items: list[str], width: int, lead: str = "cases: ") -> list[str]:
+    """Items joined by "; " into lines of at most ``width`` characters, broken between items only (an item
+    longer than a line has one to itself)."""
+    lines, line = [], lead
+    for i, item in enumerate(items):
+        piece = item + (";" if i < len(items) - 1 else "")
+        if line.strip() and len(line) + len(piece) > width:
+            lines.append(line.rstrip())
+            line = " " * len(lead)
+        line += piece + " "
+    lines.append(line.rstrip())
+    return lines
+
+
+def render(records: list[Record], console, tolerance: Tolerance | None = None) -> None:
+    """Print the grid (several tables when the cases do not fit the console's width across), the case legend,
+    the marks it shows and counted reasons for what was not checked. ``tolerance``: the one the records were
+    judged with (the checker's default), for the legend's k."""
     from rich import box
     from rich.table import Table
+    tol = tolerance or Tolerance()
+    width = console.width
     backends, cases, cells, legend = build(records)
     title = "worst error / limit per backend and case (a pass is below 1)"
     positions = [axes(r) for r in records]
@@ -69,21 +112,28 @@ def render(records: list[Record], console) -> None:
     if every:  # features every case has (one that only some cases have is named in their legend)
         title += "; every case with " + ", ".join(next(iter(v)) for v in every)
     console.print(title, highlight=False, markup=False)
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)
-    table.add_column("backend", no_wrap=True)
-    for i in range(len(cases)):
-        table.add_column(str(i + 1), justify="right", no_wrap=True)
-    for b in backends:
-        row = [cells.get((b, c), "") for c in cases]
-        if not any(t and t not in STATUS_CELL.values() for t in row):
-            row = [t or "-" for t in row]
-        table.add_row(b, *[f"[red]{t}[/]" if t.endswith(FAIL) else t for t in row])
-    console.print(table)
-    console.print("cases: " + "; ".join(x.strip() for x in legend), highlight=False, markup=False)
+    shown = []
+    for part in panels(backends, cases, cells, width):
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0, 0, 1), pad_edge=False)
+        table.add_column("backend", no_wrap=True)
+        for i in part:
+            table.add_column(str(i + 1), justify="right", no_wrap=True)
+        for b in backends:
+            row = [cells.get((b, cases[i]), "") for i in part]
+            if not any(t and t not in STATUS_CELL.values() for t in row):
+                row = [t or "-" for t in row]
+            shown += row
+            table.add_row(b, *[f"[red]{t}[/]" if t.endswith(FAIL) else t for t in row])
+        console.print(table)
+    for line in legend_lines([x.strip() for x in legend], width):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     exact = {r.backend for r in records if r.info.get("exact", True)}
     approx = [b for b in backends if b not in exact]
-    notes = [f"{FAIL} failed its check; ᶠ forward only (no backward to check); exact kernels: max error vs "
-             "limit (k x the error of PyTorch math in the same dtype + a floor)"]
+    marks = [f"{mark} {text}" for mark, text in ((FAIL, "failed its check"),
+                                                  (FORWARD, "forward only (no backward to check)"))
+             if any(mark in t for t in shown)]  # the marks the tables show, not every mark there is
+    notes = ["; ".join([*marks, f"exact kernels: the worst error / its limit, a limit {tol.k:g} x the error of "
+                        f"PyTorch math in the same dtype ({tol.k_max:g} x for the largest element) + a floor"])]
     if approx:
         notes.append(f"approximate kernels ({', '.join(approx)}): rel-L1 vs its limit; their cosine is checked too")
     for status, reason, n, names in reason_groups([r for r in records if r.accuracy is None]):

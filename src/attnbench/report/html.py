@@ -66,17 +66,18 @@ def figures(rows: list[dict], context: str) -> list[str]:
     """<figure> elements with SVG plots: per varying x axis and metric, one figure per set of backends
     (exact kernels, approximate ones, API forms), each with a readable number of lines."""
     out = []
+    unit = plots.rate_unit(rows)  # one for the run's figures, as for its tables
     for x in plots.plot_axes(rows):
         for y in PLOT_Y:
             for name, subset in plots.backend_sets(rows):
-                title = f"{plots.Y_AXES[y][1]} vs {plots.X_AXES[x][1]}: {name}\n{context}"
+                title = f"{plots.y_label(y, unit)} vs {plots.X_AXES[x][1]}: {name}\n{context}"
                 try:
-                    image = plots.render(subset, x, y, PLOT_FORMAT, title=title)
+                    image = plots.render(subset, x, y, PLOT_FORMAT, title=title, unit=unit)
                 except ValueError as exc:  # e.g. no memory numbers on CPU: the table shows n/a
                     log.debug("no %s vs %s plot: %s", y, x, exc)
                     continue
                 data = base64.b64encode(image).decode("ascii")
-                caption = escape(f"{plots.Y_AXES[y][1]} vs {plots.X_AXES[x][1]}: {name}")
+                caption = escape(f"{plots.y_label(y, unit)} vs {plots.X_AXES[x][1]}: {name}")
                 out.append(f'<figure><img alt="{caption}" src="data:image/svg+xml;base64,{data}">'
                            f"<figcaption>{caption}</figcaption></figure>")
     return out
@@ -151,5 +152,5 @@ def build(store, run_ids: list[str]) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
             f'<p class="muted">Made {escape(made)} from {escape(str(store.path))}. Times are medians per call; '
-            "TFLOP/s count the attended (query, key) pairs (causal halves them); approximate kernels show "
+            "FLOP rates count the attended (query, key) pairs (causal halves them); approximate kernels show "
             "dense-equivalent rates.</p>" + "\n".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")

@@ -10,6 +10,7 @@ import math
 from collections import Counter, defaultdict
 from html import escape
 
+from attnbench import metrics
 from attnbench.report import footnotes, grid, summary
 from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, verdict_of
 
@@ -35,7 +36,8 @@ def num(value) -> str:
 
 def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(), cls: str = "",
           sortable: bool = False) -> str:
-    """An HTML table; cells are escaped unless ``Raw``."""
+    """An HTML table; cells are escaped unless ``Raw``. Headers that name nothing (a list of keys and values)
+    make no header row."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     num_attr = ' class="num"'
@@ -44,7 +46,8 @@ def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset(),
                         for i, c in enumerate(row))
         body.append(f"<tr>{cells}</tr>")
     extra = ' data-sortable="1"' if sortable else ""
-    return f'<table class="{cls}"{extra}><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f'<table class="{cls}"{extra}>{thead}<tbody>{"".join(body)}</tbody></table>'
 
 
 def span(cls: str, text: str, title: str = "") -> Raw:
@@ -172,19 +175,21 @@ def accuracy_numbers(records: list[Record]) -> str:
 def records_html(records: list[Record]) -> str:
     """Every record, sortable (click a column) and filterable (the box above it)."""
     with_clock = any(clock_of(r.info)[0] is not None for r in records)
+    unit = metrics.rate_unit(r.tflops for r in records if r.status == "ok")  # the summary's unit, in words
     rows = []
     for r in records:
         mhz, dropped = clock_of(r.info)
         verdict = verdict_of(r.status, r.accuracy)
         mem = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
-        cells = [r.backend, r.spec.label(), r.spec.pass_, num(r.median_ms), num(r.tflops), num(r.gbps),
+        cells = [r.backend, r.spec.label(), r.spec.pass_, num(r.median_ms),
+                 num(None if r.tflops is None else r.tflops * unit.factor), num(r.gbps),
                  "n/a" if mem is None else f"{mem:.1f}"]
         if with_clock:
             cells.append(span("dropped", f"{mhz}↓", "SM clock fell by more than 10% during the timed calls")
                          if dropped else ("-" if mhz is None else str(mhz)))
         cells += [span(verdict, verdict), span(r.status, r.status, r.reason or "")]
         rows.append(cells)
-    heads = ["backend", "case", "pass", "median ms", "TFLOP/s", "GB/s", "peak MiB", *(["SM MHz"] if with_clock else []),
+    heads = ["backend", "case", "pass", "median ms", unit.name, "GB/s", "peak MiB", *(["SM MHz"] if with_clock else []),
              "accuracy", "status"]
     return ('<input class="filter" type="search" placeholder="filter rows (e.g. fa3 causal fwd_bwd)">'
             + table(heads, rows, numeric=set(range(3, 8 if with_clock else 7)), cls="results", sortable=True))

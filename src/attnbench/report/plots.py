@@ -117,10 +117,25 @@ def x_value(row: dict, x: str) -> float | None:
     return None if value is None else float(value)
 
 
-def y_value(row: dict, y: str) -> float | None:
+def y_value(row: dict, y: str, unit: metrics.RateUnit | None = None) -> float | None:
+    """The row's ``y`` in the figure's unit (a rate in ``unit``, TFLOP/s unless given)."""
     column, _, scale = Y_AXES[y]
     value = row.get(column)
+    if y == "tflops" and unit is not None:
+        scale = unit.factor
     return None if value is None else value * scale
+
+
+def rate_unit(rows: list[dict]) -> metrics.RateUnit:
+    """The unit of the FLOP rates of the rows a figure draws (``metrics.rate_unit``: GFLOP/s for a CPU run)."""
+    return metrics.rate_unit(r.get("tflops") for r in rows if r.get("status") in DRAWN_STATUSES)
+
+
+def y_label(y: str, unit: metrics.RateUnit | None = None) -> str:
+    """The axis label of ``y``: a rate's in ``unit`` (TFLOP/s unless given)."""
+    if y == "tflops":
+        return f"throughput ({(unit or metrics.TERA).name})"
+    return Y_AXES[y][1]
 
 
 def check_axes(x: str, y: str) -> None:
@@ -138,8 +153,9 @@ BUSY_MARK = " [busy CPU]"
 """Points timed while other processes took the CPU: a line of their own too."""
 
 
-def points(rows: list[dict], x: str, y: str) -> list[dict]:
-    """Rows that can be drawn (a time, x and y known), each with ``_x``, ``_y`` and ``_mark`` added.
+def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = None) -> list[dict]:
+    """Rows that can be drawn (a time, x and y known), each with ``_x``, ``_y`` (a rate in ``unit``, by default
+    ``rate_unit`` of the rows) and ``_mark`` added.
 
     Raises ValueError saying why when nothing can be drawn."""
     check_axes(x, y)
@@ -154,7 +170,8 @@ def points(rows: list[dict], x: str, y: str) -> list[dict]:
         why = {"sparsity": " (only sparse backends record one)",
                "kept": " (only sliding-tile-mask (STA) cases record one)"}.get(x, "")
         raise ValueError(f"no record has a value for --x {x}{why}")
-    out = [dict(r, _y=y_value(r, y)) for r in with_x]
+    unit = unit or rate_unit(rows)
+    out = [dict(r, _y=y_value(r, y, unit)) for r in with_x]
     out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r)) for r in out if r["_y"] is not None]
     if not out:
         why = " (peak memory is not measured on CPU)" if y == "mem" else ""
@@ -341,16 +358,19 @@ BAND_ALPHA = 0.18
 SPREAD_NOTE = "shaded: 95% CI of the median"
 
 
-def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool | None = None):
+def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: bool | None = None,
+           unit: metrics.RateUnit | None = None):
     """A matplotlib Figure (Agg canvas) of ``y`` against ``x``; ValueError when nothing can be drawn.
     ``logy`` None: a log axis for times, which span decades over a sweep (fast kernels would sit on zero).
-    Each point's 95% CI of the median is a band around its line, where the records hold one."""
+    Each point's 95% CI of the median is a band around its line, where the records hold one. ``unit``: of a
+    rate (default: ``rate_unit`` of the rows; a report passes its run's, for all its figures)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     if logy is None:
         logy = y == "ms"
-    pts = points(rows, x, y)
+    unit = unit or rate_unit(rows)
+    pts = points(rows, x, y, unit)
     data, spread = panels(pts, x), bands(pts, x)
     causals = sorted({c for c, _ in data})
     passes = [p for p in PASS_ORDER if any(k[1] == p for k in data)] + \
@@ -363,7 +383,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     shaded = any(spread.values())
     legend_rows = -(-len(labels) // columns) + shaded  # and a line saying what the shading is
     title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
-                      (title or f"{Y_AXES[y][1]} vs {X_AXES[x][1]}").splitlines())
+                      (title or f"{y_label(y, unit)} vs {X_AXES[x][1]}").splitlines())
     title_lines = title.count("\n") + 1
     height = 3.3 * len(causals) + 0.8 + 0.22 * legend_rows + 0.2 * (title_lines - 1)
     fig = Figure(figsize=(width, height))
@@ -380,7 +400,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
             if i == len(causals) - 1:
                 ax.set_xlabel(X_AXES[x][1])
             if j == 0:
-                ax.set_ylabel(Y_AXES[y][1])
+                ax.set_ylabel(y_label(y, unit))
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), columns),
                fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01 + shaded * 0.22 / height))

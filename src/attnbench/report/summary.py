@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench import features
+from attnbench import features, metrics
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 from attnbench.serving import describe, group_label, tree_label
@@ -152,13 +152,11 @@ def _value(r: Record, metric: str, base: Record | None, scale: float = 1.0) -> f
 
 
 def unit_of(records: list[Record], metric: str) -> tuple[str, float]:
-    """The cells' unit and its factor from the stored one: GF/s where every rate is under 1 TF/s (CPU runs),
-    so a cell's four characters hold three significant digits and two kernels 60% apart never both read
-    0.02; the metric's own unit otherwise."""
+    """The cells' unit and its factor from the stored one: for rates, ``metrics.rate_unit`` of the records that
+    ran (GF/s for a CPU run's); the metric's own unit otherwise."""
     if metric == "tflops":
-        rates = [r.tflops for r in records if r.status == "ok" and r.tflops is not None]
-        if rates and max(rates) < 1.0:
-            return "GF/s", 1e3
+        unit = metrics.rate_unit(r.tflops for r in records if r.status == "ok")
+        return unit.short, unit.factor
     return METRICS[metric], 1.0
 
 
@@ -201,8 +199,8 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     varying = [k for k in SWEEP_ORDER if len(values.get(k, ())) > 1]
     row_axis = max(varying, key=lambda k: (len(values[k]), -SWEEP_ORDER.index(k))) if varying else "seq"
     group_axes = [k for k in SWEEP_ORDER if k in varying and k != row_axis]
-    fixed = [next(iter(values[k])) for k in LABEL_ORDER if k in values and k not in varying and k != row_axis
-             and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED
+    fixed = [_in_header(k, next(iter(values[k]))) for k in LABEL_ORDER if k in values and k not in varying
+             and k != row_axis and next(iter(values[k])) and next(iter(values[k])) not in UNSHOWN_WHEN_FIXED
              and not next(iter(values[k])).endswith(" ")]
     by_case = {(_group_key(pos[id(r)], group_axes), pos[id(r)].get(row_axis, ""), r.backend): r for r in records}
     base_of = {}
@@ -238,6 +236,12 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
     notes = _notes(records, pivots, merged, approx, approx_column, metric)
     return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
+
+
+def _in_header(axis: str, value: str) -> str:
+    """A fixed axis's value as the header names it: a length as a label writes it (s128, s77,300), where a row
+    of the S column is the bare number."""
+    return f"s{value}" if axis == "seq" and re.fullmatch(r"[\d,]+", value) else value
 
 
 @dataclass(frozen=True)

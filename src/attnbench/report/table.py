@@ -5,8 +5,11 @@ from __future__ import annotations
 from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from attnbench.results.record import Record, busy_of, clock_of, verdict_of
+from attnbench.serving import _short
+from attnbench.spec import LABEL_SEQUENCES, AttnSpec
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
                 "mismatch": "red", "implausible": "red"}
@@ -44,21 +47,23 @@ def percent_of_bandwidth(record: Record, peaks: dict[str, float] | None) -> floa
     return None if not copy or record.gbps is None else 100.0 * record.gbps / copy
 
 
-def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None) -> Table:
+def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None,
+                  width: int = 100) -> Table:
     """One row per record: backend, case, pass, median ms, it/s, TF/s (GF/s when every rate is under 1 TF/s),
-    [% peak], GB/s, [% BW], [peak MiB], [SM MHz], check, status; laid out to fold the case and the status so
-    the table fits the console's width.
+    [% peak], GB/s, [% BW], [peak MiB], [SM MHz], check, status; laid out for ``width`` columns: the case on
+    at most two lines (``case_texts``; it/s gives way where they would not fit), the status folded into what is
+    left.
 
     ``peaks`` maps a dtype (bf16, fp16) to the device's *measured* matmul TFLOP/s and "copy" to its measured
     copy GB/s (attnbench calibrate): the "% peak" and "% BW" columns appear only when they are known. Peak
     memory appears when it was measured (not on CPU). The SM MHz column (GPU runs) is the clock at the end of
-    the timed calls, "↓" where it fell by more than 10%.
+    the timed calls, "↓" where it fell by more than 10%. A check timed on a busy CPU reads "pass ?".
     """
     from attnbench.report.summary import unit_of
     unit, scale = unit_of(records, "tflops")
     clocks = [clock_of(r.info) for r in records]
     columns: list[tuple[str, str, object]] = [
-        ("backend", "left", lambda r, c: r.backend), ("case", "left", lambda r, c: r.spec.label()),
+        ("backend", "left", lambda r, c: r.backend), ("case", "left", lambda r, c: ""),
         ("pass", "left", lambda r, c: r.spec.pass_), ("ms", "right", lambda r, c: _sig(r.median_ms)),
         ("it/s", "right", lambda r, c: _sig(r.iters_per_s)),
         (unit, "right", lambda r, c: _rate(None if r.tflops is None else r.tflops * scale))]
@@ -73,14 +78,79 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     if any(mhz is not None for mhz, _ in clocks):  # GPU runs: the SM clock at the end of the timed calls
         columns.append(("SM MHz", "right", lambda r, c: "-" if c[0] is None else
                         (f"[yellow]{c[0]}↓[/]" if c[1] else str(c[0]))))
-    columns += [("check", "left", lambda r, c: verdict_of(r.status, r.accuracy) + ("?" if busy_of(r.info) else "")),
+    columns += [("check", "left", lambda r, c: verdict_of(r.status, r.accuracy) + (f" {BUSY}" if busy_of(r.info) else "")),
                 ("status", "left", _status)]
+    rows = [[cell(r, clock) for _, _, cell in columns] for r, clock in zip(records, clocks, strict=True)]
+    status = min(STATUS_MIN, max([len("status")] + [Text.from_markup(row[-1]).cell_len for row in rows]))
+    while True:
+        fixed = sum(max(len(name), *(Text.from_markup(row[i]).cell_len for row in rows))
+                    for i, (name, _, _) in enumerate(columns) if name not in ("case", "status"))
+        line = width - fixed - status - (3 * len(columns) - 1)  # a space either side of a cell, a rule between
+        cases, shared = case_texts([r.spec for r in records], line)
+        if "it/s" not in [c[0] for c in columns] or all(len(x) <= line for c in cases for x in c.splitlines()):
+            break
+        drop = [c[0] for c in columns].index("it/s")  # 1000 / ms: the first to give way to a case
+        columns.pop(drop)
+        rows = [row[:drop] + row[drop + 1:] for row in rows]
+    if shared:
+        title = f"{title + '; ' if title else ''}every case: {shared}"
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify, _ in columns:
-        table.add_column(name, justify=justify, no_wrap=name not in ("case", "status"), overflow="fold")
-    for r, clock in zip(records, clocks, strict=True):
-        table.add_row(*[cell(r, clock) for _, _, cell in columns])
+    case_width = max((len(line) for text in cases for line in text.splitlines()), default=4)
+    for name, justify, _ in columns:  # the case breaks where case_texts breaks it; the status folds
+        table.add_column(name, justify=justify, no_wrap=name != "status", overflow="fold",
+                         min_width={"case": case_width, "status": status}.get(name))
+    for row, case in zip(rows, cases, strict=True):
+        row[1] = case
+        table.add_row(*row)
     return table
+
+
+BUSY = "?"
+"""The mark of a result timed while other processes kept the CPU busy (as the summary's cells have it)."""
+STATUS_MIN = 12
+"""Columns the status folds into at least (an unsupported case's reason)."""
+CASE_MIN = 24
+"""Columns a case line has at least, however many columns the rest of the table takes."""
+REQUESTS_SHOWN = 24
+"""Characters of a serving batch's requests spelled out in a case; more (a trace's step) are summed up."""
+
+
+def case_texts(specs: list[AttnSpec], line: int) -> tuple[list[str], str]:
+    """Each case on at most two lines of ``line`` characters (at least ``CASE_MIN``), broken at the space that
+    makes the lines most even, and the words every case shares that were taken out to make them fit (for the
+    title; the batch and the lengths always stay). A serving batch whose requests take more than
+    ``REQUESTS_SHOWN`` characters to spell out is named by its count of requests and their ranges of new tokens
+    and keys."""
+    line = max(CASE_MIN, line)
+    parts = [_parts(spec) for spec in specs]
+    shared: list[str] = []
+    if any(len(" ".join(head + rest)) > 2 * line for head, rest in parts):
+        shared = [word for word in parts[0][1] if all(word in rest for _, rest in parts)]
+        parts = [(head, [word for word in rest if word not in shared]) for head, rest in parts]
+    return [_two_lines(head + rest, line) for head, rest in parts], " ".join(shared)
+
+
+def _parts(spec: AttnSpec) -> tuple[list[str], list[str]]:
+    """The words of the case's label: (the batch and the lengths, the rest); a long serving batch's requests
+    summed up."""
+    words = spec.label().split(" ")
+    head = words[:2]
+    if len(spec.seqlens_q) > LABEL_SEQUENCES and len(words[1]) > REQUESTS_SHOWN + len("reqs[]"):
+        head = [words[0], f"reqs[{len(spec.seqlens_q)}:", f"q{_span(spec.seqlens_q)}", f"kv{_span(spec.seqlens_k)}]"]
+    return head, words[2:]
+
+
+def _two_lines(words: list[str], line: int) -> str:
+    text = " ".join(words)
+    if len(text) <= line or len(words) < 2:
+        return text
+    cut = min(range(1, len(words)), key=lambda i: max(len(" ".join(words[:i])), len(" ".join(words[i:]))))
+    return " ".join(words[:cut]) + "\n" + " ".join(words[cut:])
+
+
+def _span(lengths) -> str:
+    low, high = min(lengths), max(lengths)
+    return _short(low) if low == high else f"{_short(low)}..{_short(high)}"
 
 
 def _status(r: Record, clock) -> str:

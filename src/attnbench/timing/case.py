@@ -2,7 +2,8 @@
 
 The runner calls ``time_prepared`` once per case. It adds to the record's info: the CI of the median
 and the outliers, the GPU clock/temperature at the start and end (and ``clock_dropped``), what the
-method reports (kernel names, graph copies and whether inputs were cold, a fallback and its reason)
+method reports (kernel names, graph copies and whether inputs were cold, a fallback and its reason),
+on a GPU whether the calls left work running off the timed stream (``timing.streams``, ``off_stream``)
 and, with a trace directory, the path of a Chrome/Perfetto trace of the case.
 """
 
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from attnbench import metrics
-from attnbench.timing import cpu_load, measure_detailed
+from attnbench.timing import cpu_load, measure_detailed, streams
 from attnbench.timing.clocks import ClockMonitor, clock_dropped
 from attnbench.timing.config import RETIME_CI_PCT, TimingConfig
 from attnbench.timing.stats import describe, median_ci_half_width_pct
@@ -156,6 +157,8 @@ def time_prepared(spec, backend, inputs, prepared, ctx: CaseContext,
             log.info("%s %s %s: SM clock dropped from %s to %s MHz during the case", backend.name, spec.label(),
                         spec.pass_, start.get("sm_clock_mhz"), end.get("sm_clock_mhz"))
     info.update(describe(samples))
+    if ctx.device.type == "cuda" and not ctx.config.external:
+        info["off_stream"] = streams.check(prepared.fn, ctx.device, float(np.median(samples)))
     if prepared.side and not ctx.config.external:  # a profiler re-run times the attention alone
         info.update(time_side_calls(prepared.side, ctx))
     if ctx.trace_dir:

@@ -132,7 +132,7 @@ def test_the_timed_calls_take_the_sets_in_turn():
     assert torch.equal(drawn.q, make_inputs(SPEC, seed=9).q) and not torch.equal(drawn.q, inputs.q)
 
 
-def test_new_values_go_into_a_seen_set_never_into_the_cases_own():
+def test_the_cases_values_go_into_a_seen_set_never_the_other_way():
     inputs = make_inputs(SPEC, seed=0)
     own = {name: t.clone() for name, t in (("q", inputs.q), ("k", inputs.k), ("v", inputs.v), ("dout", inputs.dout))}
     backend = NaiveBackend()
@@ -149,10 +149,11 @@ def test_new_values_go_into_a_seen_set_never_into_the_cases_own():
     assert accuracy["fresh_inputs"]["new_values"] == {"verdict": "pass"}
     for name, before in own.items():
         assert torch.equal(getattr(inputs, name), before)
-    last, new = seen
-    assert last is inputs
-    assert new.q.data_ptr() == seen_set.q.data_ptr() and new.seed != seen_set.seed
-    assert torch.equal(seen_set.q, make_inputs(SPEC, seed=new.seed).q)  # written in place
+    # the last call (set 0) and the call on the case's values written into set 1: both the case's reference
+    assert seen == [inputs, inputs]
+    address = seen_set.q.data_ptr()
+    assert torch.equal(seen_set.q, inputs.q) and seen_set.q.data_ptr() == address  # written in place
+    assert fresh.sets[1][0].q.data_ptr() == address and fresh.sets[1][0].seed == inputs.seed
 
 
 def test_overwrite_keeps_addresses_and_views():

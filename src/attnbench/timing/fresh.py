@@ -15,11 +15,11 @@ than clones of the case's inputs, as many as it rotates.
 
 - *the last timed call*: its outputs against the exact reference of the set it was handed (a kernel that
   answers with an earlier call's result, of other values, fails);
-- *new values at a seen address*: the set of the last call (or set 1 when that was the case's own) gets the
-  values of another seed written into its tensors in place, the backend prepares over it again and one call
-  is checked against the reference of the new values. A kernel that caches by address answers with what
-  it computed for the old values and fails. (The case's own inputs are never overwritten: the next backends
-  of the shape use them.)
+- *new values at a seen address*: the case's own values are written in place into the tensors of the last
+  call's set (set 1 when the last call had the case's own), the backend prepares over them again and one
+  call is checked against the case's reference (already computed, so this check costs no reference). A
+  kernel that caches by address answers with what it computed for that set's values and fails. (The case's
+  own tensors are never written to: the next backends of the shape use them.)
 
 A failed check is a failed verdict: status ``mismatch``, the reason naming the check; both verdicts are in
 ``accuracy["fresh_inputs"]``. ``info["fresh_inputs"]`` says how many sets were rotated.
@@ -30,8 +30,8 @@ first output (a fresh closure of its own per preparation) is caught by the ceili
 
 **Cost**: the extra sets' memory (``FRESH_SETS - 1`` copies of q, k, v, dout and the features' inputs) and
 their preparation; on every timed call a Python call choosing the set (under a microsecond); after timing,
-two more calls, one more preparation and up to two more exact references (the reference of the last call's
-set, and of the new values). On a CPU the references dominate: see docs/guide.md for a sweep timed with and
+two more calls, one more preparation and, when the last timed call had another set than the case's own,
+one more exact reference. On a CPU that reference dominates: see docs/guide.md for a sweep timed with and
 without.
 """
 
@@ -46,8 +46,6 @@ from attnbench.inputs import AttnInputs, InputDist, make_inputs
 
 FRESH_SETS = 4
 """Input sets the timed calls rotate over (the case's own among them) outside graph mode."""
-NEW_VALUES_SEED = 1 << 20
-"""Seed offset of the values written over a seen set for the last check (far from the sets' own offsets)."""
 FAILING = ("fail", "approx-fail")
 
 
@@ -117,15 +115,13 @@ class FreshInputs:
     def _new_values(self, checker) -> dict:
         index = self.last[0] if self.last is not None and self.last[0] != 0 else 1
         self.extend(index + 1)
-        target, _ = self.sets[index]
-        seed = self._seed(NEW_VALUES_SEED + index)
-        overwrite(target, make_inputs(self.spec, target.q.device, seed, self.dist))
-        inputs = dataclasses.replace(target, seed=seed)
-        self.sets[index] = (inputs, None)  # its old closure read the old values: not called again
-        out = self.backend.prepare_case(self.spec, inputs).checked_call()
-        if inputs.q.device.type == "cuda":
-            torch.cuda.synchronize(inputs.q.device)
-        return checker(self.spec, inputs, out, self.backend)
+        own, target = self.sets[0][0], self.sets[index][0]
+        overwrite(target, own)  # the case's values at an address a timed call saw with other values
+        self.sets[index] = (dataclasses.replace(target, seed=own.seed), None)  # its old closure: not called again
+        out = self.backend.prepare_case(self.spec, self.sets[index][0]).checked_call()
+        if own.q.device.type == "cuda":
+            torch.cuda.synchronize(own.q.device)
+        return checker(self.spec, own, out, self.backend)  # the same values: the case's own reference, cached
 
 
 def _verdict(accuracy: dict) -> dict:

@@ -15,7 +15,9 @@ The ceilings, per device:
 - **CPU**: a deliberately generous 10 TFLOP/s and 1,000 GB/s per core (a 2048-FLOP/cycle matrix unit at
   5 GHz; an L1 cache's bandwidth), since no CPU datasheet is known here.
 
-A case is implausible when its throughput is more than ``MARGIN`` above a ceiling.
+A case is implausible when its throughput is more than ``MARGIN`` above a ceiling, or when its calls left
+work running on the device after the timed stream was done (``timing.streams``: work on a stream the
+caller's stream does not wait for, which no time taken on the caller's stream contains).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.timing import peaks
+from attnbench.timing import peaks, streams
 
 MARGIN = 1.05
 """Allowed excess over a ceiling (clock boost above the datasheet's, timer resolution)."""
@@ -63,7 +65,11 @@ def ceilings(device: str | torch.device, measured: dict[str, float] | None = Non
 
 def check(*, tflops: float | None, gbps: float | None, info: dict, exact: bool, cold_l2: bool,
           limits: Ceilings) -> str | None:
-    """Why the measured throughput is impossible on the device, or None."""
+    """Why the measured time is not the kernel's (work left running off the timed stream) or its throughput is
+    impossible on the device, or None."""
+    off_stream = streams.reason(info)
+    if off_stream:
+        return off_stream
     sparsity = info.get("sparsity")
     kept = 1.0 - sparsity if isinstance(sparsity, (int, float)) and 0 <= sparsity < 1 else 1.0
     compute = limits.tflops * (1.0 if exact else QUANTIZED_FACTOR)

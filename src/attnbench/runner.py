@@ -33,6 +33,7 @@ from attnbench.timing.case import CaseContext, profile_sessions, time_prepared
 from attnbench.timing.clocks import ClockMonitor
 from attnbench.timing.config import MIN_SAMPLES
 from attnbench.timing.cpu_load import CpuPlan
+from attnbench.timing.fresh import FreshInputs
 from attnbench.timing.nvtx import nvtx_range
 
 log = logging.getLogger(__name__)
@@ -371,15 +372,20 @@ class Runner:
         if self.precompiler.busy:
             info["compile_workers_busy"] = True
         ctx = self._timing_context()
+        fresh = FreshInputs(spec, backend, inputs, prepared, seed=self.options.seed, dist=self.options.inputs) \
+            if ctx.config.fresh_inputs else None
         with self.clock.phase("timing", wall), nvtx_range("timing", self.device):
-            samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks)
+            samples, timing_info = time_prepared(spec, backend, inputs, prepared, ctx, self.clocks, fresh)
         info.update(timing_info)
         if "cpu" in info and self.options.cpu is not None:
             info["cpu"] = info["cpu"] | {"cores": self.options.cpu.cores, "others_at_start": self.options.cpu.others}
         if accuracy is not None:
             with self.clock.phase("check", wall), nvtx_range("check", self.device):
                 accuracy, bad = self._check_after_timing(spec, backend, inputs, prepared, accuracy, checked)
+                if fresh is not None and not bad:
+                    accuracy = fresh.check(self.checker, accuracy)
             del checked
+        del fresh
         info["wall_s"] = {k: round(v, 4) for k, v in wall.items()}
         stats = summarize(samples)
         flop = metrics.flops(spec, convention=self.options.flops_convention)

@@ -175,3 +175,27 @@ def test_what_a_trimmed_build_lacks_is_unsupported_and_other_errors_stay_errors(
     assert registry.get("fa2").build_limit(RuntimeError("this flash-attn build has head dims up to 128 only"))
     assert registry.get("fa3").build_limit(RuntimeError("This flash attention build does not support FP8."))
     assert registry.get("naive").build_limit(RuntimeError("this flash-attn build has head dims up to 128 only")) is None
+
+
+class _FirstCallOnly(attnbench_test_backends.WrapsNaive):
+    """Computes on its first call (the checked one, untimed) and returns that result on every later call."""
+
+    name = "test-first-call-only"
+
+    def wrap(self, inner):
+        done = []
+
+        def call():
+            if not done:
+                done.append(inner())
+            return done[0]
+        return call
+
+
+def test_a_kernel_computing_only_on_its_first_call_is_implausible_not_a_speed():
+    from attnbench.backends import registry
+    registry.register(_FirstCallOnly.name, _FirstCallOnly)
+    spec = AttnSpec(seqlens_q=(2048,), heads_q=8, head_dim=64, dtype="fp32")  # 8.6 GFLOP per call
+    rec = run(spec, [_FirstCallOnly.name])[_FirstCallOnly.name]
+    assert rec.status == "implausible" and "TFLOP/s is above the device's" in rec.reason
+    assert rec.accuracy["verdict"] == "pass" and rec.tflops is None  # right numbers, impossible time

@@ -30,7 +30,7 @@ IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 
 BOOL_OPTIONS = {"check": True, "quiet": False, "table": False, "isolate": False, "skip_missing": False,
-                "fail_on_approx": False, "precise": False}
+                "fail_on_approx": False, "precise": False, "fresh_inputs": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,6 +396,10 @@ def run(
     idle_ratio: Annotated[float | None, typer.Option(
         "--idle-ratio", rich_help_panel="Timing", help="Leave the GPU idle this many times a call's time before each timed call: the "
         "clocks of isolated calls, as ncu sees them (default: 0, sustained load).")] = None,
+    fresh_inputs: Annotated[bool, typer.Option(
+        "--fresh-inputs", rich_help_panel="Timing", help="Hand each timed call inputs of values of its own (a few sets "
+        "drawn with other seeds, in turn) and check the last call's outputs and a call on new values at a seen "
+        "address: catches kernels that cache their output by input address.")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
     threads: Annotated[int | None, typer.Option(

@@ -1,4 +1,5 @@
-"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --idle-ratio, --trace, --cooldown."""
+"""`run`'s measurement options: --timing, --profiler, --min-time-ms, --ci-target, --idle-ratio, --fresh-inputs,
+--trace, --cooldown."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
         config = TimingConfig(warmup=opts["warmup"] if opts.get("warmup") is not None else (2 if cpu else 10),
                               repeat=opts["repeat"] if opts.get("repeat") is not None else (10 if cpu else 30),
                               cold_l2=not opts.get("warm_l2", False), mode=mode,
+                              fresh_inputs=opts.get("fresh_inputs") is True,
                               min_time_ms=_nonneg(opts.get("min_time_ms"), "--min-time-ms"),
                               **{**precise, **_given(
                                   max_time_ms=_nonneg(opts.get("max_time_ms"), "--max-time-ms"),

@@ -2,8 +2,10 @@
 
 The runner calls ``time_prepared`` once per case. It adds to the record's info: the CI of the median
 and the outliers, the GPU clock/temperature at the start and end (and ``clock_dropped``), what the
-method reports (kernel names, graph copies and whether inputs were cold, a fallback and its reason)
-and, with a trace directory, the path of a Chrome/Perfetto trace of the case.
+method reports (kernel names, graph copies and whether inputs were cold, a fallback and its reason),
+on a GPU whether the calls left work running off the timed stream (``timing.streams``, ``off_stream``),
+with ``--fresh-inputs`` how many input sets the calls rotated over (``timing.fresh``) and, with a trace
+directory, the path of a Chrome/Perfetto trace of the case.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 from attnbench import metrics
-from attnbench.timing import cpu_load, measure_detailed
+from attnbench.timing import cpu_load, measure_detailed, streams
 from attnbench.timing.clocks import ClockMonitor, clock_dropped
 from attnbench.timing.config import RETIME_CI_PCT, TimingConfig
 from attnbench.timing.stats import describe, median_ci_half_width_pct
@@ -46,8 +48,9 @@ class CaseContext:
     """Backend name -> constructor options, for the external child that builds the backends again."""
 
 
-def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext) -> tuple[list, dict]:
-    """The prepared closure plus closures prepared over fresh input copies, enough to keep inputs cold."""
+def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext, fresh=None) -> tuple[list, dict]:
+    """The prepared closure plus closures prepared over fresh input copies, enough to keep inputs cold; with
+    ``fresh`` (``timing.fresh.FreshInputs``) the copies are its input sets, of values of their own."""
     from attnbench.timing.events import l2_bytes
     from attnbench.timing.graphs import clone_inputs, copies_for
     copy_bytes = sum(t.numel() * t.element_size() for t in (inputs.q, inputs.k, inputs.v, inputs.dout))
@@ -55,7 +58,11 @@ def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext) -> tuple[l
     l2 = l2_bytes(ctx.device)
     copies, cold = copies_for(metrics.bytes_moved(spec), l2, max_copies=ctx.config.graph_max_copies,
                               copy_bytes=copy_bytes, free_bytes=free)
-    fns = [prepared.fn] + [backend.prepare_case(spec, clone_inputs(inputs)).fn for _ in range(copies - 1)]
+    if fresh is not None:
+        fresh.extend(copies)
+        fns = fresh.closures()
+    else:
+        fns = [prepared.fn] + [backend.prepare_case(spec, clone_inputs(inputs)).fn for _ in range(copies - 1)]
     info = {"graph_cold": cold}
     if not cold:
         info["graph_note"] = (f"{copies} input copies x {metrics.bytes_moved(spec) / 2**20:.1f} MiB per call do not "
@@ -136,19 +143,20 @@ def trace_path(trace_dir: str, spec, backend_name: str) -> Path:
 
 
 def time_prepared(spec, backend, inputs, prepared, ctx: CaseContext,
-                  clocks: ClockMonitor | None = None) -> tuple[list[float], dict]:
-    """Samples (ms per call) of the case and the info to merge into its record."""
+                  clocks: ClockMonitor | None = None, fresh=None) -> tuple[list[float], dict]:
+    """Samples (ms per call) of the case and the info to merge into its record. ``fresh``
+    (``timing.fresh.FreshInputs``, ``--fresh-inputs``): the timed calls rotate over its input sets."""
     info: dict = {}
     start = clocks.sample() if clocks else {}
     if ctx.config.external:
         samples, extra = _external(spec, backend, ctx)
     elif ctx.config.mode == "graph" and ctx.device.type == "cuda":
-        fns, extra = graph_closures(spec, backend, inputs, prepared, ctx)
+        fns, extra = graph_closures(spec, backend, inputs, prepared, ctx, fresh)
         samples, measured_info = _measure_settled(fns, ctx)
         extra = extra | measured_info
         del fns
     else:
-        samples, extra = _measure_settled(prepared.fn, ctx)
+        samples, extra = _measure_settled(prepared.fn if fresh is None else fresh.rotation(), ctx)
     end = clocks.sample() if clocks else {}
     info.update(extra)
     if start or end:
@@ -159,6 +167,10 @@ def time_prepared(spec, backend, inputs, prepared, ctx: CaseContext,
             log.info("%s %s %s: SM clock dropped from %s to %s MHz during the case", backend.name, spec.label(),
                         spec.pass_, start.get("sm_clock_mhz"), end.get("sm_clock_mhz"))
     info.update(describe(samples))
+    if fresh is not None:
+        info["fresh_inputs"] = fresh.describe()
+    if ctx.device.type == "cuda" and not ctx.config.external:
+        info["off_stream"] = streams.check(prepared.fn, ctx.device, float(np.median(samples)))
     if prepared.side and not ctx.config.external:  # a profiler re-run times the attention alone
         info.update(time_side_calls(prepared.side, ctx))
     if ctx.trace_dir:

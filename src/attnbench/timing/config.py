@@ -73,6 +73,9 @@ class TimingConfig:
     profiler_batch: int = 32
     """ncu / nsys / rocprof: most cases of one backend profiled in one profiler process (1 = a process per
     case, as a case run on its own is)."""
+    fresh_inputs: bool = False
+    """Hand each timed call inputs of values of its own (a rotating pool of input sets drawn with other seeds)
+    and check what the calls returned (``timing.fresh``); in-process modes only."""
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -95,6 +98,9 @@ class TimingConfig:
             raise ValueError(f"max_repeat ({self.max_repeat}) must be >= repeat ({self.repeat})")
         if isinstance(self.profiler_batch, bool) or not isinstance(self.profiler_batch, int) or self.profiler_batch < 1:
             raise ValueError(f"--profiler-batch must be an integer >= 1, got {self.profiler_batch!r}")
+        if self.fresh_inputs and self.external:
+            raise ValueError(f"--fresh-inputs hands inputs to the calls timed in this process; --profiler {self.mode} "
+                             f"re-runs the case in a process of its own: use events, graph or --profiler torch")
         if self.graph_max_copies < 1:
             raise ValueError(f"graph_max_copies must be >= 1, got {self.graph_max_copies!r}")
 

@@ -169,6 +169,37 @@ def build_plan(ctx: typer.Context) -> RunPlan:
     return plan_from_options(options_of(ctx))
 
 
+DIGESTS = "input_digests"
+"""The stored option holding a digest of each input file a run's cases come from (``input_digests``)."""
+
+
+def input_digests(opts: dict) -> dict[str, str]:
+    """SHA-256 of each file whose contents define cases (a serving trace, a feature's file such as ALiBi slopes),
+    by option name. For a resumed run (``opts`` read from its store) every digest must match the one stored: a
+    file edited in between would make the resumed cases another sweep's, so it is refused."""
+    import hashlib
+    from attnbench import features as feature_decls
+    names = ["batch_trace", *(o.param for o in feature_decls.options() if o.path)]
+    out = {}
+    for name in names:
+        value = opts.get(name)
+        if value is None or isinstance(value, (list, tuple)) or not Path(str(value)).is_file():
+            continue  # unset, given inline (YAML), or missing: parsing says what is wrong with it
+        digest = hashlib.sha256()
+        with open(str(value), "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        out[name] = digest.hexdigest()
+    stored = opts.get(DIGESTS) if opts.get("resume") is not None else None
+    if isinstance(stored, dict):
+        changed = [common.flag_name(n) + " " + str(opts.get(n)) for n in sorted(set(stored) | set(out))
+                   if stored.get(n) != out.get(n)]
+        if changed:
+            raise UserError(f"--resume {opts['resume']}: {', '.join(changed)} changed since the run started, so its "
+                            "cases would be another sweep's; restore the file or start a new run")
+    return out
+
+
 def options_of(ctx: typer.Context) -> dict:
     """The command's option values: a resumed run's stored ones, or the config file's overridden by the flags."""
     if ctx.params.get("resume") is not None:
@@ -181,6 +212,7 @@ def plan_from_options(opts: dict) -> RunPlan:
     """Merged option values -> RunPlan; raises UserError naming the bad value."""
     device = common.resolve_device(common.option_text(opts, "device"))
     opts["device"] = device  # stored resolved, so --resume runs on the same device
+    opts[DIGESTS] = input_digests(opts)  # stored too: a resumed run reads the very files it started with
     try:
         opts.update(presets.apply(opts, common.option_text(opts, "preset")))
     except ValueError as exc:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -230,6 +232,8 @@ class ResultStore:
         self.readonly = readonly
         self.verify = not readonly if verify is None else verify
         """Check the file's integrity first (writers do; ``check_writable`` has a reader do it)."""
+        self._private: Path | None = None
+        """The folder of a private copy this reader reads (``_read_log``), removed on close."""
         if (readonly or not create) and not self.path.exists():
             raise FileNotFoundError(f"no results database at {self.path}")
         if self.path.exists() and not self.path.is_file():
@@ -255,10 +259,10 @@ class ResultStore:
             self._upgrade()
             self.mark_dead_runs()
         except sqlite3.DatabaseError as exc:
-            self.conn.close()
+            self.close()
             raise StoreError(_describe(self.path, exc)) from None
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def _connect(self) -> sqlite3.Connection:
@@ -268,17 +272,55 @@ class ResultStore:
             conn = sqlite3.connect(self.path, timeout=30.0)
         else:
             uri = self.path.resolve().as_uri()
+            conn = None
             try:
                 conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
                 conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             except sqlite3.OperationalError:
                 # a WAL store in a folder this process cannot write (no -shm file to share): nobody can be
-                # writing it, so read it as an immutable file
-                conn = sqlite3.connect(uri + "?immutable=1", uri=True, timeout=30.0)
+                # writing it
+                if conn is not None:
+                    conn.close()
+                conn = self._read_log()
             except sqlite3.DatabaseError as exc:
+                if conn is not None:
+                    conn.close()
                 raise StoreError(_describe(self.path, exc)) from None
         conn.row_factory = sqlite3.Row
         return conn
+
+    def _read_log(self) -> sqlite3.Connection:
+        """The store, for a reader SQLite cannot share it with (a WAL store in a folder this process cannot
+        write: SQLite needs to make its -shm index there). Without a write-ahead log, the file read as an
+        immutable one; with one, whose committed records are not in the file yet, a private copy of both, in a
+        temporary folder, where SQLite reads the log: every committed record, and the user's files untouched.
+        StoreError naming what to do where no copy can be made."""
+        log = self.path.with_name(self.path.name + "-wal")
+        if not log.is_file() or not log.stat().st_size:
+            return sqlite3.connect(self.path.resolve().as_uri() + "?immutable=1", uri=True, timeout=30.0)
+        folder = None
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="attnbench-read-"))
+            copy = folder / "store.db"
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(log, copy.with_name(copy.name + "-wal"))
+            conn = sqlite3.connect(copy, timeout=30.0)
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # SQLite reads the log into its index
+        except (OSError, sqlite3.DatabaseError) as exc:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StoreError(f"{self.path}: some of its records are still in its write-ahead log {log.name}, which "
+                             "SQLite reads only where it may write beside the store, and its folder is read-only; a "
+                             f"private copy to read could not be made ({why}): copy {self.path.name} and {log.name} "
+                             "to a folder you can write and read the copy") from None
+        self._private = folder
+        return conn
+
+    def _drop_private(self) -> None:
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
 
     def _check(self) -> int | None:
         """The file's schema version, or StoreError when it is not an attnbench store this version can use
@@ -331,6 +373,7 @@ class ResultStore:
         memory = sqlite3.connect(":memory:")
         self.conn.backup(memory)
         self.conn.close()
+        self._drop_private()
         memory.row_factory = sqlite3.Row
         return memory
 
@@ -383,6 +426,7 @@ class ResultStore:
 
     def close(self) -> None:
         self.conn.close()
+        self._drop_private()
 
     def __enter__(self) -> ResultStore:
         return self

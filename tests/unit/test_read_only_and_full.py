@@ -1,0 +1,118 @@
+"""Stores and outputs where the file system says no: a read-only folder or file system, a full disk.
+
+Readers see every committed record wherever the store lies (its write-ahead log included) or say why they
+cannot; a full disk is called a full disk and leaves no empty store behind; an output that cannot be written
+is refused, one line and exit status 2, before any work. The real file systems come from ``fs_helpers``
+(skipped where they cannot be made); the in-process tests make SQLite's open or write fail as it does there.
+"""
+
+import errno
+import hashlib
+import json
+import shutil
+import sqlite3
+
+import pytest
+from fs_helpers import in_read_only
+from results_fixtures import cli, synthetic_record
+
+from attnbench.results import store as store_mod
+from attnbench.results.store import ResultStore, StoreError
+from attnbench.spec import AttnSpec
+
+RUN = "in-the-log"
+N = 3
+
+
+def _state(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def store_in_its_log(folder):
+    """``folder/s.db`` whose records are all in its write-ahead log, no -shm beside it: what a writer killed
+    mid-run leaves, once its shared-memory index is gone (a copy, an unpacked archive, a reboot)."""
+    work = folder.parent / (folder.name + "-writer")
+    work.mkdir()
+    folder.mkdir()
+    ResultStore(work / "s.db").close()
+    with ResultStore(work / "s.db") as store:
+        store.start_run(RUN, command="attnbench run", config={}, env_id=None, version="test")
+        for i in range(N):
+            spec = AttnSpec(seqlens_q=(16 * (i + 1),), heads_q=2, head_dim=8, dtype="fp32", pass_="fwd")
+            store.write(synthetic_record(RUN, spec, "naive", [1.0 + i, 1.1 + i]))
+        store.finish_run(RUN)
+        for suffix in ("", "-wal"):  # while the writer holds it open: its records are in the log only
+            shutil.copy(work / f"s.db{suffix}", folder / f"s.db{suffix}")
+    db = folder / "s.db"
+    conn = sqlite3.connect(f"file:{db}?immutable=1", uri=True)  # the main file alone: no run, no record
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 0
+    finally:
+        conn.close()
+    return db
+
+
+def _one_line(res, code=2):
+    assert res.returncode == code, (res.returncode, res.stderr)
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("attnbench: error:"), res.stderr
+    assert "Traceback" not in res.stderr
+    return res.stderr
+
+
+# ---- 1. a store whose records are in its write-ahead log, in a folder nobody may write ----------------------
+def test_a_store_in_a_read_only_folder_shows_the_records_in_its_log(tmp_path):
+    folder = tmp_path / "ro"
+    db = store_in_its_log(folder)
+    before = _state(folder)
+    res = in_read_only(folder, "runs", "--db", db)
+    assert res.returncode == 0 and RUN in res.stdout and "holds no runs" not in res.stdout, res.stdout + res.stderr
+    res = in_read_only(folder, "show", "--table", "--db", db)
+    assert res.returncode == 0 and res.stdout.count("naive") == N, res.stdout + res.stderr
+    out = tmp_path / "all.json"
+    res = in_read_only(folder, "export", "--all-runs", "--db", db, "-o", out)
+    assert res.returncode == 0 and f"wrote {N} records" in res.stderr, res.stderr
+    assert len(json.loads(out.read_text())) == N
+    res = in_read_only(folder, "report", "--db", db, "-o", tmp_path / "r.html")
+    assert res.returncode == 0 and RUN in (tmp_path / "r.html").read_text(), res.stderr
+    assert _state(folder) == before  # nothing written beside it, nothing changed in it
+
+
+def _shared_open_fails(monkeypatch):
+    """SQLite's read-only open of a WAL store fails where it cannot make the -shm index (a folder it cannot
+    write): this makes it fail so for the store under test."""
+    real = sqlite3.connect
+
+    def connect(database, *args, **kwargs):
+        if isinstance(database, str) and "mode=ro" in database:
+            raise sqlite3.OperationalError("unable to open database file")
+        return real(database, *args, **kwargs)
+    monkeypatch.setattr(store_mod.sqlite3, "connect", connect)
+
+
+def test_a_reader_that_cannot_share_the_log_reads_a_private_copy(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    db = store_in_its_log(folder)
+    before = _state(folder)
+    _shared_open_fails(monkeypatch)
+    with ResultStore(db, readonly=True) as store:
+        assert [r["run_id"] for r in store.runs()] == [RUN]
+        assert len(store.records(RUN)) == N
+    assert _state(folder) == before
+    res = cli("export", "--all-runs", "--db", db, "-o", tmp_path / "x.json")
+    assert res.returncode == 0 and len(json.loads((tmp_path / "x.json").read_text())) == N, res.stderr
+
+
+def test_a_reader_that_cannot_read_the_log_says_why(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    db = store_in_its_log(folder)
+    _shared_open_fails(monkeypatch)
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(store_mod.shutil, "copyfile", no_room)
+    with pytest.raises(StoreError, match="write-ahead log.*No space left"):
+        ResultStore(db, readonly=True)
+    for args in (["runs"], ["export", "--all-runs"], ["show"]):
+        res = cli(*args, "--db", db)
+        assert res.returncode == 2 and "write-ahead log" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+        assert "holds no runs" not in res.stdout

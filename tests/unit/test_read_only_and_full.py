@@ -13,7 +13,8 @@ import shutil
 import sqlite3
 
 import pytest
-from fs_helpers import in_read_only
+from fs_helpers import in_read_only, on_full_disk
+from reliability_helpers import TINY
 from results_fixtures import cli, synthetic_record
 
 from attnbench.results import store as store_mod
@@ -116,3 +117,39 @@ def test_a_reader_that_cannot_read_the_log_says_why(tmp_path, monkeypatch):
         res = cli(*args, "--db", db)
         assert res.returncode == 2 and "write-ahead log" in res.stderr and res.stderr.count("\n") == 1, res.stderr
         assert "holds no runs" not in res.stdout
+
+
+# ---- 2. a full disk when a store is made ------------------------------------------------------------------------
+def _disk_full(monkeypatch):
+    """Every database SQLite opens may hold one page: writing a second fails as a full disk does (SQLITE_FULL)."""
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        conn = real(*args, **kwargs)
+        conn.execute("PRAGMA max_page_count=1")
+        return conn
+    monkeypatch.setattr(store_mod.sqlite3, "connect", connect)
+
+
+def test_a_full_disk_is_called_so_and_leaves_no_empty_store(tmp_path, monkeypatch):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    _disk_full(monkeypatch)
+    with pytest.raises(StoreError, match="no space left") as got:
+        ResultStore(folder / "s.db")
+    assert "damaged" not in str(got.value)
+    assert list(folder.iterdir()) == []
+    res = cli("run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", folder / "new" / "s.db")
+    assert res.returncode == 2 and "no space left" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert "damaged" not in res.stderr
+    assert list(folder.iterdir()) == []  # neither the store nor the folder made for it
+
+
+@pytest.mark.parametrize("free_kib", [0, 8, 24])
+def test_a_store_on_a_full_file_system(tmp_path, free_kib):
+    folder = tmp_path / "full"
+    folder.mkdir()
+    res, left = on_full_disk(folder, "run", *TINY, "--seq-lens", "17", "--backends", "naive",
+                             "--db", folder / "new" / "s.db", free_kib=free_kib)
+    assert "no space left" in _one_line(res), res.stderr
+    assert left == ["filler"]

@@ -14,9 +14,10 @@ import sqlite3
 
 import pytest
 from fs_helpers import in_read_only, on_full_disk
-from reliability_helpers import TINY
+from reliability_helpers import TINY, attnbench
 from results_fixtures import cli, synthetic_record
 
+from attnbench.results import files
 from attnbench.results import store as store_mod
 from attnbench.results.store import ResultStore, StoreError
 from attnbench.spec import AttnSpec
@@ -152,4 +153,82 @@ def test_a_store_on_a_full_file_system(tmp_path, free_kib):
     res, left = on_full_disk(folder, "run", *TINY, "--seq-lens", "17", "--backends", "naive",
                              "--db", folder / "new" / "s.db", free_kib=free_kib)
     assert "no space left" in _one_line(res), res.stderr
+    assert left == ["filler"]
+
+
+# ---- 3. outputs that cannot be written ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    db = tmp_path_factory.mktemp("store") / "good.db"
+    res = attnbench("run", *TINY, "--seq-lens", "17", "33", "--backends", "naive", "--db", str(db))
+    assert res.returncode == 0, res.stderr
+    return db
+
+
+def test_check_output_refuses_what_cannot_be_written(tmp_path, monkeypatch):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "old.csv").write_text("kept\n")
+    real = files.os.access
+    monkeypatch.setattr(files.os, "access", lambda p, mode, **kw: False if str(p).startswith(str(folder))
+                        else real(p, mode, **kw))
+    for path in (folder / "x.csv", folder / "old.csv", folder / "new" / "deeper" / "x.csv"):
+        with pytest.raises(files.FileRefused, match="not writable"):
+            files.check_output(path, "-o")
+    monkeypatch.undo()
+    assert files.check_output(folder / "x.csv", "-o") == folder / "x.csv"
+
+
+def test_an_output_that_fails_while_written_is_one_line_and_leaves_no_part(tmp_path, monkeypatch, good):
+    out = tmp_path / "x.csv"
+    out.write_text("the previous export\n")
+
+    def read_only_fs(*args):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(files.os, "replace", read_only_fs)
+    with pytest.raises(files.FileRefused, match="Read-only file system"):
+        files.write_text_atomic(out, "new\n")
+    res = cli("export", "--db", good, "-o", out)
+    assert res.returncode == 2 and "cannot write" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert out.read_text() == "the previous export\n" and sorted(p.name for p in tmp_path.iterdir()) == ["x.csv"]
+
+
+def test_outputs_into_a_read_only_folder_are_refused_before_any_work(tmp_path, good):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "old.csv").write_text("kept\n")
+    before = _state(ro)
+    db = tmp_path / "new.db"
+    e2e = ["e2e", "--model", "llama-tiny", "--device", "cpu", "--backends", "naive", "--layers", "1", "--steps", "1",
+           "--dtype", "fp32", "--seq-len", "17", "--db", db]
+    for args in (["export", "--db", good, "-o", ro / "x.csv"], ["export", "--db", good, "-o", ro / "old.csv"],
+                 ["report", "--db", good, "-o", ro / "r.html"],
+                 ["plot", "--x", "seq_len", "--y", "ms", "--db", good, "-o", ro / "p.png"],
+                 ["plot", "--x", "seq_len", "--y", "ms", "--db", good, "-o", ro / "sub" / "p.png"],
+                 ["run", *TINY, "--seq-lens", "17", "--backends", "naive", "--db", db, "--output", ro / "x.json"],
+                 [*e2e, "--output", ro / "e.json"]):
+        res = in_read_only(ro, *args)
+        line = _one_line(res)
+        assert "not writable" in line or "read-only" in line, line
+        assert not db.exists(), args  # refused before a run started
+    assert _state(ro) == before
+
+
+def test_a_report_beside_a_store_in_a_read_only_folder_is_refused_and_names_the_way_out(tmp_path, good):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(good, ro / "s.db")
+    before = _state(ro)
+    res = in_read_only(ro, "report", "--db", ro / "s.db")
+    assert "-o" in _one_line(res) and "not writable" in res.stderr
+    res = in_read_only(ro, "plot", "--x", "seq_len", "--y", "ms", "--db", ro / "s.db")
+    assert "-o" in _one_line(res) and "not writable" in res.stderr
+    assert _state(ro) == before
+
+
+def test_an_export_onto_a_full_file_system_is_one_line_and_leaves_no_part(tmp_path, good):
+    folder = tmp_path / "full"
+    folder.mkdir()
+    res, left = on_full_disk(folder, "export", "--db", good, "-o", folder / "x.csv")
+    assert "No space left" in _one_line(res)
     assert left == ["filler"]

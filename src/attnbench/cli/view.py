@@ -119,7 +119,7 @@ def plot(
         else:
             outs[item] = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
         for path in plots.output_paths(outs[item]):  # all refused before any is drawn
-            files.check_output(path, "--output", stores=(store.path,))
+            files.check_output(path, "--output" if output is not None else "plot (no -o given)", stores=(store.path,))
     if (why := plots.one_value(rows, x)) is not None:
         raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     written = []
@@ -153,8 +153,8 @@ def report(
         run_ids = resolve_runs(store, run)
         if output is None:  # beside the store, as plots are, not into whatever folder the command ran in
             more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
-            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html", "--output",
-                                        stores=(store.path,))
+            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html",
+                                        "report (no -o given)", stores=(store.path,))
         text = html.build(store, run_ids)
     files.write_text_atomic(output, text)
     common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",

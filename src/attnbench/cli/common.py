@@ -340,7 +340,8 @@ def parse_slopes(value) -> tuple[float, ...] | None:
         if path.stat().st_size > MAX_SLOPES_FILE:
             raise UserError(f"{where}: larger than {MAX_SLOPES_FILE} bytes; expected one number per query head")
         try:
-            text = path.read_text(encoding="utf-8")
+            from attnbench.results import files
+            text = files.read_text(path, MAX_SLOPES_FILE, "--alibi-slopes")  # a regular file, read within the limit
         except (UnicodeDecodeError, OSError) as exc:
             raise UserError(f"{where}: cannot read it as text ({type(exc).__name__})") from None
         items = text.replace(",", " ").replace("[", " ").replace("]", " ").split()

@@ -11,7 +11,10 @@ database; what it reads is bounded by size before it is parsed.
   is replaced; a device or a pipe (``-o /dev/stdout``) is written to directly. A write that fails all the same
   (a full disk) is one line (FileRefused) naming the file and why.
 - ``read_text``: a file given as input is refused, with its size and the limit, when it is larger than
-  its kind of file ever needs to be (a config, a links file, a CSV of measurements, a profiler's trace).
+  its kind of file ever needs to be (a config, a links file, a CSV of measurements, a profiler's trace), or
+  when it is not a regular file (a device such as ``/dev/zero`` never ends; a pipe without a writer never
+  answers): it is opened without waiting, looked at through the open file, and read no further than the
+  limit, so a file that grows or is swapped meanwhile is refused all the same.
 """
 
 from __future__ import annotations
@@ -169,21 +172,57 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def _too_big(path, size: int, limit: int, what: str) -> FileRefused:
+    return FileRefused(f"{what} {path}: {size / MIB:,.1f} MiB, more than such a file ever needs "
+                       f"({_limit_text(limit)} at most); is it the right file?")
+
+
+def _limit_text(limit: int) -> str:
+    return f"{limit / MIB:,.0f} MiB" if limit >= MIB else f"{limit / 1024:,.0f} KiB"
+
+
 def read_text(path: Path, limit: int, what: str) -> str:
     """The text of ``path``, refused (FileRefused) when it is larger than ``limit`` bytes or not a regular
-    file, before anything is read."""
+    file, before anything is read (see the module doc)."""
     try:
-        info = os.stat(path)
+        info = os.stat(path)  # a pipe or a device is refused without opening it
     except OSError as exc:
         raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise FileRefused(f"{what} {path}: not a regular file")
+        raise FileRefused(f"{what} {path}: not a regular file ({_kind(info.st_mode)}); give a file")
     if info.st_size > limit:
-        raise FileRefused(f"{what} {path}: {info.st_size / MIB:,.1f} MiB, more than such a file ever needs "
-                          f"({limit / MIB:,.0f} MiB at most); is it the right file?")
+        raise _too_big(path, info.st_size, limit, what)
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise FileRefused(f"{what} {path}: not UTF-8 text; expected a text file") from None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)  # what was opened, which may not be what was looked at
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(f"{what} {path}: not a regular file ({_kind(info.st_mode)}); give a file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 16 * MIB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if size > limit:  # it grew while it was read
+        raise _too_big(path, size, limit, what)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileRefused(f"{what} {path}: not UTF-8 text; expected a text file") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as open() reads them in text mode
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"

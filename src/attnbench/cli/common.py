@@ -11,8 +11,8 @@ from typing import Annotated
 import torch
 import typer
 import yaml
-from rich.console import Console
 
+from attnbench.report.safe_text import SafeConsole as Console  # shows what files hold, never obeys it
 from attnbench.sweep import (
     CPU_DEFAULT,
     GPU_DEFAULT,

@@ -233,6 +233,8 @@ def runs(db: common.Db = None) -> None:
     import datetime
 
     from rich.table import Table
+
+    from attnbench.report.safe_text import markup
     with open_store(db) as store:
         listed = store.runs()
         counts = dict(((r, s), n) for r, s, n in store.conn.execute(
@@ -241,15 +243,15 @@ def runs(db: common.Db = None) -> None:
     if not listed:
         common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
         return
-    table = Table(title=f"runs in {store.path}", header_style="bold", title_justify="left")
+    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left")
     for col in ("run", "started", "status", "device", "ok", "command"):
         table.add_column(col, justify="right" if col == "ok" else "left", overflow="fold")
     for r in listed:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
         when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
         env = devices[r["run_id"]]
-        table.add_row(r["run_id"], when, r["status"] or "-", str(env.get("device_name") or "-"),
-                      f"{ok}/{ok + bad}", r["command"] or "-")
+        table.add_row(markup(r["run_id"]), when, markup(r["status"] or "-"), markup(env.get("device_name") or "-"),
+                      f"{ok}/{ok + bad}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
     common.console.print(table)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 
+from attnbench.report.safe_text import markup as escape
 from attnbench.results.record import Record, busy_of, clock_of, verdict_of
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
@@ -58,8 +58,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     unit, scale = unit_of(records, "tflops")
     clocks = [clock_of(r.info) for r in records]
     columns: list[tuple[str, str, object]] = [
-        ("backend", "left", lambda r, c: r.backend), ("case", "left", lambda r, c: r.spec.label()),
-        ("pass", "left", lambda r, c: r.spec.pass_), ("ms", "right", lambda r, c: _sig(r.median_ms)),
+        ("backend", "left", lambda r, c: escape(r.backend)), ("case", "left", lambda r, c: escape(r.spec.label())),
+        ("pass", "left", lambda r, c: escape(r.spec.pass_)), ("ms", "right", lambda r, c: _sig(r.median_ms)),
         ("it/s", "right", lambda r, c: _sig(r.iters_per_s)),
         (unit, "right", lambda r, c: _rate(None if r.tflops is None else r.tflops * scale))]
     if any(k in (peaks or {}) for k in ("bf16", "fp16")):
@@ -73,9 +73,11 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     if any(mhz is not None for mhz, _ in clocks):  # GPU runs: the SM clock at the end of the timed calls
         columns.append(("SM MHz", "right", lambda r, c: "-" if c[0] is None else
                         (f"[yellow]{c[0]}↓[/]" if c[1] else str(c[0]))))
-    columns += [("check", "left", lambda r, c: verdict_of(r.status, r.accuracy) + ("?" if busy_of(r.info) else "")),
+    columns += [("check", "left",
+                 lambda r, c: escape(verdict_of(r.status, r.accuracy)) + ("?" if busy_of(r.info) else "")),
                 ("status", "left", _status)]
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=escape(title) if title else title, title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify, _ in columns:
         table.add_column(name, justify=justify, no_wrap=name not in ("case", "status"), overflow="fold")
     for r, clock in zip(records, clocks, strict=True):

@@ -42,6 +42,9 @@ import torch
 
 MAX_REQUESTS = 65536
 """Most requests in one batch (a server's step holds a few thousand at most)."""
+MAX_TRACE_BYTES = 64 * 2**20
+"""Largest trace file: a batch is a line of a few kilobytes (a megabyte at ``MAX_REQUESTS``), and each one is a
+case of the sweep, so 64 MiB is far more steps than a sweep runs."""
 
 _UNITS = {"": 1, "k": 1024, "m": 1024 ** 2}
 _NUM = r"\d+[km]?"
@@ -173,12 +176,19 @@ def _short(n: int) -> str:
 
 # ---- trace files ----------------------------------------------------------------------------------
 def read_trace(path: str | Path) -> list[Batch]:
-    """The batches of a JSON or JSONL trace file (module doc); ValueError naming the file and line."""
+    """The batches of a JSON or JSONL trace file (module doc); ValueError naming the file and line. The file is
+    read only when it is a regular file of at most ``MAX_TRACE_BYTES``."""
+    from attnbench.results import files
     path = Path(path)
+    text = files.read_text(path, MAX_TRACE_BYTES, "trace")
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ValueError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+        return _parse_trace(path, text)
+    except RecursionError:  # [[[[...]]]]: the JSON parser's stack
+        raise ValueError(f"trace {path}: nested too deeply to be a trace; a batch is {{\"requests\": "
+                         "[[new, keys], ...]}") from None
+
+
+def _parse_trace(path: Path, text: str) -> list[Batch]:
     stripped = text.lstrip()
     if stripped.startswith("["):  # one JSON list of batches
         try:

@@ -411,6 +411,13 @@ def test_a_numeric_backend_option_outside_its_range_names_the_range(capsys, opti
     ("fa2-paged.page_size=300", "multiple of 256"), ("fa3-kvcache.page_size=64", "allowed: none"),
     ("flex.colour=red", "allowed: compile"), ("flex-sparse.pattern=[1, 2]", "give one value"),
     ("flex-sparse.sparsity=" + "[" * 5000, "flex-sparse.sparsity"),
+    # options with a closed set of values name them
+    ("sage.pv_accum_dtype=bogus", "allowed: fp32, fp16, fp16+fp32"), ("sage.qk_quant_gran=bogus", "allowed: per_warp"),
+    ("sage2-fp8.qk_quant_gran=true", "allowed: per_warp, per_thread"),
+    ("flex.compile_backend=bogus", "inductor"), ("flex.mode=bogus", "allowed: default"),
+    ("flex.mode=max_autotune", "max-autotune"),
+    ("sta-triton.tile=abc", "three positive integers"), ("sta-triton.tile=0x1", "three positive integers"),
+    ("sta-triton.tile=1x1", "three positive integers"), ("sta-triton.tile=6x0x8", "three positive integers"),
 ])
 def test_backend_options_are_refused_with_what_they_accept(capsys, item, needle):
     assert_rejected(["run", *BASE, "--backend-opt", item], capsys, needle)
@@ -420,10 +427,12 @@ def test_valid_backend_options_keep_their_types(monkeypatch):
     from attnbench.backends import options, registry
     monkeypatch.setattr(registry, "_extra", {})
     monkeypatch.setattr(options, "_configured", {})
-    got = options.apply(["flex.compile=false", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
-                         "flashinfer.backend=fa2", "sparge.topk=0.5"])
-    assert got == {"flex": {"compile": False}, "flashinfer-paged": {"page_size": 64}, "flex-sparse": {"sparsity": 0},
-                   "flashinfer": {"backend": "fa2"}, "sparge": {"topk": 0.5}}
+    got = options.apply(["flex.compile=false", "flex.mode=max-autotune", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
+                         "flashinfer.backend=fa2", "sparge.topk=0.5", "sage2-fp8.pv_accum_dtype=fp32+fp32",
+                         "sta-triton.tile=6x8x8"])
+    assert got == {"flex": {"compile": False, "mode": "max-autotune"}, "flashinfer-paged": {"page_size": 64}, "flex-sparse": {"sparsity": 0},
+                   "flashinfer": {"backend": "fa2"}, "sparge": {"topk": 0.5},
+                   "sage2-fp8": {"pv_accum_dtype": "fp32+fp32"}, "sta-triton": {"tile": "6x8x8"}}
     assert registry.get("flex").compile is False and registry.get("flashinfer-paged").page_size == 64
 
 

@@ -167,6 +167,13 @@ def test_flags_show_no_value_type_in_help():
     (["dist", "--device", "cpu"], {"RANK": "x", "WORLD_SIZE": "2"}, "bad RANK='x'"),
     (["links", "--output", "LINKS"], {"WORLD_SIZE": "-3"}, "bad WORLD_SIZE='-3'"),
     (["run", "--device", "cpu"], {"WORLD_SIZE": "2", "RANK": "5"}, "ranks are 0..1"),
+    # a rank past the world: torch.distributed's own ValueError, or a rank that waits for ever for its peers
+    (["dist", "--device", "cpu", "--seq-lens", "64"], {"RANK": "3", "WORLD_SIZE": "2"}, "ranks are 0..1"),
+    (["dist", "--device", "cpu", "--seq-lens", "64"],
+     {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}, "ranks are 0..1"),
+    (["dist", "--device", "cpu", "--seq-lens", "64"], {"RANK": "1", "WORLD_SIZE": "1"}, "ranks are 0..0"),
+    (["dist", "--device", "cpu", "--seq-lens", "64"], {"RANK": "0", "WORLD_SIZE": "1"},
+     "MASTER_ADDR and MASTER_PORT are not"),
 ])
 def test_torchrun_variables_that_are_not_torchrun_s_are_one_line(tmp_path, command, env, needle):
     full = dict(os.environ, PYTHONPATH=SRC, **env)

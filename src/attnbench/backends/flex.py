@@ -212,6 +212,19 @@ def _unlimited_recompiles():
         yield
 
 
+def compile_backends() -> tuple[str, ...]:
+    """The backends torch.compile knows here (``torch._dynamo.list_backends``, the debugging ones such as eager
+    included, dynamo's own test doubles not)."""
+    import torch._dynamo
+    return tuple(sorted(b for b in torch._dynamo.list_backends(exclude_tags=()) if not b.endswith("TESTING_ONLY")))
+
+
+def compile_modes() -> tuple[str, ...]:
+    """The modes torch.compile takes (``default`` and inductor's, e.g. max-autotune)."""
+    import torch._inductor
+    return tuple(dict.fromkeys(["default", *torch._inductor.list_mode_options()]))
+
+
 def _cxx_compiler() -> str | None:
     return next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
 
@@ -235,6 +248,8 @@ class FlexBackend(Backend):
     capabilities = Capabilities(devices=("cuda",), varlen=True, window=True, tile_mask=True, sinks=True, softcap=True,
                                 alibi=True, gate=True, shared_prefix=True, tree=True)
     device_options = {"cpu": "off by default: compiling takes 20-40 s a shape there, and it runs forward only"}
+
+    option_choices = {"compile_backend": compile_backends, "mode": compile_modes}
 
     def __init__(self, *, compile: bool = True, compile_backend: str = "inductor", mode: str | None = None,
                  cpu: bool = False):

@@ -10,10 +10,12 @@ Every value is checked when the option is parsed, before anything runs, against 
 constructor declares: its parameter annotations give the type (a ``bool`` takes ``true`` or ``false``
 only, an ``int`` an integer, a ``float`` a finite number, a ``str`` any scalar, as text), and the class's
 ``option_ranges`` table the accepted range of a numeric option; an integer option with no declared range
-takes 0..2**31-1 (a 32-bit kernel argument). Options a backend takes through ``**kwargs`` (SageAttention's
-kernel arguments, SpargeAttn's knobs) are checked where its ``option_types`` / ``option_ranges`` name them
-and otherwise left to the backend. The constructor then validates what it knows on top (a pattern's name,
-a block that is a power of two).
+takes 0..2**31-1 (a 32-bit kernel argument). A text option with a closed set of values names them in the
+class's ``option_choices`` table (a tuple, or a function returning one where the values depend on what is
+installed, such as torch.compile's backends): any other value is refused, naming the allowed ones. Options a
+backend takes through ``**kwargs`` (SageAttention's kernel arguments, SpargeAttn's knobs) are checked where
+its ``option_types`` / ``option_ranges`` / ``option_choices`` name them and otherwise left to the backend.
+The constructor then validates what it knows on top (a pattern's name, a block that is a power of two).
 """
 
 from __future__ import annotations
@@ -70,13 +72,24 @@ def _expected(kinds: set[type], bounds: tuple | None) -> str:
     return "a word or a number"
 
 
+def choices(cls, key: str) -> tuple[str, ...] | None:
+    """The values option ``key`` of backend class ``cls`` may take (its ``option_choices``), None: any."""
+    found = (getattr(cls, "option_choices", {}) or {}).get(key)
+    return None if found is None else tuple(str(c) for c in (found() if callable(found) else found))
+
+
 def check_value(cls, name: str, key: str, value, annotation) -> object:
     """``value`` as the constructor of ``cls`` takes it for option ``key``; ValueError naming what it accepts."""
     ranges = getattr(cls, "option_ranges", {}) or {}
     kinds, optional = _kinds(getattr(cls, "option_types", {}).get(key, annotation))
     if not kinds and key in ranges:
         kinds = {float}
-    if not kinds or (value is None and optional):
+    if value is None and optional:
+        return value
+    allowed = choices(cls, key)
+    if allowed is not None and (isinstance(value, bool) or value is None or str(value) not in allowed):
+        raise ValueError(f"bad --backend-opt {name}.{key}={value!r}: allowed: {', '.join(allowed)}")
+    if not kinds:
         return value
     bounds = ranges.get(key, DEFAULT_INT_RANGE if int in kinds and float not in kinds else None)
     bad = ValueError(f"bad --backend-opt {name}.{key}={value!r}: expected {_expected(kinds, bounds)}")

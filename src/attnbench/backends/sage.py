@@ -95,6 +95,9 @@ class _Sage(KernelBackend):
 
     option_types = {"smooth_k": bool, "smooth_v": bool, "pv_accum_dtype": str, "qk_quant_gran": str}
     """The kernel arguments attnbench knows (others go to the kernel unchecked: they differ between versions)."""
+    option_choices = {"pv_accum_dtype": ("fp32", "fp16", "fp16+fp32", "fp32+fp16", "fp32+fp32"),
+                      "qk_quant_gran": ("per_warp", "per_thread")}
+    """What SageAttention 2's kernels take (each kernel a subset: a value its kernel does not take is its error)."""
 
     def __init__(self, **options):
         self.options = options

@@ -132,6 +132,7 @@ class StaTriton(_Sta):
     def __init__(self, grid: str | None = None, tile: str = "6x8x8", window: str | None = None,
                  text_first: bool = True):
         self.model = None
+        parse_triple(str(tile), "the STA tile")  # refused now, with or without a grid (it shapes the mask)
         if grid is not None or window is not None:
             if grid is None or window is None:
                 raise ValueError("a model's STA mask needs both grid= and window=, e.g. sta-triton.grid=13x30x45 "

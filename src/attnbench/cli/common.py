@@ -11,11 +11,11 @@ from typing import Annotated
 import torch
 import typer
 import yaml
-from rich.console import Console
 from rich.markup import escape
 
 from attnbench import features
 from attnbench.features.base import BOOLEAN_WORDS, FeatureError
+from attnbench.report.safe_text import SafeConsole as Console  # shows what files hold, never obeys it
 from attnbench.sweep import (
     CPU_DEFAULT,
     GPU_DEFAULT,

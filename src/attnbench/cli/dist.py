@@ -125,6 +125,7 @@ def dist(
 ) -> None:
     """Context-parallel attention over a torchrun job's ranks (or --nproc N): per-rank diffs, per-device speed."""
     rank_env = common.env_int("RANK", 0)
+    check_rank_env()  # every rank says it itself: rank 0 may not be there to
     if rank_env and os.environ.get("TORCHELASTIC_RUN_ID"):
         # torchrun stops the other ranks when one fails: rank 0 or the rank that failed says why, the rest end
         # without a word (each printed 'stopped by SIGTERM', or a traceback when stopped while exiting)
@@ -152,6 +153,26 @@ def dist(
         if os.environ.get("ATTNBENCH_DEBUG"):
             raise
         common.fail(f"rank {rank}: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}", 1)
+
+
+def check_rank_env() -> None:
+    """The job torchrun describes, when RANK is set: a rank below WORLD_SIZE, and the address of rank 0
+    (MASTER_ADDR, MASTER_PORT) to meet it at. UserError otherwise, before torch.distributed is asked (it would
+    raise its own error, or wait for ever for ranks that do not exist)."""
+    if "RANK" not in os.environ:  # a plain `attnbench dist`: a world of one (bench.init_distributed)
+        return
+    rank, world = common.env_int("RANK", 0), common.env_int("WORLD_SIZE", 1, low=1)
+    if rank >= world:
+        raise UserError(f"bad RANK={rank} in the environment: WORLD_SIZE is {world}, so ranks are 0..{world - 1}; "
+                        "unset RANK, or run under torchrun")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise UserError(f"RANK={rank} is set in the environment but {' and '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not: torchrun sets them; unset RANK, or run under "
+                        "torchrun")
+    port = common.env_int("MASTER_PORT", 0, low=1)
+    if port > 65535:
+        raise UserError(f"bad MASTER_PORT={port} in the environment: a TCP port is 1..65535")
 
 
 def _quiet_exit(code: int, exc: BaseException) -> None:

@@ -178,6 +178,7 @@ def input_digests(opts: dict) -> dict[str, str]:
     by option name. For a resumed run (``opts`` read from its store) every digest must match the one stored: a
     file edited in between would make the resumed cases another sweep's, so it is refused."""
     import hashlib
+
     from attnbench import features as feature_decls
     names = ["batch_trace", *(o.param for o in feature_decls.options() if o.path)]
     out = {}

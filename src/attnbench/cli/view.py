@@ -119,7 +119,7 @@ def plot(
         else:
             outs[item] = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
         for path in plots.output_paths(outs[item]):  # all refused before any is drawn
-            files.check_output(path, "--output", stores=(store.path,))
+            files.check_output(path, "--output" if output is not None else "plot (no -o given)", stores=(store.path,))
     if (why := plots.one_value(rows, x)) is not None:
         raise UserError(f"cannot plot run {', '.join(run_ids)} against {x}: {why}")
     written = []
@@ -153,8 +153,8 @@ def report(
         run_ids = resolve_runs(store, run)
         if output is None:  # beside the store, as plots are, not into whatever folder the command ran in
             more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
-            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html", "--output",
-                                        stores=(store.path,))
+            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html",
+                                        "report (no -o given)", stores=(store.path,))
         text = html.build(store, run_ids)
     files.write_text_atomic(output, text)
     common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",
@@ -233,6 +233,8 @@ def runs(db: common.Db = None) -> None:
     import datetime
 
     from rich.table import Table
+
+    from attnbench.report.safe_text import markup
     with open_store(db) as store:
         listed = store.runs()
         counts = dict(((r, s), n) for r, s, n in store.conn.execute(
@@ -241,7 +243,7 @@ def runs(db: common.Db = None) -> None:
     if not listed:
         common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
         return
-    table = Table(title=f"runs in {store.path}", header_style="bold", title_justify="left")
+    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left")
     # What a user copies into `show` / `compare` (the id) and the short columns stay on one line, whole;
     # the device and the command fold into the width that is left.
     id_width = max(len(r["run_id"]) for r in listed)
@@ -255,8 +257,8 @@ def runs(db: common.Db = None) -> None:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
         when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
         env = devices[r["run_id"]]
-        table.add_row(r["run_id"], when, r["status"] or "-", str(env.get("device_name") or "-"),
-                      f"{ok}/{ok + bad}", r["command"] or "-")
+        table.add_row(markup(r["run_id"]), when, markup(r["status"] or "-"), markup(env.get("device_name") or "-"),
+                      f"{ok}/{ok + bad}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
     common.console.print(table)
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from html import escape
 
 from attnbench.report import html_tables as ht
 from attnbench.report import plots, summary
+from attnbench.report.safe_text import html as escape
 from attnbench.results.record import Record
 
 log = logging.getLogger(__name__)

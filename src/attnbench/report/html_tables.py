@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from html import escape
 
 from attnbench import metrics
 from attnbench.report import footnotes, grid, summary
+from attnbench.report.safe_text import html as escape
 from attnbench.results.record import FAILED_VERDICTS, Record, clock_of, verdict_of
 
 

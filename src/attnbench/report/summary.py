@@ -389,6 +389,9 @@ def render(summary: Summary, console) -> None:
     groups one below the other, each named in the first column."""
     from rich import box
     from rich.table import Table
+
+    from attnbench.report.safe_text import escaped_summary
+    summary = escaped_summary(summary)  # names from traces and stores are shown, not read as markup
     console.print(summary.header, highlight=False, markup=False)
     for pivot in summary.pivots:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0), pad_edge=False, collapse_padding=True)

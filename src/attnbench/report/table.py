@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from rich import box
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from attnbench.report.safe_text import markup as escape
 from attnbench.results.record import Record, busy_of, clock_of, verdict_of
 from attnbench.serving import _short
 from attnbench.spec import LABEL_SEQUENCES, AttnSpec
@@ -63,8 +63,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     unit, scale = unit_of(records, "tflops")
     clocks = [clock_of(r.info) for r in records]
     columns: list[tuple[str, str, object]] = [
-        ("backend", "left", lambda r, c: r.backend), ("case", "left", lambda r, c: ""),
-        ("pass", "left", lambda r, c: r.spec.pass_), ("ms", "right", lambda r, c: _sig(r.median_ms)),
+        ("backend", "left", lambda r, c: escape(r.backend)), ("case", "left", lambda r, c: ""),
+        ("pass", "left", lambda r, c: escape(r.spec.pass_)), ("ms", "right", lambda r, c: _sig(r.median_ms)),
         ("it/s", "right", lambda r, c: _sig(r.iters_per_s)),
         (unit, "right", lambda r, c: _rate(None if r.tflops is None else r.tflops * scale))]
     if any(k in (peaks or {}) for k in ("bf16", "fp16")):
@@ -78,7 +78,7 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     if any(mhz is not None for mhz, _ in clocks):  # GPU runs: the SM clock at the end of the timed calls
         columns.append(("SM MHz", "right", lambda r, c: "-" if c[0] is None else
                         (f"[yellow]{c[0]}↓[/]" if c[1] else str(c[0]))))
-    columns += [("check", "left", lambda r, c: verdict_of(r.status, r.accuracy) + (f" {BUSY}" if busy_of(r.info) else "")),
+    columns += [("check", "left", lambda r, c: escape(verdict_of(r.status, r.accuracy)) + (f" {BUSY}" if busy_of(r.info) else "")),
                 ("status", "left", _status)]
     rows = [[cell(r, clock) for _, _, cell in columns] for r, clock in zip(records, clocks, strict=True)]
     status = min(STATUS_MIN, max([len("status")] + [Text.from_markup(row[-1]).cell_len for row in rows]))
@@ -94,13 +94,13 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
         rows = [row[:drop] + row[drop + 1:] for row in rows]
     if shared:
         title = f"{title + '; ' if title else ''}every case: {shared}"
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=escape(title) if title else title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     case_width = max((len(line) for text in cases for line in text.splitlines()), default=4)
     for name, justify, _ in columns:  # the case breaks where case_texts breaks it; the status folds
         table.add_column(name, justify=justify, no_wrap=name != "status", overflow="fold",
                          min_width={"case": case_width, "status": status}.get(name))
     for row, case in zip(rows, cases, strict=True):
-        row[1] = case
+        row[1] = escape(case)
         table.add_row(*row)
     return table
 

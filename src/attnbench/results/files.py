@@ -3,13 +3,18 @@ database; what it reads is bounded by size before it is parsed.
 
 - ``check_output``: an output path (``-o``, ``--output``) that is a SQLite database (a results store or
   any other program's), a store's side file (``-wal``, ``-shm``, ``-journal``), the store the command
-  writes, or a folder is refused before any work starts.
+  writes, a folder, a read-only file, or a path in a folder (or file system) this process cannot write is
+  refused before any work starts.
 - ``write_atomic``: the new content goes to a temporary file beside the target, is flushed to disk and
   then renamed over it (``os.replace``), so a failure or a kill part-way leaves the old file as it was.
   An existing file keeps its permission bits; a symbolic link keeps pointing where it did and its target
-  is replaced; a device or a pipe (``-o /dev/stdout``) is written to directly.
+  is replaced; a device or a pipe (``-o /dev/stdout``) is written to directly. A write that fails all the same
+  (a full disk) is one line (FileRefused) naming the file and why.
 - ``read_text``: a file given as input is refused, with its size and the limit, when it is larger than
-  its kind of file ever needs to be (a config, a links file, a CSV of measurements, a profiler's trace).
+  its kind of file ever needs to be (a config, a links file, a CSV of measurements, a profiler's trace), or
+  when it is not a regular file (a device such as ``/dev/zero`` never ends; a pipe without a writer never
+  answers): it is opened without waiting, looked at through the open file, and read no further than the
+  limit, so a file that grows or is swapped meanwhile is refused all the same.
 """
 
 from __future__ import annotations
@@ -80,21 +85,50 @@ def check_output(path: Path, flag: str, *, stores: tuple[Path, ...] = ()) -> Pat
     if owner is not None:
         raise FileRefused(f"bad {shown}: it is a side file of the database {str(owner)!r}, which would lose "
                           "what is in it; give another file name")
+    target = Path(os.path.realpath(path))  # written through a symbolic link, as write_atomic does
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:  # write_atomic makes the missing folders
+        folder = folder.parent
+    if not folder.is_dir():
+        raise FileRefused(f"bad {shown}: {str(folder)!r} is a file, not a folder; give a path in a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise FileRefused(f"bad {shown}: its folder {str(folder)!r} is not writable{_read_only_fs(folder)}; give "
+                          "a file in a folder you can write")
+    if target.is_file() and not os.access(target, os.W_OK):
+        raise FileRefused(f"bad {shown}: the file is read-only; give another file name (or make it writable)")
     return path
+
+
+def _read_only_fs(folder: Path) -> str:
+    try:
+        return " (a read-only file system)" if os.statvfs(folder).f_flag & os.ST_RDONLY else ""
+    except (OSError, AttributeError):
+        return ""
 
 
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` to fill a temporary file beside ``path``, flush it to disk and rename it over
     ``path``: readers see the old file or the new one, never a part. ``path`` is checked first
-    (``check_output``); a failure removes the temporary file and leaves ``path`` as it was."""
+    (``check_output``); a failure removes the temporary file and leaves ``path`` as it was, and one that the
+    system reports (a full disk, a file system made read-only meanwhile) is FileRefused naming it."""
     check_output(path, "output")
+    existed = path.exists()
+    try:
+        _write_atomic(path, write)
+    except OSError as exc:
+        raise FileRefused(f"cannot write {path}: {exc.strerror or exc}; "
+                          f"{'it is as it was' if existed else 'nothing was written'}") from None
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
     if path.exists() and not path.is_file():
         write(path)  # a device or a pipe (/dev/stdout): nothing to replace
         return
     target = Path(os.path.realpath(path))  # write through a symbolic link, as open() would
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -103,8 +137,14 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         else:
             os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
-    finally:
+    except BaseException:
         tmp.unlink(missing_ok=True)
+        for folder in made:  # the folders made for it, deepest first, when nothing else is in them
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     fsync_folder(target.parent)
 
 
@@ -132,21 +172,57 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def _too_big(path, size: int, limit: int, what: str) -> FileRefused:
+    return FileRefused(f"{what} {path}: {size / MIB:,.1f} MiB, more than such a file ever needs "
+                       f"({_limit_text(limit)} at most); is it the right file?")
+
+
+def _limit_text(limit: int) -> str:
+    return f"{limit / MIB:,.0f} MiB" if limit >= MIB else f"{limit / 1024:,.0f} KiB"
+
+
 def read_text(path: Path, limit: int, what: str) -> str:
     """The text of ``path``, refused (FileRefused) when it is larger than ``limit`` bytes or not a regular
-    file, before anything is read."""
+    file, before anything is read (see the module doc)."""
     try:
-        info = os.stat(path)
+        info = os.stat(path)  # a pipe or a device is refused without opening it
     except OSError as exc:
         raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise FileRefused(f"{what} {path}: not a regular file")
+        raise FileRefused(f"{what} {path}: not a regular file ({_kind(info.st_mode)}); give a file")
     if info.st_size > limit:
-        raise FileRefused(f"{what} {path}: {info.st_size / MIB:,.1f} MiB, more than such a file ever needs "
-                          f"({limit / MIB:,.0f} MiB at most); is it the right file?")
+        raise _too_big(path, info.st_size, limit, what)
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise FileRefused(f"{what} {path}: not UTF-8 text; expected a text file") from None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        info = os.fstat(fd)  # what was opened, which may not be what was looked at
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRefused(f"{what} {path}: not a regular file ({_kind(info.st_mode)}); give a file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 16 * MIB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise FileRefused(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if size > limit:  # it grew while it was read
+        raise _too_big(path, size, limit, what)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileRefused(f"{what} {path}: not UTF-8 text; expected a text file") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as open() reads them in text mode
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"

@@ -6,10 +6,13 @@ several processes never write one file (sharded sweeps merge afterwards).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -89,9 +92,39 @@ def damaged(path: Path, problem: str) -> str:
     return f"{path} is damaged (SQLite: {problem}); attnbench leaves it as it is: give another --db"
 
 
+LOW_SPACE_BYTES = files.MIB
+"""Free space below which a failed write is put down to a full disk (SQLite may call it an I/O error)."""
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes an unprivileged process may still write on the file system of ``folder`` (or of its nearest
+    existing parent); None: unknown."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def no_space(path: Path, detail: str) -> str:
+    """The one line for a store that could not be written for want of space."""
+    free = free_bytes(path.parent)
+    left = f"; {free / 1024:,.0f} KiB free there" if free is not None else ""
+    return f"{path}: no space left on its file system ({detail}{left}); free some space or give another --db"
+
+
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
     """One line for an SQLite error met while opening a store."""
     text = str(exc)
+    if "disk is full" in text:
+        return no_space(path, f"SQLite: {text}")
+    if "disk I/O error" in text:
+        free = free_bytes(path.parent)
+        if free is not None and free < LOW_SPACE_BYTES:
+            return no_space(path, f"SQLite: {text}")
+        return f"{path}: reading or writing it failed (SQLite: {text}); check the disk it lies on"
     if "readonly" in text or "read-only" in text:
         return f"{path} is read-only; a run needs a store it can write (give another --db)"
     if "locked" in text:
@@ -122,6 +155,20 @@ MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4]
 
 To change the schema: bump ``SCHEMA_VERSION`` (results/record.py), update ``_SCHEMA`` to the new
 layout and append a function doing the same to an existing database of the previous version."""
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """Put the new store ``tmp`` in place at ``path`` unless a store is there already (another process made it
+    meanwhile: that one is used)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return
+    except OSError as exc:  # a file system without hard links
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        if not path.exists():
+            os.replace(tmp, path)
 
 
 def schema_version(conn: sqlite3.Connection) -> int | None:
@@ -230,6 +277,8 @@ class ResultStore:
         self.readonly = readonly
         self.verify = not readonly if verify is None else verify
         """Check the file's integrity first (writers do; ``check_writable`` has a reader do it)."""
+        self._private: Path | None = None
+        """The folder of a private copy this reader reads (``_read_log``), removed on close."""
         if (readonly or not create) and not self.path.exists():
             raise FileNotFoundError(f"no results database at {self.path}")
         if self.path.exists() and not self.path.is_file():
@@ -239,7 +288,7 @@ class ResultStore:
             raise StoreError(f"{self.path} is a side file SQLite keeps beside {owner}; give the database itself "
                              "(or another name)")
         if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._create()
         elif self.path.stat().st_size:
             if not files.is_sqlite(self.path):
                 raise StoreError(f"{self.path} is not a SQLite database; give an attnbench .db file or a new path")
@@ -255,10 +304,50 @@ class ResultStore:
             self._upgrade()
             self.mark_dead_runs()
         except sqlite3.DatabaseError as exc:
-            self.conn.close()
+            self.close()
             raise StoreError(_describe(self.path, exc)) from None
         except BaseException:
-            self.conn.close()
+            self.close()
+            raise
+
+    def _create(self) -> None:
+        """Make a new store at ``path`` (and its folder): the schema is written to a temporary file beside it,
+        which is then linked into place whole. A failure part-way (a full disk) leaves neither a store nor a
+        folder behind, and no process ever opens a store without its tables; where another process made the
+        store first, its store is used."""
+        made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(tmp, timeout=30.0)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                conn.commit()
+            finally:
+                conn.close()  # moves the log into the file (a checkpoint), and removes the log
+            log = tmp.with_name(tmp.name + "-wal")
+            if log.exists() and log.stat().st_size:  # the checkpoint failed (SQLite does not say so on close)
+                raise sqlite3.OperationalError("disk I/O error")
+            _link_new(tmp, self.path)
+            files.fsync_folder(self.path.parent)
+        except BaseException as exc:
+            for p in (tmp, *(tmp.with_name(tmp.name + s) for s in files.SIDE_SUFFIXES)):
+                p.unlink(missing_ok=True)
+            for folder in made:  # deepest first; only what this call made and left empty
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise StoreError(_describe(self.path, exc)) from None
+            if isinstance(exc, OSError):
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StoreError(no_space(self.path, exc.strerror or str(exc))) from None
+                raise StoreError(f"{self.path}: cannot create it ({exc.strerror or exc}); give another --db") from None
             raise
 
     def _connect(self) -> sqlite3.Connection:
@@ -268,17 +357,55 @@ class ResultStore:
             conn = sqlite3.connect(self.path, timeout=30.0)
         else:
             uri = self.path.resolve().as_uri()
+            conn = None
             try:
                 conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
                 conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             except sqlite3.OperationalError:
                 # a WAL store in a folder this process cannot write (no -shm file to share): nobody can be
-                # writing it, so read it as an immutable file
-                conn = sqlite3.connect(uri + "?immutable=1", uri=True, timeout=30.0)
+                # writing it
+                if conn is not None:
+                    conn.close()
+                conn = self._read_log()
             except sqlite3.DatabaseError as exc:
+                if conn is not None:
+                    conn.close()
                 raise StoreError(_describe(self.path, exc)) from None
         conn.row_factory = sqlite3.Row
         return conn
+
+    def _read_log(self) -> sqlite3.Connection:
+        """The store, for a reader SQLite cannot share it with (a WAL store in a folder this process cannot
+        write: SQLite needs to make its -shm index there). Without a write-ahead log, the file read as an
+        immutable one; with one, whose committed records are not in the file yet, a private copy of both, in a
+        temporary folder, where SQLite reads the log: every committed record, and the user's files untouched.
+        StoreError naming what to do where no copy can be made."""
+        log = self.path.with_name(self.path.name + "-wal")
+        if not log.is_file() or not log.stat().st_size:
+            return sqlite3.connect(self.path.resolve().as_uri() + "?immutable=1", uri=True, timeout=30.0)
+        folder = None
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="attnbench-read-"))
+            copy = folder / "store.db"
+            shutil.copyfile(self.path, copy)
+            shutil.copyfile(log, copy.with_name(copy.name + "-wal"))
+            conn = sqlite3.connect(copy, timeout=30.0)
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # SQLite reads the log into its index
+        except (OSError, sqlite3.DatabaseError) as exc:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise StoreError(f"{self.path}: some of its records are still in its write-ahead log {log.name}, which "
+                             "SQLite reads only where it may write beside the store, and its folder is read-only; a "
+                             f"private copy to read could not be made ({why}): copy {self.path.name} and {log.name} "
+                             "to a folder you can write and read the copy") from None
+        self._private = folder
+        return conn
+
+    def _drop_private(self) -> None:
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
 
     def _check(self) -> int | None:
         """The file's schema version, or StoreError when it is not an attnbench store this version can use
@@ -331,6 +458,7 @@ class ResultStore:
         memory = sqlite3.connect(":memory:")
         self.conn.backup(memory)
         self.conn.close()
+        self._drop_private()
         memory.row_factory = sqlite3.Row
         return memory
 
@@ -383,6 +511,7 @@ class ResultStore:
 
     def close(self) -> None:
         self.conn.close()
+        self._drop_private()
 
     def __enter__(self) -> ResultStore:
         return self

@@ -168,6 +168,8 @@ class AttnSpec:
             raise ValueError(f"window must be two integers (left, right), each >= -1; got {self.window!r}")
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"scale must be positive, got {self.scale!r}")
+        if self.scale is not None:
+            features.base.fits(self.scale, self.dtype, "softmax scale")
         self._validate_variants()
         self._validate_serving()
         if self.sta is not None:
@@ -215,6 +217,9 @@ class AttnSpec:
         if self.mla:
             if not isinstance(self.mla, bool):
                 raise ValueError(f"mla must be true or false, got {self.mla!r}")
+            if self.heads_kv != 1:
+                raise ValueError(f"MLA with absorbed weights caches one latent row per token for every query head: "
+                                 f"one KV head, not {self.heads_kv} (drop --kv-heads)")
             if self.head_dim_v >= self.head_dim:
                 raise ValueError(f"MLA's value is the first head_dim_v dims of the key row: value head size "
                                  f"{self.head_dim_v} must be below the head size {self.head_dim} (DeepSeek: 512 of 576)")

@@ -38,3 +38,28 @@ def test_resume_refuses_slopes_edited_since_the_run_started(tmp_path):
     slopes.write_text("0.5 0.125")
     edited = _attnbench("run", "--resume", "R2", "--db", db, "--quiet", cwd=tmp_path)
     assert edited.returncode == 2 and "--alibi-slopes" in edited.stderr and "changed" in edited.stderr
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--softcap", "4e38"], "softcap 4e+38 does not fit fp32"),
+    (["--softcap", "70000", "--dtype", "fp16"], "softcap 70000 does not fit fp16"),
+    (["--softmax-scale", "1e39"], "softmax scale 1e+39 does not fit fp32"),
+    (["--mla", "--kv-heads", "2"], "one KV head, not 2"),
+])
+def test_numbers_the_dtype_cannot_hold_and_contradictions_are_bad_input(tmp_path, args, needle):
+    done = _attnbench("run", "--device", "cpu", "--seq-lens", "64", *args, "--db", str(tmp_path / "x.db"),
+                      cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
+    assert not (tmp_path / "x.db").exists()  # refused before anything was written
+
+
+def test_slopes_whose_bias_overflows_are_bad_input(tmp_path):
+    slopes = tmp_path / "s.txt"
+    slopes.write_text("1e39 1 1 1")
+    done = _attnbench("run", "--device", "cpu", "--seq-lens", "64", "--q-heads", "4", "--alibi-slopes", str(slopes),
+                      "--db", str(tmp_path / "x.db"), cwd=tmp_path)
+    assert done.returncode == 2 and "ALiBi bias" in done.stderr and "does not fit fp32" in done.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from attnbench.features.base import Feature, FeatureError, Option, finite_number, shown, tristate
+from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits, shown, tristate
 
 MAX_SLOPES_FILE = 1 << 20
 """Largest --alibi-slopes file (bytes): a slope per head is a few kilobytes at most."""
@@ -130,6 +130,8 @@ class Alibi(Feature):
         bad = [x for x in value if not isinstance(x, float) or not math.isfinite(x)]
         if bad:
             raise ValueError(f"ALiBi slopes must be finite numbers, got {bad[0]!r}")
+        reach = max(max(spec.seqlens_q), max(spec.seqlens_k))  # the farthest a key sits from its query
+        fits(max(abs(x) for x in value) * reach, spec.dtype, f"an ALiBi bias (slope x {reach} tokens) of")
 
     def label(self, value) -> str:
         return alibi_label(tuple(value))

@@ -214,6 +214,19 @@ def shown(value) -> str:
     return text if len(text) <= 80 else text[:68] + f"… ({len(text)} chars)"
 
 
+LARGEST = {"fp16": 65504.0, "bf16": 3.3895313892515355e38, "fp32": 3.4028234663852886e38,
+           "fp64": 1.7976931348623157e308, "fp8": 3.3895313892515355e38, "fp8-head": 3.3895313892515355e38}
+"""The largest finite value of each case dtype's score arithmetic (fp8 inputs score in bf16 or wider): a term
+larger than this is infinite in the kernel, which then returns NaN — bad input, not a wrong kernel."""
+
+
+def fits(value: float, dtype: str, what: str) -> None:
+    """ValueError when ``value`` is past what ``dtype`` holds (``LARGEST``)."""
+    if abs(value) > LARGEST.get(dtype, math.inf):
+        raise ValueError(f"{what} {value:g} does not fit {dtype} (largest finite {LARGEST[dtype]:.4g}): the kernel "
+                         "would compute infinities; give a smaller value")
+
+
 BOOLEAN_WORDS = {"both": (False, True), "true": (True,), "yes": (True,), "1": (True,), "on": (True,),
                  "false": (False,), "no": (False,), "0": (False,), "off": (False,)}
 """What a tri-state flag's value may be (``--causal``, ``--causal both``)."""

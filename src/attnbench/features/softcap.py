@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from attnbench.features.base import Feature, FeatureError, Option, finite_number, shown
+from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits, shown
 
 SCORE_SPREAD = 4.0
 """The scaled scores of a case with a softcap c are drawn with a standard deviation of c / SCORE_SPREAD (module doc)."""
@@ -55,6 +55,7 @@ class Softcap(Feature):
     def check(self, value, spec) -> None:
         if not (isinstance(value, float) and math.isfinite(value) and value > 0):
             raise ValueError(f"softcap must be a finite number > 0, got {value!r}")
+        fits(value, spec.dtype, "softcap")
 
     def label(self, value) -> str:
         return f"softcap{value:g}"

@@ -21,6 +21,7 @@ import torch
 from attnbench import memory, metrics
 from attnbench.backends.base import BackendUnavailable
 from attnbench.models import dit, llama
+from attnbench.models.footprint import attention_spec, estimate
 from attnbench.models.swap import AttnSwap, nvtx_range
 from attnbench.results.record import Record
 from attnbench.spec import DTYPES, AttnSpec
@@ -98,6 +99,11 @@ class E2EConfig:
                 flag = {"batch": "--batch-size", "seq_len": "--seq-len"}.get(name, f"--{name}")
                 raise ValueError(f"{flag} must be an integer in {low}..{high}{what}, got {str(value)[:40]}")
 
+    def llama_shape(self) -> tuple[int, int]:
+        """(batch, sequence length) of a Llama run: the ones given, else the model's defaults."""
+        batch, seq = LLAMA_DEFAULTS.get(self.model, (1, 2048))
+        return self.batch or batch, self.seq_len or seq
+
 
 @dataclass
 class Workload:
@@ -115,8 +121,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
     dtype = DTYPES[cfg.dtype] if cfg.dtype else None
     train = cfg.mode == "train"
     if cfg.model in llama.CONFIGS:
-        batch, seq = LLAMA_DEFAULTS.get(cfg.model, (1, 2048))
-        batch, seq = cfg.batch or batch, cfg.seq_len or seq
+        batch, seq = cfg.llama_shape()
         model = llama.build_llama(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype or torch.bfloat16,
                                   seed=cfg.seed, max_seq_len=max(seq, 2), variants=cfg.variants)
         tokens = llama.random_tokens(batch, seq + int(train), model.cfg.vocab_size, cfg.device, cfg.seed + 1)
@@ -283,7 +288,6 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     swap = None
     try:
         swap = AttnSwap(name, timed=True)
-        from attnbench.models.footprint import attention_spec, estimate
         spec = attention_spec(cfg)
         # what this backend's step adds to what is allocated now (the model, the first backend's output)
         need = memory.workspace_bytes(spec, swap.backend) + estimate(cfg).activations

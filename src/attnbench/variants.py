@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SINK_SHIFT = 0.5
 """Added to ln(Sk) in ``draw_sinks``: the log-sum-exp of N(0, 1) scores over Sk keys is about ln(Sk) + 1/2."""
@@ -53,7 +55,7 @@ def alibi_label(slopes: tuple[float, ...]) -> str:
 
 def softcap(score: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap · tanh(score / cap)``."""
-    return cap * torch.tanh(score / cap)
+    return cap * (score / cap).tanh()
 
 
 def alibi_bias(slope: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
@@ -73,11 +75,14 @@ def modify_scores(score: torch.Tensor, *, cap: float | None, slope: torch.Tensor
     return score
 
 
-def relative_positions(sq: int, sk: int, device, dtype=torch.float32, *, rows: tuple[int, int] | None = None,
+def relative_positions(sq: int, sk: int, device, dtype=None, *, rows: tuple[int, int] | None = None,
                        keys: tuple[int, int] | None = None) -> torch.Tensor:
     """Matrix of ``j − i'`` (key position minus the query's lower-right aligned position ``i + sk − sq``) of a
     sequence of ``sq`` queries and ``sk`` keys: (sq, sk), or only query rows ``rows = (a, b)`` and keys
-    ``keys = (c, d)``."""
+    ``keys = (c, d)``; float32 unless ``dtype`` says otherwise."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     a, b = rows or (0, sq)
     c, d = keys or (0, sk)
     i = torch.arange(a, b, device=device, dtype=dtype).unsqueeze(1) + (sk - sq)
@@ -88,6 +93,8 @@ def relative_positions(sq: int, sk: int, device, dtype=torch.float32, *, rows: t
 def with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """(..., H, Sq, Sk) scores with one more column per row holding ``sinks[h]``: a softmax over the result gives
     the sink its share of each row, and its last column is dropped afterwards (how gpt-oss writes it)."""
+    import torch
+
     column = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
     return torch.cat([scores, column], dim=-1)
 
@@ -95,6 +102,8 @@ def with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
 def draw_sinks(heads: int, seqlens_k: tuple[int, ...], generator: torch.Generator,
                device: torch.device) -> torch.Tensor:
     """float32 (heads,) sink logits: ``ln(mean Sk) + SINK_SHIFT + N(0, 1)`` (module doc)."""
+    import torch
+
     mean_sk = sum(seqlens_k) / len(seqlens_k)
     noise = torch.randn(heads, generator=generator, device=device, dtype=torch.float32)
     return noise + (math.log(mean_sk) + SINK_SHIFT)

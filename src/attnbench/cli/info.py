@@ -13,7 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.backends import registry
-from attnbench.backends.base import device_type
 from attnbench.cli import common
 from attnbench.results import env as envmod
 
@@ -54,6 +53,8 @@ def backends(
 
 def _backend_row(name: str, dev: str) -> dict:
     """What ``backends`` shows of one backend (also its --json row)."""
+    from attnbench.backends.base import device_type
+
     try:
         backend = registry.get(name)
     except Exception as exc:  # a broken plug-in is shown, not fatal

@@ -36,11 +36,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark, verify and compare attention kernels.")
 def _version(value: bool) -> None:
     if value:
+        import attnbench
+        common.console.print(f"attnbench {attnbench.__version__} (torch {torch_version()})", highlight=False)
+        raise typer.Exit(0)
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from its package metadata: importing torch takes a second."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch on the path without metadata (a source tree)
         import torch
 
-        import attnbench
-        common.console.print(f"attnbench {attnbench.__version__} (torch {torch.__version__})", highlight=False)
-        raise typer.Exit(0)
+        return torch.__version__
 
 
 @app.callback()

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from attnbench.isolate import IsolatedRunner
-from attnbench.runner import Runner, RunOptions
+from attnbench.runner import IsolatedRunner, Runner, RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 

@@ -13,26 +13,7 @@ import os
 import signal
 import sys
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-received: list[int] = []
-"""Signals that stopped this process (the exit status is 128 + the first)."""
-
-
-def stop(signum, frame) -> None:
-    """Ctrl-C, SIGTERM, SIGHUP: stop the command (remembering which signal, for the exit status)."""
-    received.append(signum)
-    raise KeyboardInterrupt
-
-
-def exit_status() -> int:
-    return 128 + (received[0] if received else signal.SIGINT)
-
-
-def stopped() -> str:
-    """How the command was stopped, for its last line."""
-    if not received or received[0] == signal.SIGINT:
-        return "interrupted"
-    return f"stopped by {signal.Signals(received[0]).name}"
+from attnbench.interrupt import STOP_SIGNALS, exit_status, received, stop, stopped
 
 
 def _leave(code: int) -> None:

@@ -1,4 +1,5 @@
-"""Process isolation: each case runs in a worker subprocess (``attnbench.worker``); the parent stores it.
+"""Process isolation: each case runs in a worker subprocess (``attnbench.worker``), which this module starts
+and talks to; ``runner.IsolatedRunner`` hands it the cases and stores what comes back.
 
 A segfault, an abort or an illegal memory access kills (or poisons) only the worker: that case is
 recorded as status "error" with the reason ("worker died with signal 11 (SIGSEGV)") and the next case
@@ -21,14 +22,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import attnbench
-from attnbench.backends.base import Backend
-from attnbench.results.record import Record
-from attnbench.runner import Runner
-from attnbench.spec import AttnSpec
 
 log = logging.getLogger(__name__)
 
@@ -151,70 +147,3 @@ class Worker:
         if text.strip():
             log.info("worker %d wrote to stderr:\n%s", self.proc.pid, text.rstrip())
         self.stderr.close()
-
-
-class IsolatedRunner(Runner):
-    """A Runner whose cases run in worker processes; records still go through ``sink`` in this process."""
-
-    def __init__(self, *args, case_timeout: float | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if case_timeout is not None and not case_timeout > 0:
-            raise ValueError(f"case timeout must be positive, got {case_timeout!r}")
-        self.case_timeout = case_timeout
-        self._worker: Worker | None = None
-        self._setup = {"options": self.options, "run_id": self.run_id, "env_id": self.env_id,
-                       "checker": self.checker}
-        try:
-            pickle.dumps(self._setup)
-        except Exception as exc:
-            raise ValueError(f"isolated runs need picklable options and a module-level checker: {exc}") from None
-
-    def run(self, specs) -> list[Record]:
-        return self.run_cases(self.cases(specs))
-
-    def run_cases(self, cases, stopped: Callable[[], bool] | None = None) -> list[Record]:
-        """Each (spec, backend) in a worker, stored through ``sink``; ``stopped`` (default: this runner's
-        ``stop_requested``) is asked before each case."""
-        stopped = stopped or (lambda: self.stop_requested)
-        records: list[Record] = []
-        try:
-            for spec, backend in cases:
-                if stopped():
-                    break
-                if self.on_case:
-                    self.on_case(spec, backend.name)
-                with self.clock.phase("isolated"):
-                    record = self.run_isolated(spec, backend)
-                self.sink(record)
-                records.append(record)
-        except BaseException:  # second Ctrl-C, a failing sink: do not wait for the case in flight
-            self.close(kill=True)
-            raise
-        self.close()
-        return records
-
-    def run_isolated(self, spec: AttnSpec, backend: Backend) -> Record:
-        """One case in a worker; a dead, hung or failing worker becomes this case's "error" record."""
-        try:
-            if self._worker is None:
-                self._worker = Worker(self._setup, max(STARTUP_TIMEOUT_S, self.case_timeout or 0))
-            self._worker.send({"spec": spec.to_dict(), "backend": backend.name})
-            answer = self._worker.receive(self.case_timeout)
-        except WorkerTimeout:
-            self.close(kill=True)
-            return self._record(spec, backend, status="error", reason=f"timed out after {self.case_timeout:g} s",
-                                info=backend.base_info())
-        except WorkerDied as exc:
-            self.close()
-            log.warning("%s %s: %s", backend.name, spec.label(), exc)
-            return self._record(spec, backend, status="error", reason=str(exc), info=backend.base_info())
-        record = Record.from_row(answer["row"])
-        if record.status == "error":
-            self.close()
-        return record
-
-    def close(self, kill: bool = False) -> None:
-        """Stop the worker (if any)."""
-        if self._worker is not None:
-            worker, self._worker = self._worker, None
-            worker.close(kill=kill)

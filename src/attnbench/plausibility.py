@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from attnbench.timing import peaks, streams
 
@@ -47,6 +49,8 @@ class Ceilings:
 
 def ceilings(device: str | torch.device, measured: dict[str, float] | None = None) -> Ceilings:
     """Ceilings of ``device``; ``measured`` = {"bf16"/"fp16": TFLOP/s, "copy": GB/s} from calibrate, if any."""
+    import torch
+
     device = torch.device(device)
     measured = measured or {}
     if device.type != "cuda":

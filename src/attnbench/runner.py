@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import logging
 import math
+import pickle
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from attnbench import memory, metrics, plausibility
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
 from attnbench.inputs import AttnInputs, InputDist, make_inputs
+from attnbench.isolate import STARTUP_TIMEOUT_S, Worker, WorkerDied, WorkerTimeout
 from attnbench.plausibility import Ceilings
 from attnbench.precompile import Precompiler
 from attnbench.results.record import Record, case_id
@@ -322,8 +324,6 @@ class Runner:
 
     def _run_isolated(self, cases: list[tuple[AttnSpec, Backend]]) -> list[Record]:
         """Finish ``cases`` in worker processes (this process's CUDA context is lost)."""
-        from attnbench.isolate import IsolatedRunner
-
         log.warning("the CUDA context of this process is lost; the remaining %d cases run in worker processes",
                     len(cases))
         # ceilings passed on: working them out would ask the lost context for the device name
@@ -451,6 +451,73 @@ class Runner:
             for seconds in (self.clock.seconds, wall):
                 seconds["compile"] = seconds.get("compile", 0.0) + ms / 1e3
                 seconds["prepare"] = max(0.0, seconds.get("prepare", 0.0) - ms / 1e3)
+
+
+class IsolatedRunner(Runner):
+    """A Runner whose cases run in worker processes; records still go through ``sink`` in this process."""
+
+    def __init__(self, *args, case_timeout: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if case_timeout is not None and not case_timeout > 0:
+            raise ValueError(f"case timeout must be positive, got {case_timeout!r}")
+        self.case_timeout = case_timeout
+        self._worker: Worker | None = None
+        self._setup = {"options": self.options, "run_id": self.run_id, "env_id": self.env_id,
+                       "checker": self.checker}
+        try:
+            pickle.dumps(self._setup)
+        except Exception as exc:
+            raise ValueError(f"isolated runs need picklable options and a module-level checker: {exc}") from None
+
+    def run(self, specs) -> list[Record]:
+        return self.run_cases(self.cases(specs))
+
+    def run_cases(self, cases, stopped: Callable[[], bool] | None = None) -> list[Record]:
+        """Each (spec, backend) in a worker, stored through ``sink``; ``stopped`` (default: this runner's
+        ``stop_requested``) is asked before each case."""
+        stopped = stopped or (lambda: self.stop_requested)
+        records: list[Record] = []
+        try:
+            for spec, backend in cases:
+                if stopped():
+                    break
+                if self.on_case:
+                    self.on_case(spec, backend.name)
+                with self.clock.phase("isolated"):
+                    record = self.run_isolated(spec, backend)
+                self.sink(record)
+                records.append(record)
+        except BaseException:  # second Ctrl-C, a failing sink: do not wait for the case in flight
+            self.close(kill=True)
+            raise
+        self.close()
+        return records
+
+    def run_isolated(self, spec: AttnSpec, backend: Backend) -> Record:
+        """One case in a worker; a dead, hung or failing worker becomes this case's "error" record."""
+        try:
+            if self._worker is None:
+                self._worker = Worker(self._setup, max(STARTUP_TIMEOUT_S, self.case_timeout or 0))
+            self._worker.send({"spec": spec.to_dict(), "backend": backend.name})
+            answer = self._worker.receive(self.case_timeout)
+        except WorkerTimeout:
+            self.close(kill=True)
+            return self._record(spec, backend, status="error", reason=f"timed out after {self.case_timeout:g} s",
+                                info=backend.base_info())
+        except WorkerDied as exc:
+            self.close()
+            log.warning("%s %s: %s", backend.name, spec.label(), exc)
+            return self._record(spec, backend, status="error", reason=str(exc), info=backend.base_info())
+        record = Record.from_row(answer["row"])
+        if record.status == "error":
+            self.close()
+        return record
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the worker (if any)."""
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            worker.close(kill=kill)
 
 
 def _non_finite(outputs: Outputs) -> str | None:

@@ -37,8 +37,10 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 MAX_REQUESTS = 65536
 """Most requests in one batch (a server's step holds a few thousand at most)."""
@@ -258,6 +260,8 @@ def check_tree(parents) -> None:
 
 def tree_keep(parents, device=None) -> torch.Tensor:
     """(n, n) bool: new token i sees new token j iff j is i or one of its ancestors."""
+    import torch
+
     n = len(parents)
     keep = torch.zeros(n, n, dtype=torch.bool)
     for i, p in enumerate(parents):

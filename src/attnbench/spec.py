@@ -18,21 +18,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench import features
+from attnbench.dtypes import TorchDtypes
 from attnbench.serving import check_tree, describe, tree_label
 from attnbench.sta import TileMask
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp32": torch.float32,
-    "fp64": torch.float64,
-    "fp8": torch.float8_e4m3fn,
-    "fp8-head": torch.float8_e4m3fn,
-}
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+
+DTYPES: Mapping[str, torch.dtype] = TorchDtypes({  # torch is imported when a dtype is first looked up
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "fp64": "float64",
+    "fp8": "float8_e4m3fn",
+    "fp8-head": "float8_e4m3fn",
+})
 DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32",
                  "float": "fp32", "float64": "fp64", "double": "fp64", "e4m3": "fp8", "float8_e4m3fn": "fp8",
                  "fp8-tensor": "fp8", "e4m3-head": "fp8-head"}
@@ -255,7 +260,7 @@ class AttnSpec:
     @property
     def out_dtype(self) -> torch.dtype:
         """Element type of the output (and of dout): bf16 for fp8 inputs, the input type otherwise."""
-        return torch.bfloat16 if self.is_fp8 else self.torch_dtype
+        return DTYPES["bf16"] if self.is_fp8 else self.torch_dtype
 
     @property
     def softmax_scale(self) -> float:

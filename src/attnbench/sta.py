@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Triple = tuple[int, int, int]
 
@@ -112,6 +114,8 @@ class TileMask:
     # ---- the mask -----------------------------------------------------------------------------------
     def tile_keep(self, heads: int, device=None) -> torch.Tensor:
         """Bool (heads, tiles, tiles): query tile may attend key tile (video tokens only)."""
+        import torch
+
         n = self.tiles
         idx = torch.arange(math.prod(n), device=device)
         coords = (idx // (n[1] * n[2]), (idx // n[2]) % n[1], idx % n[2])
@@ -127,6 +131,8 @@ class TileMask:
     def block(self, a: int, b: int, c: int, d: int, heads: int, device=None,
               tile_keep: torch.Tensor | None = None) -> torch.Tensor:
         """Bool (heads, b-a, d-c): which of queries [a, b) may attend keys [c, d)."""
+        import torch
+
         tk = self.tile_keep(heads, device) if tile_keep is None else tile_keep
         q = torch.arange(a, b, device=device)
         kv = torch.arange(c, d, device=device)

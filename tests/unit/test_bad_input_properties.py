@@ -101,7 +101,8 @@ SCALAR_FLAGS = {  # flag -> strategy of values it must reject
     "--pass": junk.filter(lambda s: s.strip() not in {"fwd", "bwd", "fwd_bwd"}),
     "--backends": junk.filter(lambda s: s.strip(", ") and not set(map(str.strip, s.split(","))) <= {
         "naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", ""}),
-    "--device": junk.filter(lambda s: s.strip() not in {"cpu", "cpu:0"}),
+    # cuda and cuda:N are names of devices: run on a GPU host, refused on another for want of one
+    "--device": junk.filter(lambda s: s.strip() not in {"cpu", "cpu:0"} and not re.fullmatch(r"cuda(:\d+)?", s.strip())),
     "--window": junk.filter(lambda s: not re.fullmatch(r"-?\d+,-?\d+", s.strip()) and s.strip() not in ("none", "")),
     "--flops-convention": junk.filter(lambda s: s not in {"exact", "dense"}),
     "--impl": junk.filter(lambda s: s.lower() not in {"pytorch", "flash2"}),

@@ -26,8 +26,6 @@ import math
 import types
 import typing
 
-import yaml
-
 from attnbench.backends import registry
 
 DEFAULT_INT_RANGE = (0, 2**31 - 1)
@@ -36,6 +34,8 @@ DEFAULT_INT_RANGE = (0, 2**31 - 1)
 
 def parse(items: list[str] | None) -> dict[str, dict]:
     """``["flex-sparse.sparsity=0.5", ...]`` -> ``{"flex-sparse": {"sparsity": 0.5}}``; ValueError if malformed."""
+    import yaml
+
     out: dict[str, dict] = {}
     for item in items or []:
         target, eq, value = str(item).partition("=")

@@ -13,8 +13,10 @@ import importlib
 import importlib.metadata
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from attnbench.backends.base import Backend
+if TYPE_CHECKING:
+    from attnbench.backends.base import Backend
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,8 @@ def names() -> list[str]:
 def get(name: str, options: dict | None = None) -> Backend:
     """Instantiate backend ``name`` with its constructor ``options`` (``backends.options.resolve`` checks them);
     ValueError naming the known backends if it does not exist."""
+    from attnbench.backends.base import Backend  # imports torch, which listing the names does not need
+
     load_plugins()
     if name in _extra:
         target = _extra[name]

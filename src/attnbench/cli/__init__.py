@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from attnbench import entry
+from attnbench import interrupt
 from attnbench.cli import calibrate as calibrate_cmd
 from attnbench.cli import common, info, view
 from attnbench.cli import compare as compare_cmd
@@ -36,11 +36,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark, verify and compare attention kernels.")
 def _version(value: bool) -> None:
     if value:
+        import attnbench
+        common.console.print(f"attnbench {attnbench.__version__} (torch {torch_version()})", highlight=False)
+        raise typer.Exit(0)
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from its package metadata: importing torch takes a second."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # a torch on the path without metadata (a source tree)
         import torch
 
-        import attnbench
-        common.console.print(f"attnbench {attnbench.__version__} (torch {torch.__version__})", highlight=False)
-        raise typer.Exit(0)
+        return torch.__version__
 
 
 @app.callback()
@@ -127,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as exc:
         where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
         common.fail(where + " ".join(exc.format_message().split()), 2)
-    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C (and SIGTERM/SIGHUP, see entry) into Abort
-        common.fail(entry.stopped(), entry.exit_status())
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C (and SIGTERM/SIGHUP, see entry.py) into Abort
+        common.fail(interrupt.stopped(), interrupt.exit_status())
     except (common.UserError, FileNotFoundError, StoreError, FileRefused) as exc:
         if debug:
             raise
@@ -146,6 +156,6 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         common.fail(f"{type(exc).__name__}: {' '.join(str(exc).split())} (set ATTNBENCH_DEBUG=1 for details)", 1)
-    if entry.received:  # typer turns KeyboardInterrupt into a silent exit status 130
-        common.fail(entry.stopped(), entry.exit_status())
+    if interrupt.received:  # typer turns KeyboardInterrupt into a silent exit status 130
+        common.fail(interrupt.stopped(), interrupt.exit_status())
     sys.exit(code if isinstance(code, int) else 0)

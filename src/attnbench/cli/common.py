@@ -8,9 +8,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
-import yaml
 from rich.markup import escape
 
 from attnbench import features
@@ -172,6 +170,8 @@ def env_int(name: str, default: int, *, low: int = 0) -> int:
 
 def resolve_device(device: str | None) -> str:
     """Validate ``--device`` (cpu, cuda, cuda:N); default cuda when available."""
+    import torch
+
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -192,6 +192,8 @@ def load_config(path: Path | None) -> dict:
     """YAML mapping of option names (as in the CLI, dashes or underscores) to values."""
     if path is None:
         return {}
+    import yaml
+
     from attnbench.results import files
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")

@@ -79,7 +79,7 @@ def case_timeout(value) -> float | None:
 def make_runner(plan, **kwargs):
     """A Runner, or an IsolatedRunner (worker processes) for --isolate / --case-timeout."""
     if plan.isolate:
-        from attnbench.isolate import IsolatedRunner
+        from attnbench.runner import IsolatedRunner
         return IsolatedRunner(plan.options, case_timeout=plan.case_timeout, **kwargs)
     from attnbench.runner import Runner
     return Runner(plan.options, **kwargs)

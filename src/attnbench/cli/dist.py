@@ -17,23 +17,22 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import attnbench
 from attnbench.cli import common, dist_launch
 from attnbench.cli.common import UserError
-from attnbench.distributed import bench, timeline
-from attnbench.distributed import layout as lay
-from attnbench.distributed.kernels import KernelUnavailable, get_kernel
 from attnbench.distributed.names import KERNELS, canonical
-from attnbench.distributed.ulysses import check_heads, pipeline_chunks
 from attnbench.results import env as envmod
 from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.timing import TimingConfig
+
+if TYPE_CHECKING:  # the context-parallel code imports torch: the functions that run it import it
+    from attnbench.distributed import bench
 
 SEP = "#" * 30
 MAX_TIMELINE_CALLS = 1000
@@ -67,6 +66,10 @@ def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chu
 
 
 def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -> None:
+    from attnbench.distributed import bench
+    from attnbench.distributed import layout as lay
+    from attnbench.distributed.ulysses import check_heads, pipeline_chunks
+
     seq, causal = spec.seqlens_q[0], spec.causal
     try:
         if method == "ulysses":
@@ -191,6 +194,9 @@ RANK0_FIRST_S = 5.0
 def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     """The checked options (a UserError names the first bad one) for a job of ``world`` ranks (default: this
     job's WORLD_SIZE)."""
+    from attnbench.distributed import bench
+    from attnbench.distributed.kernels import KernelUnavailable, get_kernel
+
     opts = common.merge_options(ctx, {}, allowed=set(ctx.params))  # unset list options become None
     dev = "cpu" if opts.get("device") == "cpu" else common.resolve_device(opts.get("device"))
     methods = _names(opts.get("method") or ["ring"], bench.METHODS, "--method")
@@ -237,6 +243,8 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
 
 
 def _execute(plan: dict) -> None:
+    from attnbench.distributed import bench
+
     opts = plan["opts"]
     ctx = bench.init_distributed(plan["device"], opts["timeout"])
     if ctx.ranks_per_device > 1:
@@ -291,11 +299,15 @@ def _execute(plan: dict) -> None:
 
 
 def _backend_name(res: bench.CaseResult) -> str:
+    from attnbench.distributed import bench
+
     return f"cp-{res.method}" if res.method in bench.OWN_KERNEL else f"cp-{res.method}:{res.kernel}"
 
 
 def _record(res: bench.CaseResult, run_id: str, env_id: str, ctx: bench.DistContext, seed: int) -> Record:
     from attnbench import metrics
+    from attnbench.distributed import bench
+
     fields: dict = {}
     if res.stats is not None:
         median = res.stats["median_ms"]
@@ -313,6 +325,8 @@ def _record(res: bench.CaseResult, run_id: str, env_id: str, ctx: bench.DistCont
 
 
 def _print_case(res: bench.CaseResult, world: int) -> None:
+    from attnbench.distributed import bench
+
     out = common.console
     out.print(f"\n{_backend_name(res)} · {world} ranks · {res.spec.label()} · {res.spec.pass_}",
               highlight=False, markup=False)
@@ -337,6 +351,8 @@ def _print_case(res: bench.CaseResult, world: int) -> None:
 
 def _print_timeline(res: bench.CaseResult) -> None:
     """Where the time of a recorded call goes: per step (min-max over ranks), then per rank."""
+    from attnbench.distributed import timeline
+
     per_rank = res.info.get("timeline")
     if not per_rank:
         return

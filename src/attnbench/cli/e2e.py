@@ -19,8 +19,7 @@ from attnbench.backends import options as backend_options
 from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.cli.run import resolve_backends
-from attnbench.models.bench import MODES, E2EConfig, model_names, run_e2e
-from attnbench.models.llama import ModelVariants
+from attnbench.models.config import MODES, E2EConfig, ModelVariants, model_names
 from attnbench.results import env as envmod
 from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
@@ -195,6 +194,7 @@ def e2e(
             raise UserError(str(exc)) from None
         files.check_output(output, "--output", stores=(path,))
     from attnbench.models import dit, footprint
+    from attnbench.models.bench import run_e2e
     if cfg.model in dit.PRESETS and (reason := dit.unavailable_reason(cfg.model)):
         raise UserError(f"--model {cfg.model}: {reason}")
     try:

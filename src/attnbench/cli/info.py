@@ -14,7 +14,6 @@ from rich.table import Table
 
 from attnbench import features
 from attnbench.backends import registry
-from attnbench.backends.base import device_type
 from attnbench.cli import common
 from attnbench.results import env as envmod
 
@@ -55,6 +54,8 @@ def backends(
 
 def _backend_row(name: str, dev: str) -> dict:
     """What ``backends`` shows of one backend (also its --json row)."""
+    from attnbench.backends.base import device_type
+
     try:
         backend = registry.get(name)
     except Exception as exc:  # a broken plug-in is shown, not fatal

@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,9 +21,11 @@ from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
-from attnbench.runner import RunOptions
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
+
+if TYPE_CHECKING:
+    from attnbench.runner import RunOptions
 
 # Seed 003's --impl names.
 IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
@@ -211,6 +213,8 @@ def options_of(ctx: typer.Context) -> dict:
 
 def plan_from_options(opts: dict) -> RunPlan:
     """Merged option values -> RunPlan; raises UserError naming the bad value."""
+    from attnbench.runner import RunOptions  # imports torch and the measuring code
+
     device = common.resolve_device(common.option_text(opts, "device"))
     opts["device"] = device  # stored resolved, so --resume runs on the same device
     opts[DIGESTS] = input_digests(opts)  # stored too: a resumed run reads the very files it started with

@@ -21,15 +21,11 @@ from rich.table import Table
 
 import attnbench
 from attnbench import features
-from attnbench.accuracy.check import AccuracyChecker
-from attnbench.accuracy.tolerance import worst_ratio
 from attnbench.cli import common
 from attnbench.cli import run as run_cmd
-from attnbench.inputs import make_inputs
 from attnbench.results import env as envmod
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore, new_run_id
-from attnbench.runner import Runner
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
 
@@ -125,6 +121,10 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
 
 def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
     """Every (case, backend) with the checker on; forward-only backends get the fwd pass."""
+    from attnbench.accuracy.check import AccuracyChecker  # these import torch
+    from attnbench.inputs import make_inputs
+    from attnbench.runner import Runner
+
     runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, checker=AccuracyChecker())
     records, seen = [], set()
     inputs, inputs_key = None, None
@@ -200,6 +200,8 @@ MEASURES = (("max abs", lambda m, base, limit, worst: _g(m.get("max_abs"))),
 
 
 def _metrics_table(acc: dict) -> Table:
+    from attnbench.accuracy.tolerance import worst_ratio
+
     tensors = acc.get("tensors", {})
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("")

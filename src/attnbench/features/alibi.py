@@ -19,8 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits, shown, tristate
 
@@ -53,11 +52,13 @@ def alibi_bias(slope: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
     return slope * rel
 
 
-def relative_positions(sq: int, sk: int, device, dtype=torch.float32, *, rows: tuple[int, int] | None = None,
+def relative_positions(sq: int, sk: int, device, dtype=None, *, rows: tuple[int, int] | None = None,
                        keys: tuple[int, int] | None = None) -> torch.Tensor:
     """Matrix of ``j − i'`` (key position minus the query's lower-right aligned position ``i + sk − sq``) of a
     sequence of ``sq`` queries and ``sk`` keys: (sq, sk), or only query rows ``rows = (a, b)`` and keys
-    ``keys = (c, d)``."""
+    ``keys = (c, d)``; float32 unless ``dtype`` says otherwise."""
+    import torch
+    dtype = torch.float32 if dtype is None else dtype
     a, b = rows or (0, sq)
     c, d = keys or (0, sk)
     i = torch.arange(a, b, device=device, dtype=dtype).unsqueeze(1) + (sk - sq)
@@ -162,6 +163,7 @@ class Alibi(Feature):
         return bool(super().model_value(opts))
 
     def score_mod(self, value, sq, sk, device):
+        import torch
         slopes = torch.tensor(value, dtype=torch.float32, device=device).view(-1, 1, 1)
         rel = relative_positions(sq, sk, device)
 
@@ -170,8 +172,12 @@ class Alibi(Feature):
         return add_bias
 
     def block_term(self, value, heads_q, heads_kv, dtype, device):
+        import torch
         groups = heads_q // heads_kv
         return _Block(torch.as_tensor(value, dtype=dtype, device=device).view(1, heads_kv, groups, 1, 1), groups)
 
 
 FEATURE = Alibi()
+
+if TYPE_CHECKING:
+    import torch

@@ -23,8 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the declarations load without torch (the CLI's help, presets, views)
+    import torch
 
 Setting = object
 """One value of a feature's sweep axis, before it is resolved for a case (ALiBi: True = the standard slopes)."""

@@ -14,8 +14,6 @@ one that applies ``G`` without the sigmoid is off by far more, and one that drop
 
 from __future__ import annotations
 
-import torch
-
 from attnbench.features.base import Feature, FeatureInput, Option, tristate
 
 
@@ -44,13 +42,13 @@ class Gate(Feature):
         return {"gate": like_out()}
 
     def output(self, out, tensor):
-        return out * torch.sigmoid(tensor.to(out.dtype))
+        return out * tensor.to(out.dtype).sigmoid()
 
     def output_dout(self, dout, tensor, dtype):
-        return dout.to(dtype) * torch.sigmoid(tensor.to(dtype))
+        return dout.to(dtype) * tensor.to(dtype).sigmoid()
 
     def output_grad(self, out_attn, dout, tensor, dtype):
-        s = torch.sigmoid(tensor.to(dtype))
+        s = tensor.to(dtype).sigmoid()
         return dout.to(dtype) * out_attn.to(dtype) * s * (1 - s)
 
 

@@ -14,8 +14,7 @@ tens of percent, not by rounding, and the check cannot miss it.
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.features.base import Feature, FeatureInput, Option, tristate
 
@@ -26,6 +25,7 @@ SINK_SHIFT = 0.5
 def with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """(..., H, Sq, Sk) scores with one more column per row holding ``sinks[h]``: a softmax over the result gives
     the sink its share of each row, and its last column is dropped afterwards (how gpt-oss writes it)."""
+    import torch
     column = sinks.to(scores.dtype).view(-1, 1, 1).expand(*scores.shape[:-1], 1)
     return torch.cat([scores, column], dim=-1)
 
@@ -33,6 +33,7 @@ def with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
 def draw_sinks(heads: int, seqlens_k: tuple[int, ...], generator: torch.Generator,
                device: torch.device) -> torch.Tensor:
     """float32 (heads,) sink logits: ``ln(mean Sk) + SINK_SHIFT + N(0, 1)`` (module doc)."""
+    import torch
     mean_sk = sum(seqlens_k) / len(seqlens_k)
     noise = torch.randn(heads, generator=generator, device=device, dtype=torch.float32)
     return noise + (math.log(mean_sk) + SINK_SHIFT)
@@ -65,19 +66,20 @@ class Sinks(Feature):
     def softmax(self, scores, tensor):
         # the sink is one more column of every row, dropped after the softmax; a row with no key keeps its sink
         scores = with_sinks(scores, tensor)
-        return torch.softmax(scores, dim=-1)[..., :-1], torch.logsumexp(scores, dim=-1)
+        return scores.softmax(dim=-1)[..., :-1], scores.logsumexp(dim=-1)
 
     def rows_forward(self, out, lse, tensor, dtype):
         # the sink joins each row's denominator: rescale out, add it to the LSE
         groups = lse.shape[1]
         sink = tensor.to(dtype).view(-1, groups, 1)  # (Hkv, G, 1), repeated over the batch
         sink = sink.repeat(lse.shape[0] // sink.shape[0], 1, 1)
-        total = torch.logaddexp(lse, sink.expand_as(lse))
-        out.mul_(torch.exp(lse - total).unsqueeze(-1))
+        total = lse.logaddexp(sink.expand_as(lse))
+        out.mul_((lse - total).exp().unsqueeze(-1))
         return out, total
 
     def rows_grad(self, out, dout, lse, tensor, dtype, rows):
         """d sink_h = −Σ over batch and rows of exp(sink_h − lse) · Σ_d dO·O, in ``dtype``, (Hq,)."""
+        import torch
         grad = torch.zeros(tensor.shape[0], dtype=dtype, device=out.device)
         sink = tensor.to(dtype).view(1, -1, 1)
         for a in range(0, out.shape[1], rows):  # rows at a time: no (B, S, H, D) temporary in the compute dtype
@@ -87,3 +89,6 @@ class Sinks(Feature):
 
 
 FEATURE = Sinks()
+
+if TYPE_CHECKING:
+    import torch

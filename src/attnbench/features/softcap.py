@@ -16,8 +16,7 @@ in bf16 (``tests/unit/test_variants.py``). The same case without a softcap keeps
 from __future__ import annotations
 
 import math
-
-import torch
+from typing import TYPE_CHECKING
 
 from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits, shown
 
@@ -27,7 +26,7 @@ SCORE_SPREAD = 4.0
 
 def softcap(score: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap · tanh(score / cap)``."""
-    return cap * torch.tanh(score / cap)
+    return cap * (score / cap).tanh()
 
 
 class _Block:
@@ -92,3 +91,6 @@ class Softcap(Feature):
 
 
 FEATURE = Softcap()
+
+if TYPE_CHECKING:
+    import torch

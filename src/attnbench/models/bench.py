@@ -14,90 +14,21 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from attnbench import memory, metrics
 from attnbench.backends.base import BackendUnavailable
 from attnbench.models import dit, llama
+from attnbench.models.config import E2EConfig
+from attnbench.models.footprint import attention_spec, estimate
 from attnbench.models.swap import AttnSwap, nvtx_range
 from attnbench.results.record import Record
 from attnbench.spec import DTYPES, AttnSpec
 from attnbench.timing import cpu_load, summarize
 
 log = logging.getLogger(__name__)
-
-MODES = ("prefill", "train")
-LLAMA_DEFAULTS = {"llama3-8b": (1, 8192), "llama-tiny": (2, 64)}  # (batch, sequence length)
-
-
-def model_names() -> list[str]:
-    return [*llama.CONFIGS, *dit.PRESETS]
-
-
-MAX_STEPS = 100_000
-"""Most --steps / --warmup: more would look like a hang."""
-
-
-def model_layers(name: str) -> int:
-    """Blocks of model ``name`` (--layers truncates to at most this many)."""
-    if name in llama.CONFIGS:
-        return llama.CONFIGS[name].n_layers
-    return dit.PRESETS[name].config["num_layers"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class E2EConfig:
-    """What to run end to end."""
-
-    model: str
-    """A Llama config (llama.CONFIGS) or a DiT preset (dit.PRESETS)."""
-    backends: tuple[str, ...]
-    """Backends to swap in; the first is the reference for speedup and deviation."""
-    device: str = "cpu"
-    """cpu, cuda or cuda:N."""
-    mode: str = "prefill"
-    """prefill (forward / one denoising step) or train (forward + loss + backward)."""
-    layers: int | None = None
-    """Truncate the model to this many blocks; None = all."""
-    steps: int = 3
-    """Timed steps per backend."""
-    warmup: int = 1
-    """Untimed steps per backend before timing (compilation, autotuning)."""
-    dtype: str | None = None
-    """Compute dtype; None = the model's default (Llama bf16, CogVideoX fp16, Wan bf16)."""
-    batch: int | None = None
-    """Llama batch; None = the config's default."""
-    seq_len: int | None = None
-    """Llama sequence length; None = the config's default."""
-    seed: int = 0
-    """Seed of weights and inputs."""
-    kernel_counts: bool = False
-    """Profile one extra step per backend and count its device kernels (the CogVideoX-2b write-up's copy/add rows)."""
-    variants: llama.ModelVariants = field(default_factory=llama.ModelVariants)
-    """Sinks, softcap, ALiBi and local layers of a Llama model's attention (none by default)."""
-
-    def __post_init__(self) -> None:
-        if self.variants != llama.ModelVariants() and self.model not in llama.CONFIGS:
-            raise ValueError(f"--sinks, --softcap, --alibi and --sliding-window are switches of the Llama models "
-                             f"({', '.join(llama.CONFIGS)}), not of {self.model}")
-        if self.kernel_counts and torch.device(self.device).type != "cuda":
-            raise ValueError("kernel counts need a CUDA device (they count device kernels)")
-        if self.model not in model_names():
-            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(model_names())}")
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; allowed: {', '.join(MODES)}")
-        if not self.backends:
-            raise ValueError("give at least one backend")
-        for name, value, low, high in (("steps", self.steps, 1, MAX_STEPS), ("warmup", self.warmup, 0, MAX_STEPS),
-                                       ("layers", self.layers, 1, model_layers(self.model)),
-                                       ("batch", self.batch, 1, 65536), ("seq_len", self.seq_len, 2, 2**22)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
-                what = f" ({self.model} has {high} layers; --layers keeps the first N)" if name == "layers" else ""
-                flag = {"batch": "--batch-size", "seq_len": "--seq-len"}.get(name, f"--{name}")
-                raise ValueError(f"{flag} must be an integer in {low}..{high}{what}, got {str(value)[:40]}")
-
 
 @dataclass
 class Workload:
@@ -115,8 +46,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
     dtype = DTYPES[cfg.dtype] if cfg.dtype else None
     train = cfg.mode == "train"
     if cfg.model in llama.CONFIGS:
-        batch, seq = LLAMA_DEFAULTS.get(cfg.model, (1, 2048))
-        batch, seq = cfg.batch or batch, cfg.seq_len or seq
+        batch, seq = cfg.llama_shape()
         model = llama.build_llama(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype or torch.bfloat16,
                                   seed=cfg.seed, max_seq_len=max(seq, 2), variants=cfg.variants)
         tokens = llama.random_tokens(batch, seq + int(train), model.cfg.vocab_size, cfg.device, cfg.seed + 1)
@@ -283,7 +213,6 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     swap = None
     try:
         swap = AttnSwap(name, timed=True)
-        from attnbench.models.footprint import attention_spec, estimate
         spec = attention_spec(cfg)
         # what this backend's step adds to what is allocated now (the model, the first backend's output)
         need = memory.workspace_bytes(spec, swap.backend) + estimate(cfg).activations

@@ -16,68 +16,12 @@ Each block makes two dispatcher calls: self-attention and cross-attention to the
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 
 import torch
 
 from attnbench.models import swap
-
-
-@dataclass(frozen=True, kw_only=True)
-class DitPreset:
-    """One model: diffusers class, its config, the latent input and how many attention calls a block makes."""
-
-    cls: str
-    """Class name in ``diffusers``."""
-    config: dict
-    """Constructor arguments (the model's config.json)."""
-    latent: tuple[int, int, int, int]
-    """Latent video (frames, channels, height, width) as the model's forward takes it."""
-    text_tokens: int
-    """Text-encoder tokens (encoder_hidden_states length)."""
-    text_dim: int
-    """Text-encoder width."""
-    batch: int = 2
-    """Batch (2 = classifier-free guidance)."""
-    dtype: str = "fp16"
-    """Default compute dtype."""
-    calls_per_block: int = 1
-    """Attention calls made by one transformer block."""
-    channels_first: bool = False
-    """Latent as (B, C, F, H, W) (Wan) instead of (B, F, C, H, W) (CogVideoX)."""
-    joint_text: bool = False
-    """The self-attention runs over the text and video tokens together (CogVideoX) instead of the video alone."""
-    extra: dict = field(default_factory=dict)
-    """Other forward keyword arguments."""
-
-
-PRESETS: dict[str, DitPreset] = {
-    "cogvideox-2b": DitPreset(
-        cls="CogVideoXTransformer3DModel",
-        config=dict(num_attention_heads=30, attention_head_dim=64, in_channels=16, out_channels=16,
-                    time_embed_dim=512, text_embed_dim=4096, num_layers=30, sample_width=90, sample_height=60,
-                    sample_frames=49, patch_size=2, temporal_compression_ratio=4, max_text_seq_length=226,
-                    use_rotary_positional_embeddings=False),
-        latent=(13, 16, 60, 90), text_tokens=226, text_dim=4096, joint_text=True),
-    "cogvideox-tiny": DitPreset(
-        cls="CogVideoXTransformer3DModel",
-        config=dict(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, time_embed_dim=8,
-                    text_embed_dim=12, num_layers=2, sample_width=8, sample_height=6, sample_frames=5, patch_size=2,
-                    temporal_compression_ratio=4, max_text_seq_length=7),
-        latent=(2, 4, 6, 8), text_tokens=7, text_dim=12, dtype="fp32", joint_text=True),
-    "wan-1.3b": DitPreset(
-        cls="WanTransformer3DModel",
-        config=dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
-                    out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-                    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024),
-        latent=(21, 16, 60, 104), text_tokens=512, text_dim=4096, dtype="bf16", calls_per_block=2,
-        channels_first=True),
-    "wan-tiny": DitPreset(
-        cls="WanTransformer3DModel",
-        config=dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
-                    out_channels=4, text_dim=12, freq_dim=16, ffn_dim=24, num_layers=2, rope_max_seq_len=64),
-        latent=(2, 4, 6, 8), text_tokens=7, text_dim=12, dtype="fp32", calls_per_block=2, channels_first=True),
-}
+from attnbench.models.config import DIT_PRESETS as PRESETS
+from attnbench.models.config import DitPreset
 
 
 def unavailable_reason(name: str) -> str | None:

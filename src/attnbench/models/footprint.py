@@ -63,20 +63,13 @@ def attention_spec(cfg) -> AttnSpec:
     pass_ = "fwd_bwd" if cfg.mode == "train" else "fwd"
     if cfg.model in llama.CONFIGS:
         c = llama.CONFIGS[cfg.model]
-        batch, seq = llama_shape(cfg)
+        batch, seq = cfg.llama_shape()
         return AttnSpec(batch=batch, seqlens_q=(seq,), heads_q=c.n_heads, heads_kv=c.n_kv_heads, head_dim=c.head_dim,
                         dtype=cfg.dtype or "bf16", causal=True, pass_=pass_)
     preset = dit.PRESETS[cfg.model]
     return AttnSpec(batch=preset.batch, seqlens_q=(dit.self_attention_tokens(cfg.model),),
                     heads_q=preset.config["num_attention_heads"], head_dim=preset.config["attention_head_dim"],
                     dtype=cfg.dtype or preset.dtype, pass_=pass_)
-
-
-def llama_shape(cfg) -> tuple[int, int]:
-    """(batch, sequence length) of a Llama run."""
-    from attnbench.models.bench import LLAMA_DEFAULTS
-    batch, seq = LLAMA_DEFAULTS.get(cfg.model, (1, 2048))
-    return cfg.batch or batch, cfg.seq_len or seq
 
 
 def estimate(cfg) -> Footprint:
@@ -88,7 +81,7 @@ def estimate(cfg) -> Footprint:
     attention = attn.total - attn.inputs + (attn.inputs if train else 0)  # q, k, v, out are made by the model
     if cfg.model in llama.CONFIGS:
         c = dataclasses.replace(llama.CONFIGS[cfg.model], n_layers=cfg.layers or llama.CONFIGS[cfg.model].n_layers)
-        batch, seq = llama_shape(cfg)
+        batch, seq = cfg.llama_shape()
         with torch.device("meta"):
             n = _count(llama.Llama(dataclasses.replace(c, max_seq_len=max(seq, 2))))
         weights = build = n * elem

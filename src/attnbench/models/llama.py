@@ -12,8 +12,6 @@ other layer, the first included (gpt-oss: 128 tokens, Gemma 2: 4096), the others
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,78 +19,8 @@ from torch import nn
 
 from attnbench.features.alibi import alibi_slopes
 from attnbench.models import swap
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelVariants:
-    """The attention variants a model's layers use (``attnbench.features``)."""
-
-    sinks: bool = False
-    """A learnable sink logit per query head in every layer (gpt-oss)."""
-    softcap: float | None = None
-    """Logit softcap of every layer (Gemma 2: 50)."""
-    alibi: bool = False
-    """ALiBi with the standard slopes instead of RoPE (BLOOM, MPT)."""
-    gate: bool = False
-    """Gated attention (Qwen3-Next): the attention output times sigmoid of a projection of the layer's input,
-    applied after the attention call, before the output projection."""
-    sliding_window: int | None = None
-    """Tokens a query of a local layer sees (itself and the ones before it); every other layer is local, the
-    first included (gpt-oss: 128, Gemma 2: 4096); None = every layer attends to all."""
-
-    def __post_init__(self) -> None:
-        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
-            raise ValueError(f"softcap must be a finite number > 0, got {self.softcap!r}")
-        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or self.sliding_window < 1):
-            raise ValueError(f"sliding window must be at least 1 token, got {self.sliding_window!r}")
-
-    def window(self, layer: int) -> tuple[int, int] | None:
-        """The (left, right) window of layer ``layer`` (causal: right 0), or None."""
-        return (self.sliding_window - 1, 0) if self.sliding_window and layer % 2 == 0 else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LlamaConfig:
-    """Shape of the model."""
-
-    n_layers: int
-    """Decoder blocks."""
-    dim: int
-    """Model (residual) width."""
-    n_heads: int
-    """Query heads; head size = dim / n_heads."""
-    n_kv_heads: int
-    """Key/value heads (GQA when fewer than n_heads)."""
-    ffn_dim: int
-    """Hidden width of the SwiGLU MLP."""
-    vocab_size: int
-    """Token vocabulary."""
-    rope_theta: float = 500000.0
-    """RoPE base frequency (Llama 3)."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    max_seq_len: int = 8192
-    """Longest sequence the RoPE table covers."""
-    variants: ModelVariants = dataclasses.field(default_factory=lambda: ModelVariants())
-    """Sinks, softcap, ALiBi and local layers (none by default)."""
-
-    def __post_init__(self) -> None:
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"dim ({self.dim}) must divide by n_heads ({self.n_heads}) and n_heads by "
-                             f"n_kv_heads ({self.n_kv_heads})")
-        if self.n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {self.n_layers}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-
-CONFIGS: dict[str, LlamaConfig] = {
-    "llama3-8b": LlamaConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256),
-    "llama-tiny": LlamaConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=257,
-                              max_seq_len=1024),
-}
+from attnbench.models.config import LLAMA_CONFIGS as CONFIGS
+from attnbench.models.config import LlamaConfig, ModelVariants
 
 
 class RMSNorm(nn.Module):

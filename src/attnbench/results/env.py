@@ -14,8 +14,10 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 import attnbench
 from attnbench.timing import clocks
@@ -73,6 +75,8 @@ def _cpu_name() -> str:
 
 def device_name(device: str | torch.device = "cpu") -> str:
     """Name of the device as recorded in fingerprints and peaks (GPU product name, or the CPU model)."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).name
@@ -82,6 +86,8 @@ def device_name(device: str | torch.device = "cpu") -> str:
 def collect(device: str | torch.device = "cpu") -> dict:
     """Fingerprint of this machine and software for ``device``."""
     import time
+
+    import torch
     device = torch.device(device)
     env = {
         "attnbench": attnbench.__version__, "git_sha": git_sha(), "python": platform.python_version(),
@@ -108,6 +114,8 @@ def collect(device: str | torch.device = "cpu") -> dict:
 
 def torch_build() -> str:
     """What torch was built for: ``CUDA 13.0``, ``ROCm 6.4`` or ``CPU only``."""
+    import torch
+
     hip = getattr(torch.version, "hip", None)
     return f"ROCm {hip}" if hip else f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
 
@@ -115,6 +123,8 @@ def torch_build() -> str:
 def platform_name() -> str:
     """What the kernels run on here: ``cuda`` or ``rocm`` when torch sees a GPU, else ``cpu`` (a CUDA build of
     torch on a machine without a GPU is a CPU platform)."""
+    import torch
+
     if not torch.cuda.is_available():
         return "cpu"
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"

@@ -11,8 +11,10 @@ import gc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from attnbench.timing.config import ALL_MODES, EXTERNAL_MODES, TIMING_MODES, TimingConfig
 from attnbench.timing.stats import describe, summarize
@@ -64,6 +66,8 @@ def measure_detailed(fn: Callable[[], object] | Sequence[Callable[[], object]], 
                      device: str | torch.device, align: Callable[[], object] | None = None) -> Measurement:
     """Time ``fn`` (or, in graph mode, closures prepared over different input copies) on ``device``,
     with the garbage collector paused."""
+    import torch
+
     with collection_paused():
         return _measure(fn, config, torch.device(device), align)
 

@@ -12,8 +12,10 @@ import logging
 import shutil
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ def _pynvml():
 
 def device_uuid(device: torch.device) -> str | None:
     """``GPU-<uuid>`` of a CUDA device as NVML and nvidia-smi name it, if torch reports it."""
+    import torch
+
     try:
         uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
     except Exception:
@@ -85,11 +89,15 @@ def _smi_read(target: str) -> dict:
 
 
 def _usable(device: torch.device) -> bool:
+    import torch
+
     return device.type == "cuda" and torch.cuda.is_available() and torch.version.hip is None
 
 
 def static_info(device: str | torch.device) -> dict:
     """Power limit, max SM clock and driver of ``device``; {} when not an NVIDIA GPU or not readable."""
+    import torch
+
     device = torch.device(device)
     if not _usable(device):
         return {}
@@ -110,11 +118,15 @@ class ClockMonitor:
     """Reads SM clock, temperature and power of one device (``sample``); all {} where unsupported."""
 
     def __init__(self, device: str | torch.device):
+        import torch
+
         self.device = torch.device(device)
         self.enabled = _usable(self.device)
         self._cached: tuple[float, dict] | None = None
 
     def sample(self) -> dict:
+        import torch
+
         if not self.enabled:
             return {}
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()

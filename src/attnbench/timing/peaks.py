@@ -10,8 +10,10 @@ Medians of event-timed calls on GPU, of perf_counter-timed calls on CPU (small s
 from __future__ import annotations
 
 import statistics
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 # (lower-case name fragment, dense bf16 TFLOP/s, dense fp16 TFLOP/s, memory GB/s); first match wins,
 # so the more specific names come first. Dense = no structured sparsity.
@@ -46,6 +48,8 @@ def _median_ms(fn, device: torch.device, warmup: int, repeat: int) -> float:
 
 def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, *, warmup: int = 5, repeat: int = 20) -> float:
     """TFLOP/s of an n x n x n ``torch.matmul`` in ``dtype`` (median call)."""
+    import torch
+
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
@@ -56,6 +60,8 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, *, warmup: i
 
 def copy_gbps(device: torch.device, nbytes: int, *, warmup: int = 3, repeat: int = 20) -> float:
     """GB/s of a device-to-device copy of ``nbytes`` (bytes read + written, median call)."""
+    import torch
+
     src = torch.ones(max(1, nbytes // 4), device=device, dtype=torch.float32)
     dst = torch.empty_like(src)
     ms = _median_ms(lambda: dst.copy_(src), device, warmup, repeat)
@@ -65,6 +71,8 @@ def copy_gbps(device: torch.device, nbytes: int, *, warmup: int = 3, repeat: int
 def calibrate(device: str | torch.device, *, matmul_n: int | None = None, copy_bytes: int | None = None,
               repeat: int | None = None) -> dict:
     """Measure every kind in KINDS on ``device``: {"measured": {kind: value}, "details": {...}}."""
+    import torch
+
     device = torch.device(device)
     cuda = device.type == "cuda"
     n = matmul_n or (GPU_MATMUL_N if cuda else CPU_MATMUL_N)
@@ -85,6 +93,8 @@ def calibrate(device: str | torch.device, *, matmul_n: int | None = None, copy_b
 
 def read_gbps(device: torch.device, nbytes: int, *, warmup: int = 3, repeat: int = 20) -> float:
     """GB/s of reading ``nbytes`` once (a sum into one number: bytes read, median call)."""
+    import torch
+
     src = torch.ones(max(1, nbytes // 4), device=device, dtype=torch.float32)
     out = torch.empty((), device=device, dtype=torch.float32)
     ms = _median_ms(lambda: torch.sum(src, dim=0, out=out), device, warmup, repeat)

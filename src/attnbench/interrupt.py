@@ -1,0 +1,30 @@
+"""Which stop signal ended this command: Ctrl-C (SIGINT), SIGTERM or SIGHUP.
+
+The console entry point (``entry``) installs ``stop`` as their handler before anything heavy is imported; the
+CLI reads what arrived to end with one line and exit status 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import signal
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+received: list[int] = []
+"""Signals that stopped this process (the exit status is 128 + the first)."""
+
+
+def stop(signum, frame) -> None:
+    """Ctrl-C, SIGTERM, SIGHUP: stop the command (remembering which signal, for the exit status)."""
+    received.append(signum)
+    raise KeyboardInterrupt
+
+
+def exit_status() -> int:
+    return 128 + (received[0] if received else signal.SIGINT)
+
+
+def stopped() -> str:
+    """How the command was stopped, for its last line."""
+    if not received or received[0] == signal.SIGINT:
+        return "interrupted"
+    return f"stopped by {signal.Signals(received[0]).name}"

@@ -5,13 +5,14 @@ From Python (``docs/api.md``): ``attnbench.run(seq_lens=[256], backends=["naive"
 ``attnbench.frame(records)`` a pandas DataFrame. Importing the package imports nothing else (no torch).
 """
 
-__version__ = "0.1.0"
+from attnbench.version import __version__
 
-__all__ = ["frame", "plan", "run", "verify"]
+__all__ = ["__version__", "frame", "plan", "run", "verify"]
+_API = ("frame", "plan", "run", "verify")
 
 
 def __getattr__(name: str):
-    if name in __all__:
+    if name in _API:
         from attnbench import api
         return getattr(api, name)
     raise AttributeError(f"module 'attnbench' has no attribute {name!r}")

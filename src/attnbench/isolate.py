@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import attnbench
-
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 300.0
@@ -68,7 +66,7 @@ class Worker:
     def __init__(self, setup: dict, startup_timeout: float = STARTUP_TIMEOUT_S):
         env = dict(os.environ)
         # The worker runs the same attnbench as the parent, installed or not.
-        root = str(Path(attnbench.__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         # The worker's stderr (kernel messages, a crash's "Fatal Python error" stack) goes to a file: a crash is
         # one line in its record, the whole text is logged (ATTNBENCH_LOG=info), the terminal stays clean.

@@ -36,8 +36,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Benchmark, verify and compare attention kernels.")
 def _version(value: bool) -> None:
     if value:
-        import attnbench
-        common.console.print(f"attnbench {attnbench.__version__} (torch {torch_version()})", highlight=False)
+        from attnbench.version import __version__
+        common.console.print(f"attnbench {__version__} (torch {torch_version()})", highlight=False)
         raise typer.Exit(0)
 
 

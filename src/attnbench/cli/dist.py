@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-import attnbench
 from attnbench.cli import common, dist_launch
 from attnbench.cli.common import UserError
 from attnbench.distributed.names import KERNELS, canonical
@@ -30,6 +29,7 @@ from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.timing import TimingConfig
+from attnbench.version import __version__
 
 if TYPE_CHECKING:  # the context-parallel code imports torch: the functions that run it import it
     from attnbench.distributed import bench
@@ -264,7 +264,7 @@ def _execute(plan: dict) -> None:
         store.add_env(env_id, env)
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()}
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=config, env_id=env_id,
-                        version=attnbench.__version__)
+                        version=__version__)
     results, records = [], []
     status = "interrupted"
     try:

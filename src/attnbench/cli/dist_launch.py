@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import attnbench
-
 MAX_NPROC = 256
 STOP_WAIT_S = 10.0
 """How long the other ranks get to end after one failed, before they are killed."""
@@ -48,7 +46,7 @@ def _rank_env(rank: int, nproc: int, port: int) -> dict:
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # as torchrun does: the ranks share the cores instead of each starting a thread per core
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    root = str(Path(attnbench.__file__).resolve().parents[1])  # the ranks run this attnbench, installed or not
+    root = str(Path(__file__).resolve().parents[2])  # the ranks run this attnbench, installed or not
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 

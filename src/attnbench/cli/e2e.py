@@ -13,7 +13,6 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-import attnbench
 from attnbench import features, metrics
 from attnbench.backends import options as backend_options
 from attnbench.cli import common
@@ -25,6 +24,7 @@ from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.spec import FP8_DTYPES, normalize_dtype
+from attnbench.version import __version__
 
 DEFAULT_BACKENDS = {"cpu": ("naive", "sdpa-math"), "cuda": ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")}
 
@@ -216,7 +216,7 @@ def e2e(
     with ResultStore(path) as store:
         store.add_env(env_id, env)
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]),
-                        config=dataclasses.asdict(cfg), env_id=env_id, version=attnbench.__version__)
+                        config=dataclasses.asdict(cfg), env_id=env_id, version=__version__)
         status = "interrupted"
         try:
             records = run_e2e(cfg, run_id=run_id, env_id=env_id, sink=store.write, workload=work)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import attnbench
 from attnbench import features, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
@@ -23,6 +22,7 @@ from attnbench.results import export
 from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
+from attnbench.version import __version__
 
 if TYPE_CHECKING:
     from attnbench.runner import RunOptions
@@ -279,7 +279,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     store.add_env(env_id, env)
     try:
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
-                        env_id=env_id, version=attnbench.__version__, resume=plan.resume is not None)
+                        env_id=env_id, version=__version__, resume=plan.resume is not None)
     except BaseException:
         store.close()
         raise

@@ -19,7 +19,6 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-import attnbench
 from attnbench import features
 from attnbench.cli import common
 from attnbench.cli import run as run_cmd
@@ -28,6 +27,7 @@ from attnbench.results.record import Record
 from attnbench.results.store import ResultStore, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig
+from attnbench.version import __version__
 
 # Tensor names as the FA2 accuracy write-up prints them.
 LABELS = {"out": "Output", "lse": "LSE", "dq": "dQ", "dk": "dK", "dv": "dV"}
@@ -110,7 +110,7 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
     with ResultStore(plan.db) as store:
         store.add_env(env_id, env)
         store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
-                        env_id=env_id, version=attnbench.__version__)
+                        env_id=env_id, version=__version__)
         try:
             records = run_checks(plan, run_id, env_id, store.write)
             status = "done"

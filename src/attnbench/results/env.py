@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-import attnbench
 from attnbench.timing import clocks
+from attnbench.version import __version__
 
 # Packages whose versions matter to attention results (absent ones are simply not listed).
 PACKAGES = ("torch", "triton", "numpy", "flash-attn", "flash-attn-3", "flash-attn-4", "xformers",
@@ -41,7 +41,7 @@ def _versions() -> dict[str, str]:
 
 def git_sha() -> str | None:
     """Commit of the attnbench source tree, when it is a git checkout."""
-    root = Path(attnbench.__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     if not (root / ".git").exists() or shutil.which("git") is None:
         return None
     try:
@@ -90,7 +90,7 @@ def collect(device: str | torch.device = "cpu") -> dict:
     import torch
     device = torch.device(device)
     env = {
-        "attnbench": attnbench.__version__, "git_sha": git_sha(), "python": platform.python_version(),
+        "attnbench": __version__, "git_sha": git_sha(), "python": platform.python_version(),
         "os": platform.platform(), "hostname": platform.node(), "cpu": _cpu_name(), "cpu_threads": os.cpu_count(),
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import attnbench
 from attnbench.spec import AttnSpec
 from attnbench.timing import ncu as ncu_mod
 from attnbench.timing import nsys as nsys_mod
@@ -56,7 +55,7 @@ def child_command(job_path: Path) -> list[str]:
 
 def _child_env() -> dict:
     # The child must import this very attnbench (a checkout run with PYTHONPATH=src included).
-    src = str(Path(attnbench.__file__).resolve().parents[1])
+    src = str(Path(__file__).resolve().parents[2])
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
 
 

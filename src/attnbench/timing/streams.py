@@ -50,8 +50,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the views read ``reason`` without torch
+    import torch
 
 OUTSIDE_SHARE = 0.25
 """Share of a batch's wall time that may pass after the current stream is done before the case is marked."""
@@ -62,7 +64,7 @@ BATCH_MS = 10.0
 MAX_CALLS = 200
 """Most calls in a batch (a kernel timed at microseconds; its host launches set the batch's length)."""
 
-Batch = Callable[[Callable[[], object], int, torch.device], tuple[float, float]]
+Batch = Callable[[Callable[[], object], int, "torch.device"], tuple[float, float]]
 """(fn, calls, device) -> (wall_ms, stream_ms) of one batch."""
 
 
@@ -86,6 +88,7 @@ def left_running(wall_ms: float, stream_ms: float) -> bool:
 
 def time_batch(fn: Callable[[], object], calls: int, device: torch.device) -> tuple[float, float]:
     """(wall_ms, stream_ms) of ``calls`` calls: the whole device's and the current stream's time."""
+    import torch
     with torch.cuda.device(device):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.gpu
 
 SHAPE = dict(heads_qk=4, heads_v=8, d_k=64, d_v=64)
 CASES = [
+    ("chunk", dict(kind="gdn", batch=2, seqlens=(300,), initial_state=True)),  # forward: runs on any Triton
+    ("chunk", dict(kind="kda", seqlens=(77, 200, 13), initial_state=True)),
     ("chunk", dict(kind="gdn", batch=2, seqlens=(300,), initial_state=True, pass_="fwd_bwd")),
     ("chunk", dict(kind="gdn", seqlens=(77, 200, 13), initial_state=True, pass_="fwd_bwd")),
     ("chunk", dict(kind="gdn", gated=False, batch=2, seqlens=(150,), pass_="fwd_bwd")),
@@ -40,7 +42,9 @@ def test_fla_kernels_pass_the_check(op, fields):
     pytest.importorskip("fla.ops")
     spec = RecurrenceSpec(**SHAPE, **fields)
     inputs = make_inputs(spec, device="cuda")
-    assert fla.supports(spec, op) is None
+    if (why := fla.supports(spec, op)) is not None:
+        assert "backward" in why  # only fla's own refusal of its backward here (Triton on Hopper)
+        pytest.skip(why)
     got = fla.prepare(spec, inputs, op)()
     ref = reference(spec, inputs)
     assert set(got) == set(ref)

@@ -137,7 +137,7 @@ def test_a_kernel_on_a_side_stream_is_marked_in_graph_mode_too():
 
 @pytest.mark.parametrize("mode", ["events", "graph"])
 def test_a_kernel_caching_by_address_fails_with_fresh_inputs(mode):
-    small = SPEC.replace(batch=1, seqlens_q=(512,), heads_q=4)
+    small = SPEC.replace(batch=1, seqlens_q=(512,), heads_q=4, heads_kv=4)
     same = _run([AddressCache.name], small, mode=mode)[AddressCache.name]
     assert same.accuracy["verdict"] == "pass" and same.status != "mismatch"
     AddressCache.cache.clear()

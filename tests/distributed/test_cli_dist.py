@@ -88,7 +88,8 @@ def test_rejects_length_not_divisible_before_starting(tmp_path):
     db = tmp_path / "r.db"
     cmd = [sys.executable, "-m", "attnbench", "dist", "--method", "zigzag", *SMALL, "--seq-lens", "66", "--causal",
            "--db", str(db)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(WORLD_SIZE="2", RANK="0"), timeout=120)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1",
+                                                                       MASTER_PORT=str(free_port())), timeout=120)
     assert res.returncode == 2
     assert "sequence length 66 is not a multiple of 4" in res.stderr and "64 or 68" in res.stderr
     assert res.stderr.count("\n") == 1  # one line, no traceback

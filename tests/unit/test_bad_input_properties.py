@@ -427,14 +427,15 @@ def test_backend_options_are_refused_with_what_they_accept(capsys, item, needle)
 def test_valid_backend_options_keep_their_types(monkeypatch):
     from attnbench.backends import options, registry
     monkeypatch.setattr(registry, "_extra", {})
-    monkeypatch.setattr(options, "_configured", {})
-    got = options.apply(["flex.compile=false", "flex.mode=max-autotune", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
+    got = options.resolve(["flex.compile=false", "flex.mode=max-autotune", "flashinfer-paged.page_size=64", "flex-sparse.sparsity=0",
                          "flashinfer.backend=fa2", "sparge.topk=0.5", "sage2-fp8.pv_accum_dtype=fp32+fp32",
                          "sta-triton.tile=6x8x8"])
     assert got == {"flex": {"compile": False, "mode": "max-autotune"}, "flashinfer-paged": {"page_size": 64}, "flex-sparse": {"sparsity": 0},
                    "flashinfer": {"backend": "fa2"}, "sparge": {"topk": 0.5},
                    "sage2-fp8": {"pv_accum_dtype": "fp32+fp32"}, "sta-triton": {"tile": "6x8x8"}}
-    assert registry.get("flex").compile is False and registry.get("flashinfer-paged").page_size == 64
+    assert registry.get("flex", got["flex"]).compile is False
+    assert registry.get("flashinfer-paged", got["flashinfer-paged"]).page_size == 64
+    assert registry.get("flex").compile is True and registry.registered("flex") is None  # the registry as it was
 
 
 def test_one_commands_backend_options_do_not_carry_into_the_next(monkeypatch):
@@ -443,17 +444,15 @@ def test_one_commands_backend_options_do_not_carry_into_the_next(monkeypatch):
     from attnbench.backends import options, registry
     plugin = registry.get("naive").__class__
     monkeypatch.setattr(registry, "_extra", {"mine": plugin})
-    monkeypatch.setattr(options, "_configured", {})
-    options.apply(["flashinfer-decode.use_tensor_cores=true", "flashinfer-paged.page_size=64"])
-    assert registry.get("flashinfer-decode").use_tensor_cores is True
-    options.apply(["flashinfer-paged.backend=fa2"])
-    assert registry.get("flashinfer-decode").use_tensor_cores is False  # not named again: itself again
-    paged = registry.get("flashinfer-paged")
-    assert (paged.backend, paged.page_size) == ("fa2", 16)
+    first = options.resolve(["flashinfer-decode.use_tensor_cores=true", "flashinfer-paged.page_size=64"])
+    assert registry.get("flashinfer-decode", first.get("flashinfer-decode")).use_tensor_cores is True
+    second = options.resolve(["flashinfer-paged.backend=fa2"])
+    assert registry.get("flashinfer-decode", second.get("flashinfer-decode")).use_tensor_cores is False
+    assert registry.get("flashinfer-decode").use_tensor_cores is False  # nothing was registered
+    paged = registry.get("flashinfer-paged", second["flashinfer-paged"])
+    assert (paged.backend, paged.page_size) == ("fa2", 16)  # the second plan's options, none of the first's
     with pytest.raises(ValueError, match="page_size"):
-        options.apply(["flashinfer-paged.page_size=0"])
-    assert registry.get("flashinfer-paged").backend == "fa2"  # a refused command changes nothing
-    options.apply([])
+        options.resolve(["flashinfer-paged.page_size=0"])
     assert registry.get("flashinfer-paged").backend == "auto" and registry.registered("mine") is plugin
 
 

@@ -85,18 +85,17 @@ def test_constructor_and_cpu_backward_reasons():
     assert "backward on CPU" in backend.supports(AttnSpec(pass_="fwd_bwd", dtype="fp32"), "cpu")
 
 
-def test_backend_opt_registers_a_configured_backend(monkeypatch):
+def test_backend_opt_configures_the_backend_it_names(monkeypatch):
     monkeypatch.setattr(registry, "_extra", {})
-    monkeypatch.setattr(options, "_configured", {})
     assert options.parse(["flex-sparse.sparsity=0.25", "flex-sparse.pattern=local"]) == \
         {"flex-sparse": {"sparsity": 0.25, "pattern": "local"}}
-    options.apply(["flex-sparse.sparsity=0.25", "flex-sparse.pattern=local"])
-    backend = registry.get("flex-sparse")
+    got = options.resolve(["flex-sparse.sparsity=0.25", "flex-sparse.pattern=local"])
+    backend = registry.get("flex-sparse", got["flex-sparse"])
     assert (backend.sparsity, backend.pattern) == (0.25, "local")
     for bad, match in (("flex-sparse.sparsity", "BACKEND.KEY=VALUE"), ("nope.x=1", "unknown backend"),
                        ("flex-sparse.sparsity=2", "sparsity"), ("flex-sparse.colour=red", "colour")):
         with pytest.raises(ValueError, match=match):
-            options.apply([bad])
+            options.resolve([bad])
 
 
 def test_flex_sparse_forward_on_cpu_matches_the_block_masked_reference():

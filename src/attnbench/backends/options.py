@@ -1,9 +1,9 @@
 """Backend options from the command line: ``--backend-opt NAME.KEY=VALUE`` (repeatable).
 
-Each option becomes a constructor keyword of backend NAME; the configured backend is registered
-under the same name, so every command path (run, e2e) gets it through ``registry.get``, until the next
-``apply``: a command's options replace the previous command's, and a backend they do not name is itself
-again (a script that makes several plans in one process gets each plan's options, not their sum).
+Each option becomes a constructor keyword of backend NAME: ``resolve`` checks them and returns them by backend,
+and the command hands them to the backends it builds (``registry.get(name, options)``: the run's
+``RunOptions.backend_options``, an e2e run's ``E2EConfig.backend_options``). Nothing global changes, so a script
+that makes several plans in one process gets each plan's options, never another's.
 Values are read as YAML scalars: ``0.5`` is a float, ``true`` a bool, ``local`` a string.
 
 Every value is checked when the option is parsed, before anything runs, against what the backend's
@@ -20,7 +20,6 @@ The constructor then validates what it knows on top (a pattern's name, a block t
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import types
@@ -131,10 +130,6 @@ def check(cls, name: str, kwargs: dict) -> dict:
     return out
 
 
-_configured: dict[str, object] = {}
-"""The backends the last ``apply`` configured, each with what was registered under its name before (None: nothing)."""
-
-
 def resolve(items: list[str] | None) -> dict[str, dict]:
     """Parse and check ``items``: backend name -> the constructor options it takes (each backend built once with
     them, so a bad option is a usage error now, not a failed case later); ValueError naming the bad option. A run
@@ -151,25 +146,3 @@ def resolve(items: list[str] | None) -> dict[str, dict]:
             raise ValueError(f"--backend-opt {name}: {exc}") from None
         options[name] = kwargs
     return options
-
-
-def apply(items: list[str] | None) -> dict[str, dict]:
-    """``resolve``, then register each configured backend in place of those an earlier ``apply`` configured (the
-    end-to-end models look their backends up by name); ValueError naming the bad option (and nothing changed)."""
-    options = resolve(items)
-    factories = {name: functools.partial(type(registry.get(name)), **kwargs) for name, kwargs in options.items()}
-    reset()
-    for name, factory in factories.items():
-        _configured[name] = registry.registered(name)
-        registry.register(name, factory)
-    return options
-
-
-def reset() -> None:
-    """Undo the last ``apply``: each backend it configured is what it was before."""
-    for name, before in _configured.items():
-        if before is None:
-            registry.unregister(name)
-        else:
-            registry.register(name, before)
-    _configured.clear()

@@ -58,18 +58,18 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
     if mode not in MODES:
         raise UserError(f"bad --mode {mode!r}; allowed: {', '.join(MODES)}")
     try:
-        backend_options.apply(backend_opt)
+        configured = backend_options.resolve(backend_opt)
         dtype = _one(dtype, "--dtype")
         if dtype and normalize_dtype(dtype) in FP8_DTYPES:
             raise UserError(f"--dtype {dtype}: fp8 inputs are for kernel runs (run, verify); models run in fp16, bf16 or fp32")
-        names = resolve_backends(common._as_list(backends), None, dev, skip_missing) if backends else \
+        names = resolve_backends(common._as_list(backends), None, dev, skip_missing, configured) if backends else \
             DEFAULT_BACKENDS["cpu" if dev == "cpu" else "cuda"]
         batch, seq = _one(batch_size, "--batch-size"), _one(seq_len, "--seq-len")
         return E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
                          warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
                          batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
                          seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed,
-                         kernel_counts=kernel_counts, variants=variants or ModelVariants())
+                         kernel_counts=kernel_counts, variants=variants or ModelVariants(), backend_options=configured)
     except UserError:
         raise
     except ValueError as exc:

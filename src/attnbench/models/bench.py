@@ -212,7 +212,7 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     e2e: dict = {"model": cfg.model, "mode": cfg.mode, "layers": cfg.layers, "steps": cfg.steps}
     swap = None
     try:
-        swap = AttnSwap(name, timed=True)
+        swap = AttnSwap(name, timed=True, options=cfg.backend_options.get(name))
         spec = attention_spec(cfg)
         # what this backend's step adds to what is allocated now (the model, the first backend's output)
         need = memory.workspace_bytes(spec, swap.backend) + estimate(cfg).activations
@@ -227,7 +227,7 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
                 work.step()
             timed = _time_steps(work.step, cfg.steps, device, swap)
         if cfg.kernel_counts:  # its own swap: the profiled step must not add to the counted calls
-            with AttnSwap(name, timed=False):
+            with AttnSwap(name, timed=False, options=cfg.backend_options.get(name)):
                 e2e["kernel_counts"] = profile_step(work.step, device)
     except BackendUnavailable as exc:
         return Record(spec=_spec(swap, pass_), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None

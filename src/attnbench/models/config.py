@@ -186,6 +186,9 @@ class E2EConfig:
     kernel_counts: bool = False
     """Profile one extra step per backend and count its device kernels (the CogVideoX-2b write-up's copy/add rows)."""
     variants: ModelVariants = field(default_factory=ModelVariants)
+    """The features the model's layers use."""
+    backend_options: dict = field(default_factory=dict)
+    """Backend name -> its constructor options (``--backend-opt``, checked by ``backends.options.resolve``)."""
     """Sinks, softcap, ALiBi and local layers of a Llama model's attention (none by default)."""
 
     def __post_init__(self) -> None:

@@ -138,9 +138,9 @@ class AttnSwap:
 
     def __init__(self, backend: str = "sdpa-math", *, timed: bool = False, nvtx: bool = True,
                  sdpa_modules: tuple[str, ...] = DEFAULT_SDPA_MODULES, patch_torch: bool = False,
-                 dispatcher: bool = True):
+                 dispatcher: bool = True, options: dict | None = None):
         self.backend_name = backend
-        self.backend = registry.get(backend)
+        self.backend = registry.get(backend, options)  # ``options``: the backend's constructor options
         self.timed, self.nvtx_wanted = timed, nvtx
         self.sdpa_modules, self.patch_torch, self.dispatcher = sdpa_modules, patch_torch, dispatcher
         self.fns: dict[tuple, tuple] = {}

@@ -195,6 +195,9 @@ class IsolatedRunner(Runner):
 
     def run_isolated(self, spec: AttnSpec, backend: Backend) -> Record:
         """One case in a worker; a dead, hung or failing worker becomes this case's "error" record."""
+        unsupported = backend.supports(spec, self.device)
+        if unsupported:  # no worker makes the inputs of a case no backend takes
+            return self._record(spec, backend, status="unsupported", reason=unsupported, info=backend.base_info())
         try:
             if self._worker is None:
                 self._worker = Worker(self._setup, max(STARTUP_TIMEOUT_S, self.case_timeout or 0))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import collections
-import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,7 +318,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     store = ResultStore(plan.db)
     store.add_env(env_id, env)
     try:
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
                         env_id=env_id, version=attnbench.__version__, resume=plan.resume is not None)
     except BaseException:
         store.close()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
-import sys
 from typing import Annotated
 
 import typer
@@ -113,7 +111,7 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
     status = "interrupted"
     with ResultStore(plan.db) as store:
         store.add_env(env_id, env)
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+        store.start_run(run_id, command=common.stored_command("verify"), config=plan.config,
                         env_id=env_id, version=attnbench.__version__)
         try:
             records = run_checks(plan, run_id, env_id, store.write)

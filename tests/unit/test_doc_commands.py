@@ -290,6 +290,19 @@ def test_the_shipped_trace_takes_the_readmes_shared_prefix():
         assert min(k - q for q, k in batch.requests) >= 1024, batch.name
 
 
+def test_the_readme_says_how_a_cpu_machine_installs_and_what_it_costs():
+    """Beside the two set-up commands (kept as they are): the CPU wheel of torch first (pip fetches the CUDA
+    build otherwise), and the two commands' cost on a 2-core CPU, dated and with the command measured."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Two commands"):text.index("On a GPU the default sweep")]
+    assert "pip install -e . && attnbench run " in section and 'pip install -e ".[test]" && pytest ' in section
+    cpu = section.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert cpu < section.index("then the two commands")
+    assert "2-core" in section and "2026-11-28" in section and "`python3 -m attnbench run`" in section
+    assert re.search(r"`attnbench run`.*?\d+(\.\d)? s wall \(median of 3", section, re.S)
+    assert re.search(r"`pytest`, about\s.*?an estimate", section, re.S)
+
+
 # ---- a GPU -----------------------------------------------------------------------------------------------
 def _named_backends(text: str) -> list[str]:
     names = []

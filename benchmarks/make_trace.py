@@ -7,12 +7,16 @@ tokens, capped at ``--max-prompt``) and log-normal output lengths. The scheduler
 each step has a budget of ``--budget`` tokens and at most ``--max-running`` requests; the running requests come
 first (a decode is one token, a prompt being prefilled takes its next chunk of at most ``--chunk`` tokens), then
 waiting requests are admitted, first come first served, while budget and seats last. The last chunk of a prompt
-samples the request's first token; a request leaves once it has generated its output.
+samples the request's first token; a request leaves once it has generated its output. Every prompt begins with the
+same ``--shared-prefix`` tokens (a system prompt), computed once and kept in the cache (prefix caching): a request's
+keys include them, its prefill computes only the tokens after them, so every request of a step has at least that
+many cached keys, and ``attnbench run --shared-prefix`` up to that length replays the trace with the prefix stored
+once.
 
 Each step is one batch of ``attnbench.serving``: every request it computes as ``[new tokens, keys]``, keys being
-the request's KV cache after the new tokens are appended (a decode: ``[1, prompt + generated so far]``; a prefill
-chunk: ``[chunk, prompt tokens prefilled so far, this chunk included]``). After ``--warmup`` steps (an empty
-server fills up), one step in ``--every`` is written, ``--steps`` of them, as
+the request's KV cache after the new tokens are appended (a decode: ``[1, prefix + prompt + generated so far]``; a
+prefill chunk: ``[chunk, prefix + prompt tokens prefilled so far, this chunk included]``). After ``--warmup`` steps
+(an empty server fills up), one step in ``--every`` is written, ``--steps`` of them, as
 ``{"name": "step N", "requests": [[new, keys], ...]}`` under a ``#`` header line saying how the file was made
 (``serving.read_trace`` skips it). Replay it with ``attnbench run --batch-trace examples/serving-trace.jsonl``.
 """
@@ -29,14 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "examples" / "serving-trace.jsonl"
-PARAMETERS = ("steps", "seed", "rate", "prompt_median", "prompt_sigma", "max_prompt", "output_median", "output_sigma",
-              "max_output", "budget", "chunk", "max_running", "warmup", "every")
+PARAMETERS = ("steps", "seed", "rate", "shared_prefix", "prompt_median", "prompt_sigma", "max_prompt", "output_median",
+              "output_sigma", "max_output", "budget", "chunk", "max_running", "warmup", "every")
 """The options that decide the trace (all but --out), written into its header."""
 
 
 @dataclass
 class Request:
     prompt: int
+    """Tokens of the prompt after the shared prefix (computed by the request's prefill)."""
     output: int
     """Tokens the request generates (the first one by its last prefill chunk)."""
     prefilled: int = 0
@@ -63,6 +68,7 @@ def simulate(args) -> list[tuple[int, list[list[int]]]]:
     running: list[Request] = []
     sampled = []
     last = args.warmup + args.every * args.steps
+    shared = args.shared_prefix  # in every request's cache before its first chunk
     for step in range(1, last + 1):
         for _ in range(poisson(rng, args.rate)):
             waiting.append(Request(prompt=lognormal(rng, args.prompt_median, args.prompt_sigma, 16, args.max_prompt),
@@ -74,17 +80,17 @@ def simulate(args) -> list[tuple[int, list[list[int]]]]:
             if r.prefilled < r.prompt:
                 chunk = min(r.prompt - r.prefilled, args.chunk, budget)
                 r.prefilled += chunk
-                batch.append((r, [chunk, r.prefilled]))
+                batch.append((r, [chunk, shared + r.prefilled]))
                 budget -= chunk
             else:
-                batch.append((r, [1, r.prompt + r.generated]))
+                batch.append((r, [1, shared + r.prompt + r.generated]))
                 budget -= 1
         while waiting and budget > 0 and len(running) < args.max_running:  # then admit, first come first served
             r = waiting.popleft()
             chunk = min(r.prompt, args.chunk, budget)
             r.prefilled = chunk
             running.append(r)
-            batch.append((r, [chunk, chunk]))
+            batch.append((r, [chunk, shared + chunk]))
             budget -= chunk
         for r, _ in batch:  # a decode, or a prompt's last chunk, generates a token
             if r.prefilled == r.prompt:
@@ -101,7 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40, help="steps written (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0, help="seed of arrivals and lengths (default: %(default)s)")
     ap.add_argument("--rate", type=float, default=1.0, help="requests arriving a step, on average (default: %(default)s)")
-    ap.add_argument("--prompt-median", type=int, default=1024, help="median prompt tokens (default: %(default)s)")
+    ap.add_argument("--shared-prefix", type=int, default=1024, help="tokens of a system prompt every prompt begins "
+                    "with, cached once (default: %(default)s)")
+    ap.add_argument("--prompt-median", type=int, default=1024, help="median prompt tokens after the shared prefix "
+                    "(default: %(default)s)")
     ap.add_argument("--prompt-sigma", type=float, default=1.1, help="log-normal sigma of prompts (default: %(default)s)")
     ap.add_argument("--max-prompt", type=int, default=32768, help="longest prompt (default: %(default)s)")
     ap.add_argument("--output-median", type=int, default=128, help="median output tokens (default: %(default)s)")
@@ -118,15 +127,16 @@ def main(argv=None) -> int:
                  "max_running", "every"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup < 0 or not args.rate > 0 or args.prompt_sigma < 0 or args.output_sigma < 0:
-        ap.error("--warmup must be >= 0, --rate > 0 and the sigmas >= 0")
+    if args.warmup < 0 or args.shared_prefix < 0 or not args.rate > 0 or args.prompt_sigma < 0 or args.output_sigma < 0:
+        ap.error("--warmup and --shared-prefix must be >= 0, --rate > 0 and the sigmas >= 0")
 
     steps = simulate(args)
     options = " ".join(f"--{name.replace('_', '-')} {getattr(args, name):g}" if isinstance(getattr(args, name), float)
                        else f"--{name.replace('_', '-')} {getattr(args, name)}" for name in PARAMETERS)
     header = (f"# made by: python3 benchmarks/make_trace.py {options}: {len(steps)} steps of a simulated "
-              "continuous-batching server (Poisson arrivals, log-normal prompt and output lengths, a token budget a "
-              "step with chunked prefill), one step a line, each request [new tokens, keys]")
+              f"continuous-batching server (Poisson arrivals, a shared prefix of {args.shared_prefix} tokens cached "
+              "once in front of log-normal prompts, log-normal output lengths, a token budget a step with chunked "
+              "prefill), one step a line, each request [new tokens, keys]")
     lines = [header] + [json.dumps({"name": f"step {n}", "requests": reqs}, separators=(",", ":"))
                         for n, reqs in steps]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -205,17 +205,20 @@ class Runner:
             if records and self.options.cooldown_s > 0:
                 with self.clock.phase("cooldown"):
                     time.sleep(self.options.cooldown_s)
-            if new_shape:
-                with self.clock.phase("inputs"):
+            unsupported = backend.supports(spec, self.device)
+            if inputs is None and not unsupported:  # made for the shape's first case a backend takes, so a
+                with self.clock.phase("inputs"):  # shape no backend takes costs nothing (a paged batch on a CPU)
                     inputs = self._make_inputs(spec)
-            if isinstance(inputs, AttnInputs):
+            if unsupported:
+                record = self._record(spec, backend, status="unsupported", reason=unsupported,
+                                      info=backend.base_info())
+            elif isinstance(inputs, AttnInputs):
                 with self.clock.phase("compile"):
                     self.precompiler.wait(spec, backend.name)
                 with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
                     record = self.run_case(spec, backend, inputs, check=self.checker is not None)
-            else:  # the shape's inputs could not be made: every backend that supports it gets that status
-                unsupported = backend.supports(spec, self.device)
-                status, reason = ("unsupported", unsupported) if unsupported else inputs
+            else:  # the shape's inputs could not be made: every backend that takes it gets that status
+                status, reason = inputs
                 record = self._record(spec, backend, status=status, reason=reason, info=backend.base_info())
             with self.clock.phase("store"):
                 self.sink(record)
@@ -495,6 +498,9 @@ class IsolatedRunner(Runner):
 
     def run_isolated(self, spec: AttnSpec, backend: Backend) -> Record:
         """One case in a worker; a dead, hung or failing worker becomes this case's "error" record."""
+        unsupported = backend.supports(spec, self.device)
+        if unsupported:  # no worker makes the inputs of a case no backend takes
+            return self._record(spec, backend, status="unsupported", reason=unsupported, info=backend.base_info())
         try:
             if self._worker is None:
                 self._worker = Worker(self._setup, max(STARTUP_TIMEOUT_S, self.case_timeout or 0))

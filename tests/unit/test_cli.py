@@ -48,7 +48,8 @@ def test_run_writes_db_and_json(tmp_path):
 def test_grouped_seq_lens_and_csv(tmp_path):
     db, out = tmp_path / "r.db", tmp_path / "out.csv"
     res = attnbench("run", "--device", "cpu", "--seq-lens", "16,16,8", "--q-heads", "2", "--head-size", "8",
-                    "--backends", "naive,sdpa-math,sdpa-flash", "--pass", "fwd", "--no-causal", "--repeat", "2", "--quiet",
+                    "--backends", "naive,sdpa-math,sdpa-flash", "--skip-missing", "--pass", "fwd", "--no-causal",
+                    "--repeat", "2", "--quiet",
                     "--db", str(db), "--output", str(out))
     assert res.returncode == 0, res.stderr
     rows = dict((r[0], r[1:]) for r in db_rows(db, "SELECT backend, num_seqs, varlen, status, reason FROM records"))

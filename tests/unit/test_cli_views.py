@@ -109,8 +109,10 @@ def test_small_things_a_newcomer_read_wrongly(tmp_path):
 
 
 def test_a_comma_list_that_most_backends_skip_says_what_ran(tmp_path):
+    # --skip-missing: named backends that take none of the cases are refused otherwise (exit 2), and the
+    # refusal names the same fix (test_nothing_runs.py)
     res = cli("run", *SMALL, "--seq-lens", "64,96", "--backends", "naive,sdpa-flash,flex-sparse", "--pass", "fwd",
-              "--no-causal", "--db", tmp_path / "r.db")
+              "--no-causal", "--skip-missing", "--db", tmp_path / "r.db")
     assert res.returncode == 0, res.stderr
     text = " ".join(res.stdout.split())
     assert ("--seq-lens 64,96 ran as one grouped (varlen) case, a batch of 2 sequences, which 2 of 3 backends skip; "
@@ -119,7 +121,7 @@ def test_a_comma_list_that_most_backends_skip_says_what_ran(tmp_path):
               "--db", tmp_path / "s.db")
     assert res.returncode == 0 and "grouped (varlen)" not in res.stdout  # asked for and run: nothing to say
     res = cli("run", *SMALL, "--seq-lens", "64,64", "--backends", "naive,sdpa-flash,flex-sparse", "--pass", "fwd",
-              "--no-causal", "--db", tmp_path / "t.db")
+              "--no-causal", "--skip-missing", "--db", tmp_path / "t.db")
     assert res.returncode == 0, res.stderr
     text = " ".join(res.stdout.split())  # equal lengths: the summary's row is named 2q64
     assert "--seq-lens 64,64 (row 2q64) ran as one grouped (varlen) case, a batch of 2 sequences" in text

@@ -183,7 +183,7 @@ def test_a_named_mla_kernel_that_takes_none_of_the_cases_is_an_error(monkeypatch
     """--backends flashmla with a page size or latent/rope widths FlashMLA does not take: one line naming why
     (the CLI exits 2 on a UserError), not a sweep of unsupported records."""
     from attnbench.cli.common import UserError
-    from attnbench.cli.run import check_serving
+    from attnbench.cli.run import check_named_backends as check_serving
     backend = registry.get("flashmla")
     monkeypatch.setattr(type(backend), "unavailable_reason", lambda self: None)  # as where FlashMLA is installed
     case = AttnSpec(**({"seqlens_q": (1, 1), "seqlens_k": (100, 200), "heads_q": 16, "heads_kv": 1, "head_dim": 576,

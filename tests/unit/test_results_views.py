@@ -155,7 +155,7 @@ def test_report_renders_in_chromium(db, tmp_path):
     assert pixels.std() > 0.05, "screenshot is blank"
     assert (pixels.mean(axis=2) < 0.5).mean() > 0.005, "hardly any dark (text) pixels"
     assert dom.count('<table class="results"') == 2 and dom.count('<table class="pivot"') >= 2
-    assert len(re.findall(r'<img [^>]*src="data:image/svg\+xml;base64,', dom)) >= 4
+    assert len(re.findall(r'<img [^>]*src="data:image/svg\+xml,', dom)) >= 4  # SVG, %-escaped (no base64)
     assert "b1 s33 h2 d8 fp32 causal" in dom and "sparse-test" in dom
     assert '<table class="accuracy"' in dom and '<table class="correct"' in dom
     assert "<td class=\"num\">0.00100</td>" in dom  # accuracy in numbers (a max abs error of 0.001), not dicts

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -69,6 +71,16 @@ def invocation() -> list[str]:
 
 def remember_invocation(argv: list[str]) -> None:
     _INVOCATION[:] = argv
+
+
+def stored_command(name: str) -> str:
+    """The command line a run of command ``name`` stores: ``attnbench NAME ...`` as it was typed, or, for a run
+    started from Python (``attnbench.api``), ``attnbench NAME (from Python)``: views tell a verify from a timed
+    run by the word after ``attnbench``."""
+    for argv in (sys.argv[1:], invocation()):  # a console script's arguments, or those main() was given
+        if argv[:1] == [name]:
+            return shlex.join(["attnbench", *argv])
+    return f"attnbench {name} (from Python)"
 
 
 class UserError(ValueError):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -215,7 +213,7 @@ def e2e(
     work = _build(cfg)  # before the run is recorded: a model that cannot be built leaves the store as it was
     with ResultStore(path) as store:
         store.add_env(env_id, env)
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]),
+        store.start_run(run_id, command=common.stored_command("e2e"),
                         config=dataclasses.asdict(cfg), env_id=env_id, version=__version__)
         status = "interrupted"
         try:

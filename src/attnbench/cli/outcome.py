@@ -1,7 +1,9 @@
 """How `attnbench run` ends when numbers are wrong: the cases, named in a last line that fits the width, and
-exit status 1 (so scripts and CI notice)."""
+exit status 1 (so scripts and CI notice); and when no case ran at all: the reasons counted, exit status 2."""
 
 from __future__ import annotations
+
+import collections
 
 import typer
 
@@ -45,3 +47,22 @@ def wrong_line(names: list[str], total: int, width: int) -> str:
     if len(text) + len(more) > room:
         text = text[:max(room - len(more) - 1, 10)] + "…"
     return head + text + more + tail
+
+
+TIMED = ("ok", "mismatch", "nan", "implausible")
+"""Statuses of a case that ran and was timed (its numbers may still be wrong)."""
+
+
+def report_nothing_ran(records: list) -> None:
+    """Exit status 2 with one line on stderr when records were made and none of them ran (every case
+    unsupported, out of memory or failed here): the options asked for nothing that runs on this machine, which
+    must not end like a run that answered. The reasons counted, the most frequent first."""
+    if not records or any(r.status in TIMED for r in records):
+        return
+    reasons = collections.Counter(f"{r.status}: {r.reason or '?'}" for r in records)
+    counted = "; ".join(f"{n} {why}" for why, n in reasons.most_common(3))
+    more = f"; +{len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
+    common.err_console.print(f"attnbench: none of the {len(records)} cases ran here ({counted}{more}); "
+                             "attnbench show --table lists them; exit status 2", markup=False, highlight=False,
+                             soft_wrap=True)
+    raise typer.Exit(2)

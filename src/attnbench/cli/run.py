@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
-import sys
+import collections
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,18 +129,97 @@ def check_variants(backends: tuple[str, ...], specs: list[AttnSpec], options: di
                                 f"{', '.join(able) or 'none'} (--skip-missing records its cases as unsupported)")
 
 
-def check_serving(backends: tuple[str, ...], specs: list[AttnSpec], device: str, options: dict | None = None) -> None:
-    """A backend named on the command line that takes none of a serving or MLA sweep's cases (a page size it
-    cannot take, a tree, an fp8 cache, a latent or rope size) is an error naming why, as for the variants."""
-    serving = [spec for spec in specs if spec.serving_features or spec.mla]
-    if not serving:
+def check_named_backends(backends: tuple[str, ...], specs: list[AttnSpec], device: str,
+                         every_sweep: bool = True, options: dict | None = None) -> None:
+    """A backend named on the command line that takes none of the cases (a grouped batch, a page size it cannot
+    take, a tree, an fp8 cache, a latent or rope size) is an error naming why, as for the variants: a run of its
+    unsupported records would test nothing and look fine. ``every_sweep`` False (verify, which shows a named
+    backend's refusals beside the others' checks): only in a sweep of serving or MLA cases."""
+    if not every_sweep and not all(spec.serving_features or spec.mla for spec in specs):
         return
     for name in backends:
         backend = registry.get(name, (options or {}).get(name))
-        reasons = [backend.supports(spec, device) for spec in serving]
-        if all(reasons) and len(serving) == len(specs):
-            raise UserError(f"backend {name} takes none of the cases: {reasons[0]} (--skip-missing records them as "
-                            "unsupported)")
+        reasons = collections.Counter()
+        for spec in specs:
+            why = backend.supports(spec, device)
+            if why is None:
+                break
+            reasons[why] += 1
+        else:
+            if reasons:
+                reason = reasons.most_common(1)[0][0]
+                others = [n for n in registry.available(device, options=options) if n != name
+                          and any(registry.get(n, (options or {}).get(n)).supports(spec, device) is None
+                                  for spec in specs)]
+                them = "them" if len(specs) > 1 else "it"
+                hint = runnable_hint(specs, (name,), device, them, options) or (
+                    f"backends that take {them} here: {', '.join(others)}" if others else None)
+                what = f"takes none of the {len(specs)} cases" if len(specs) > 1 else "cannot run the case"
+                raise UserError(f"backend {name} {what} here: {reason}" + (f"; {hint}" if hint else "")
+                                + f" (--skip-missing records {them} as unsupported)")
+
+
+RELAXATIONS = (("page_size", None, "--page-size none"), ("kv_dtype", None, "--kv-dtype same"),
+               ("tree", None, "--tree none"), ("pass_", "fwd", "--pass fwd"), ("causal", False, "--no-causal"),
+               ("window", None, "--window none"), ("dtype", "bf16", "--dtype bf16"), ("dtype", "fp16", "--dtype fp16"),
+               ("dtype", "fp32", "--dtype fp32"))
+"""(spec field, value, the option that asks for it): what a refusal of cases no backend takes suggests, the
+change that lets the most of them run."""
+
+
+def runnable_hint(specs: list[AttnSpec], backends: tuple[str, ...], device: str, them: str = "them",
+                  options: dict | None = None) -> str | None:
+    """'--page-size none runs them on naive, sdpa-math': the one option of ``RELAXATIONS`` under which the most
+    of ``specs`` run on ``backends`` here, or None when none does."""
+    best = None
+    grouped = [s for s in specs if s.is_varlen and s.seqlens_k in (None, s.seqlens_q)]  # --seq-lens 64,96
+    split = ("seqlens_q", None, "--seq-lens " + " ".join(map(str, dict.fromkeys(grouped[0].seqlens_q)))
+             + " (one case per length)") if grouped else None
+    for field, value, flag in (*RELAXATIONS, *([split] if split else [])):
+        changed = []
+        for spec in specs:
+            if field == "seqlens_q":  # a grouped case, one sequence at a time
+                changed += [spec.replace(seqlens_q=(n,), seqlens_k=None) for n in dict.fromkeys(spec.seqlens_q)
+                            ] if spec in grouped else []
+                continue
+            if getattr(spec, field) == value:
+                continue
+            try:
+                changed.append(spec.replace(**{field: value}))
+            except ValueError:  # the change makes an invalid case (a tree without its mask's lengths)
+                continue
+        takers = [name for name in backends
+                  if any(registry.get(name, (options or {}).get(name)).supports(spec, device) is None
+                         for spec in changed)]
+        if takers and (best is None or len(takers) > len(best[1])):
+            best = (flag, takers)
+    if best is None:
+        return None
+    return f"{best[0]} runs {them} on {', '.join(best[1])}"
+
+
+def check_runnable(specs: list[AttnSpec], backends: tuple[str, ...], device: str, options: dict | None = None) -> None:
+    """A sweep none of whose cases any backend takes here is an error (exit 2), before anything is built or
+    stored: the reasons counted, and the option that would let them run."""
+    reasons: collections.Counter = collections.Counter()
+    takers: dict[str, list[str]] = {}
+    for spec in specs:
+        for name in backends:
+            why = registry.get(name, (options or {}).get(name)).supports(spec, device)
+            if why is None:
+                return
+            reasons[why] += 1
+            takers.setdefault(why, []).append(name)
+    if not reasons:
+        return
+    counted = "; ".join(f"{n} {why} ({', '.join(dict.fromkeys(takers[why]))})" for why, n in reasons.most_common())
+    hint = runnable_hint(specs, backends, device, options=options) or "attnbench backends lists what each backend takes"
+    raise UserError(f"nothing to run: no backend here takes any of the {_cases(len(specs) * len(backends))}: "
+                    f"{counted}; {hint}")
+
+
+def _cases(n: int) -> str:
+    return f"{n} case{'s' * (n != 1)}"
 
 
 def _takes(name: str, variant: str) -> bool:
@@ -211,8 +289,10 @@ def options_of(ctx: typer.Context) -> dict:
     return common.merge_options(ctx, config, allowed=set(ctx.params) - {"config", "resume"})
 
 
-def plan_from_options(opts: dict) -> RunPlan:
-    """Merged option values -> RunPlan; raises UserError naming the bad value."""
+def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
+    """Merged option values -> RunPlan; raises UserError naming the bad value. ``timed`` (``run``, not
+    ``verify``): a sweep that nothing here can run, or a named backend that takes none of its cases, is refused
+    too (``check_runnable``, ``check_named_backends``)."""
     from attnbench.runner import RunOptions  # imports torch and the measuring code
 
     device = common.resolve_device(common.option_text(opts, "device"))
@@ -247,7 +327,9 @@ def plan_from_options(opts: dict) -> RunPlan:
                                 common.option_bool(opts, "skip_missing"), configured)
     if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing"):
         check_variants(backends, specs, configured)
-        check_serving(backends, specs, device, configured)
+        check_named_backends(backends, specs, device, every_sweep=timed, options=configured)
+    if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
+        check_runnable(specs, backends, device, configured)
     check_summary_options(opts, backends)
     output = text(opts, "output")
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
@@ -278,7 +360,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     store = ResultStore(plan.db)
     store.add_env(env_id, env)
     try:
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
                         env_id=env_id, version=__version__, resume=plan.resume is not None)
     except BaseException:
         store.close()
@@ -509,3 +591,5 @@ def run(
         if hint:
             common.console.print(hint, highlight=False, markup=False, soft_wrap=True)
     outcome.report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))
+    if not common.option_bool(plan.config, "skip_missing"):
+        outcome.report_nothing_ran(records)

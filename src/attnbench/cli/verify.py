@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
-import sys
 from typing import Annotated
 
 import typer
@@ -88,7 +86,7 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
 
 def verify_plan(opts: dict) -> run_cmd.RunPlan:
     """``run``'s plan of merged options, with verify's defaults (``build_verify_plan``)."""
-    plan = run_cmd.plan_from_options(opts)
+    plan = run_cmd.plan_from_options(opts, timed=False)
     cfg = plan.config
     specs = plan.specs
     if not any(cfg.get(name) for name in SHAPE_OPTIONS):
@@ -109,7 +107,7 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
     status = "interrupted"
     with ResultStore(plan.db) as store:
         store.add_env(env_id, env)
-        store.start_run(run_id, command=shlex.join(["attnbench", *sys.argv[1:]]), config=plan.config,
+        store.start_run(run_id, command=common.stored_command("verify"), config=plan.config,
                         env_id=env_id, version=__version__)
         try:
             records = run_checks(plan, run_id, env_id, store.write)
@@ -135,9 +133,9 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
                 continue
             seen.add((case, backend.name))
             if case.shape_key() != inputs_key:
-                inputs = None  # free the previous shape's tensors first
-                inputs, inputs_key = make_inputs(case, runner.device, plan.options.seed,
-                                                       plan.options.inputs), case.shape_key()
+                inputs, inputs_key = None, case.shape_key()  # free the previous shape's tensors first
+            if inputs is None and backend.supports(case, runner.device) is None:  # made once a backend takes it
+                inputs = make_inputs(case, runner.device, plan.options.seed, plan.options.inputs)
             record = runner.run_case(case, backend, inputs, check=True)
             sink(record)
             records.append(record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +18,8 @@ from attnbench.results.store import DEFAULT_DB, ResultStore
 from attnbench.spec import PASSES
 
 Runs = Annotated[list[str] | None, typer.Option(
-    "--run", metavar="RUN", help="Run id(s) or unique prefixes; 'latest' = the newest run (default: latest).")]
+    "--run", metavar="RUN", help="Run id(s) or unique prefixes; 'latest' = the newest run of `attnbench run`, not a "
+    "verify, e2e or dist (default: latest).")]
 BackendFilter = Annotated[list[str] | None, typer.Option(
     "--backend", "--backends", metavar="NAME", help="Only these backends (comma separated or repeated).")]
 PassFilter = Annotated[list[str] | None, typer.Option("--pass", metavar="PASS", help="Only these passes: fwd, bwd, fwd_bwd.")]
@@ -30,13 +32,54 @@ def open_store(db: Path | None) -> ResultStore:
     return ResultStore(path, readonly=True)
 
 
+PASSED_OVER = ("verify", "e2e", "dist")
+"""Commands whose runs ``latest`` passes over: a verify calls each case once, to check it (no speed to show);
+e2e and dist time whole models and distributed methods. ``latest`` is the newest sweep of ``attnbench run``."""
+
+
+def run_command(run: dict) -> str | None:
+    """The attnbench command that made a run (run, verify, e2e, dist), from the command line it stored."""
+    words = (run.get("command") or "").split()
+    return words[1] if len(words) > 1 and words[0] == "attnbench" else None
+
+
+def latest_timed(runs: list[dict]) -> dict | None:
+    """The newest run of ``attnbench run`` (or of an unknown command: a store's own); the newest run of any kind
+    when there is none."""
+    timed = [r for r in runs if run_command(r) not in PASSED_OVER]
+    return (timed or runs or [None])[-1]
+
+
+def latest_line(store: ResultStore, run_id: str) -> str:
+    """One line saying which run ``latest`` chose, naming the newer runs it passed over."""
+    import datetime
+
+    runs = store.runs()
+    index = next(i for i, r in enumerate(runs) if r["run_id"] == run_id)
+    run, newer = runs[index], runs[index + 1:]
+    when = (datetime.datetime.fromtimestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M")
+            if run.get("created_at") else "?")
+    command = " ".join((run.get("command") or "?").split())
+    command = command if len(command) <= 60 else command[:59] + "…"
+    if newer:
+        kinds = collections.Counter(run_command(r) for r in newer)
+        counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        why = f"the newest sweep of attnbench run; newer: {counted} (--run {newer[-1]['run_id']})"
+    elif run_command(run) in PASSED_OVER:
+        why = f"the newest run, a {run_command(run)}: no run in this store is a sweep of attnbench run"
+    else:
+        why = "the newest run"
+    return f"attnbench: run {run_id} ({when}, {command}): {why}"
+
+
 def resolve_run(store: ResultStore, text: str) -> str:
-    """A run id from an exact id, a unique prefix, or 'latest'; UserError naming recent runs otherwise."""
+    """A run id from an exact id, a unique prefix, or 'latest' (the newest sweep of ``attnbench run``, not a
+    verify: ``latest_timed``); UserError naming recent runs otherwise."""
     runs = [r["run_id"] for r in store.runs()]
     if text == "latest":
         if not runs:
             raise UserError(f"{store.path} holds no runs")
-        return runs[-1]
+        return latest_timed(store.runs())["run_id"]
     if text in runs:
         return text
     matches = [r for r in runs if r.startswith(text)]
@@ -50,8 +93,22 @@ def resolve_run(store: ResultStore, text: str) -> str:
 
 
 def resolve_runs(store: ResultStore, runs: list[str] | None) -> list[str]:
+    """The runs asked for (``latest`` when none is)."""
     items = _split(runs, "--run") or ["latest"]
     return list(dict.fromkeys(resolve_run(store, r) for r in items))
+
+
+def chosen_line(store: ResultStore, runs: list[str] | None) -> str | None:
+    """``latest_line`` when ``runs`` asks for ``latest`` (or nothing); None when the runs were named. A view
+    prints it on stderr once it has done its work (a refusal stays one line)."""
+    if "latest" not in (_split(runs, "--run") or ["latest"]):
+        return None
+    return latest_line(store, resolve_run(store, "latest"))
+
+
+def say(line: str | None) -> None:
+    if line:
+        common.err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _split(values: list[str] | None, flag: str = "") -> list[str]:
@@ -110,6 +167,7 @@ def plot(
         run_ids = resolve_runs(store, run)
         rows = select_rows(store, run_ids, backend, pass_)
         folder = store.path.parent / "plots"
+        chosen = chosen_line(store, run)
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend/--pass filters")
     outs = {}
@@ -130,6 +188,7 @@ def plot(
             raise UserError(f"cannot plot {item} vs {x} for run {', '.join(run_ids)}: {exc}") from None
     for path in written:
         common.console.print(f"wrote {path}", highlight=False, markup=False)
+    say(chosen)
     impossible = [r for r in rows if r["status"] == "implausible"]
     if impossible:
         shown = "; ".join(f"{r['backend']} {r['label']} {r['pass']}" for r in impossible[:3])
@@ -156,9 +215,11 @@ def report(
             output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html",
                                         "report (no -o given)", stores=(store.path,))
         text = html.build(store, run_ids)
+        chosen = chosen_line(store, run)
     files.write_text_atomic(output, text)
     common.console.print(f"wrote {output} ({len(text) / 1024:.0f} KiB, runs: {', '.join(run_ids)})",
                          highlight=False, markup=False)
+    say(chosen)
 
 
 def export(
@@ -189,14 +250,17 @@ def export(
     with open_store(db) as store:
         run_ids = [r["run_id"] for r in store.runs()] if all_runs else resolve_runs(store, run)
         rows = select_rows(store, run_ids, backend, None, status)
+        chosen = None if all_runs else chosen_line(store, run)
     try:
         if output is None:
             sys.stdout.write(exportmod.dumps(rows, fmt))
+            say(chosen)
             return
         exportmod.write(rows, output, fmt)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     common.err_console.print(f"wrote {len(rows)} records to {output}", highlight=False, markup=False)
+    say(chosen)
 
 
 def show(
@@ -217,15 +281,18 @@ def show(
         run_ids = resolve_runs(store, run)
         rows = select_rows(store, run_ids, backend)
         env = store.env(store.run(run_ids[0])["env_id"] or "") or {}
+        chosen = chosen_line(store, run)
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
     records = [Record.from_row(r) for r in rows]
     if table:
         common.console.print(records_table(records, title=f"run {', '.join(run_ids)}", width=common.console.width))
+        say(chosen)
         return
     config = {"metric": metric, "baseline": baseline}
     check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
     show_summary(records, config, env.get("device_name") or "")
+    say(chosen)
 
 
 def runs(db: common.Db = None) -> None:

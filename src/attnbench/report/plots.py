@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -434,12 +435,40 @@ def _draw_panel(ax, series: dict, spread: dict, style: dict, x: str, logy: bool)
     _style_x(ax, x, [a for xy in series.values() for a, _ in xy])
 
 
+SVG_RC = {"svg.fonttype": "none", "font.sans-serif": ["DejaVu Sans", "Verdana", "Arial"]}
+"""Rendered SVG keeps its text as text (the browser draws it, as sharp as the page's own), not as a path per
+glyph, with a short list of fonts of DejaVu Sans's widths: a third of each figure's bytes."""
+
+
 def render(rows: list[dict], x: str, y: str, fmt: str = "png", dpi: int = 110, **kwargs) -> bytes:
-    """The figure as PNG or SVG bytes."""
-    fig = figure(rows, x, y, **kwargs)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=dpi)
-    return buf.getvalue()
+    """The figure as PNG or SVG bytes (SVG: text as text, written compactly, ``compact_svg``)."""
+    import matplotlib
+
+    with matplotlib.rc_context(SVG_RC if fmt == "svg" else {}):
+        fig = figure(rows, x, y, **kwargs)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=dpi, metadata={"Date": None} if fmt == "svg" else None)
+    return compact_svg(buf.getvalue().decode()).encode() if fmt == "svg" else buf.getvalue()
+
+
+_NUMBER = re.compile(r"-?\d+\.\d+")
+_GEOMETRY = re.compile(r'\s(d|x|y)="([^"]*)"')
+
+
+def _tenth(number: re.Match) -> str:
+    return f"{float(number[0]):.1f}".removesuffix(".0")
+
+
+def compact_svg(svg: str) -> str:
+    """matplotlib's SVG with the same picture in fewer bytes: coordinates to a tenth of a point (a figure 720 pt
+    wide shown 1400 px wide: a fifth of a pixel), no metadata, no names on groups, no line breaks, styles
+    without spaces and font names unquoted (valid CSS; a data URI then needs no quotes escaped)."""
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg, flags=re.S)
+    svg = re.sub(r'<g id="[^"]*">', "<g>", svg)
+    svg = _GEOMETRY.sub(lambda m: f' {m[1]}="{_NUMBER.sub(_tenth, m[2])}"', svg)
+    svg = re.sub(r'style="([^"]*)"', lambda m: 'style="' + re.sub(r"([:;]) ", r"\1", m[1]).replace("'", "")
+                 + '"', svg)
+    return re.sub(r"\s*\n\s*", " ", svg)
 
 
 def output_paths(out: Path) -> list[Path]:

@@ -50,6 +50,7 @@ CLASSES: dict[str, tuple[str, str]] = {
     "attnbench backends": (CPU, ""),
     "attnbench run --backends fa3,sdpa-cudnn": (GPU, "FlashAttention-3 and cuDNN run on NVIDIA GPUs only"),
     "attnbench run --preset gpt-oss-120b --seq-lens 8k..128k:x2": (PLAN, "8k-128k tokens, 64 heads: a GPU's work"),
+    "attnbench run --preset qwen3-next-80b --seq-lens 4k 16k": (PLAN, "4k-16k tokens, 16 heads of 256: a GPU's work"),
     "attnbench run --sinks both --softcap none 50 --causal": (CPU, ""),
     "attnbench run --batch 2q2k_128q1kv2k --page-size 1 16": (
         CPU_REFUSED, "--page-size none runs them on naive"),  # no CPU kernel reads a paged cache

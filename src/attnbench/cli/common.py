@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from attnbench import features
-from attnbench.features.base import BOOLEAN_WORDS, FeatureError
+from attnbench.features.base import BOOLEAN_WORDS, FeatureError, finite_number, shown
 from attnbench.report.safe_text import SafeConsole as Console  # shows what files hold, never obeys it
 from attnbench.sweep import (
     CPU_DEFAULT,
@@ -148,14 +148,6 @@ NEGATIVE = re.compile(r"^-\d")
 """A value that starts with a minus (a tree's ``-1,0,0,1``), not a flag."""
 MAX_MESSAGE = 600
 """Longest error line (characters): an echoed input can be huge (a YAML alias bomb, a 10,000-character id)."""
-MAX_SHOWN = 80
-"""Longest echo of one input value inside a message."""
-
-
-def shown(value) -> str:
-    """``repr(value)`` cut to MAX_SHOWN characters, for echoing user input in a message."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 12] + f"… ({len(text)} chars)"
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -306,21 +298,11 @@ def parse_windows(value) -> tuple[tuple[int, int] | None, ...] | None:
     return tuple(dict.fromkeys(parse_window(v) for v in values))
 
 
-def _number(value) -> float:
-    """``value`` as a float (a YAML number or a string like '50'); NaN for anything else (true, 'x', a list)."""
-    if isinstance(value, bool):
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def parse_scale(value) -> float | None:
     """``--softmax-scale``: a finite number > 0; None if unset."""
     if value is None:
         return None
-    scale = _number(value)
+    scale = finite_number(value)
     if not (math.isfinite(scale) and scale > 0):
         raise UserError(f"bad --softmax-scale {shown(value)}: give a finite number > 0, e.g. 0.0833 for 1/sqrt(144)")
     return scale

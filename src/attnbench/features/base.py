@@ -210,10 +210,14 @@ def finite_number(value) -> float:
         return math.nan
 
 
+MAX_SHOWN = 80
+"""Longest echo of one input value inside a message."""
+
+
 def shown(value) -> str:
-    """``repr(value)`` cut to 80 characters, for echoing input in a message."""
+    """``repr(value)`` cut to MAX_SHOWN characters, for echoing user input in a message (the CLI's too)."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:68] + f"… ({len(text)} chars)"
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN - 12] + f"… ({len(text)} chars)"
 
 
 LARGEST = {"fp16": 65504.0, "bf16": 3.3895313892515355e38, "fp32": 3.4028234663852886e38,

@@ -200,6 +200,23 @@ class Feature:
         raise NotImplementedError
 
 
+class Switch(Feature):
+    """A feature that is on or off (its first option a tri-state flag: ``--x``, ``--no-x``, ``--x both``)."""
+
+    off = False
+
+    def check(self, value, spec) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.name} must be true or false, got {value!r}")
+
+    def settings(self, opts: dict):
+        option = self.options[0]
+        return tristate(opts.get(option.param), option.flags[0])
+
+    def export(self, value):
+        return bool(value)
+
+
 def finite_number(value) -> float:
     """``value`` as a float (a YAML number or a string like '50'); NaN for anything else (true, 'x', a list)."""
     if isinstance(value, bool):

@@ -14,29 +14,18 @@ one that applies ``G`` without the sigmoid is off by far more, and one that drop
 
 from __future__ import annotations
 
-from attnbench.features.base import Feature, FeatureInput, Option, tristate
+from attnbench.features.base import FeatureInput, Option, Switch
 
 
-class Gate(Feature):
+class Gate(Switch):
     name = "gate"
     title = "an output gate"
     refusal = "output gate not supported"
-    off = False
     stage = "output"
     options = (Option("gate", ("--gate", "--no-gate"), "[both]",
                       "Gated attention (Qwen3-Next): the output times sigmoid(G), G a seeded input of the output's "
                       "shape with its gradient; --gate both runs both."),)
     inputs = (FeatureInput("gate", per_token=True),)
-
-    def check(self, value, spec) -> None:
-        if not isinstance(value, bool):
-            raise ValueError(f"gate must be true or false, got {value!r}")
-
-    def settings(self, opts: dict):
-        return tristate(opts.get("gate"), "--gate")
-
-    def export(self, value):
-        return bool(value)
 
     def draw(self, spec, gen, device, like_out):
         return {"gate": like_out()}

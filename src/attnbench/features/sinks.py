@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from attnbench.features.base import Feature, FeatureInput, Option, tristate
+from attnbench.features.base import FeatureInput, Option, Switch
 
 SINK_SHIFT = 0.5
 """Added to ln(Sk) in ``draw_sinks``: the log-sum-exp of N(0, 1) scores over Sk keys is about ln(Sk) + 1/2."""
@@ -39,26 +39,15 @@ def draw_sinks(heads: int, seqlens_k: tuple[int, ...], generator: torch.Generato
     return noise + (math.log(mean_sk) + SINK_SHIFT)
 
 
-class Sinks(Feature):
+class Sinks(Switch):
     name = "sinks"
     title = "attention sinks"
     refusal = "attention sinks not supported"
-    off = False
     stage = "rows"
     options = (Option("sinks", ("--sinks", "--no-sinks"), "[both]",
                       "Attention sinks (gpt-oss): one seeded logit per query head in every softmax; --sinks both "
                       "runs both."),)
     inputs = (FeatureInput("sinks", per_token=False),)
-
-    def check(self, value, spec) -> None:
-        if not isinstance(value, bool):
-            raise ValueError(f"sinks must be true or false, got {value!r}")
-
-    def settings(self, opts: dict):
-        return tristate(opts.get("sinks"), "--sinks")
-
-    def export(self, value):
-        return bool(value)
 
     def draw(self, spec, gen, device, like_out):
         return {"sinks": draw_sinks(spec.heads_q, spec.seqlens_k, gen, device)}

@@ -19,6 +19,13 @@ def stop(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def check() -> None:
+    """Raise KeyboardInterrupt if a stop signal arrived already: one that landed while a library was being
+    imported can be swallowed by the import machinery, and a command must not start its work after it."""
+    if received:
+        raise KeyboardInterrupt
+
+
 def exit_status() -> int:
     return 128 + (received[0] if received else signal.SIGINT)
 

@@ -63,3 +63,18 @@ def test_slopes_whose_bias_overflows_are_bad_input(tmp_path):
     done = _attnbench("run", "--device", "cpu", "--seq-lens", "64", "--q-heads", "4", "--alibi-slopes", str(slopes),
                       "--db", str(tmp_path / "x.db"), cwd=tmp_path)
     assert done.returncode == 2 and "ALiBi bias" in done.stderr and "does not fit fp32" in done.stderr
+
+
+def test_a_stop_signal_swallowed_during_start_up_stops_the_run_before_it_starts(tmp_path, monkeypatch):
+    """A Ctrl-C while torch imports numpy can be swallowed by the import machinery: the handler recorded it, but
+    the run went on for the whole sweep and was stored as done. The run now stops before it starts."""
+    import signal
+
+    import attnbench
+    from attnbench import interrupt
+    plan = attnbench.plan(device="cpu", seq_lens="32", q_heads=2, head_size=8, backends="naive",
+                          db=str(tmp_path / "s.db"))
+    monkeypatch.setattr(interrupt, "received", [signal.SIGINT])
+    with pytest.raises(KeyboardInterrupt):
+        attnbench.run(plan)
+    assert not (tmp_path / "s.db").exists()  # nothing started, nothing stored as done

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from attnbench import interrupt
 from attnbench.cli.common import MAX_WAIT_S, UserError, check_db_path, shown
 from attnbench.results.store import DEFAULT_DB, ResultStore
 
@@ -105,6 +106,7 @@ def stop_on_sigint(runner):
 
     previous = signal.signal(signal.SIGINT, handler)
     try:
+        interrupt.check()  # one that arrived before the handler was in place, and was swallowed on the way
         yield
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from attnbench import features, metrics, plausibility, presets
+from attnbench import features, interrupt, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -354,6 +354,7 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
 
 def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, checker=None) -> tuple[str, list]:
     """Run the plan, writing each record to the store as it is measured (checked by ``checker`` if given)."""
+    interrupt.check()  # a Ctrl-C during start-up (torch's import can swallow it) stops the run before it starts
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
     run_id = plan.resume or run_id or new_run_id()

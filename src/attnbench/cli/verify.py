@@ -102,6 +102,8 @@ def verify_plan(opts: dict) -> run_cmd.RunPlan:
 
 def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
     """Run verify's plan into its store as a run of its own: (run id, records)."""
+    from attnbench import interrupt
+    interrupt.check()  # a stop signal swallowed during start-up: nothing starts after it
     env = envmod.collect(plan.options.device)
     env_id, run_id = envmod.env_id(env), new_run_id()
     status = "interrupted"

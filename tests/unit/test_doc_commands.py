@@ -242,12 +242,21 @@ def _plan_only(monkeypatch) -> list:
     return plans
 
 
+def _only_the_shipped_backends(monkeypatch) -> None:
+    """The backends a user has: none of the test suite's own (other test modules register a backend that crashes
+    on purpose, which a documented `attnbench run` of every backend would then run in this process)."""
+    from attnbench.backends import registry
+    monkeypatch.setattr(registry, "_extra", {})
+    monkeypatch.delenv("ATTNBENCH_PLUGINS", raising=False)
+
+
 @pytest.mark.slow
 def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
     """README first, then the guide, in one folder: each CPU command exits 0 (a refused one 2, with the line
     that says why), and each GPU-sized one is a valid plan on the CPU."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine, on any machine
+    _only_the_shipped_backends(monkeypatch)
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # the trace, as from the checkout
     failures = []
     for command in COMMANDS:

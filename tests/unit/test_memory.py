@@ -129,8 +129,9 @@ def test_a_cpu_case_whose_scores_cannot_fit_in_host_memory_is_refused_with_the_n
                     "--batch-size", "8", "--seq-lens", "32k", "--q-heads", "32", "--head-size", "16",
                     "--pass", "fwd", "--no-causal", "--dtype", "bf16", "--db", str(tmp_path / "r.db"),
                     "--output", str(tmp_path / "r.json"))
-    assert res.returncode == 0, res.stderr
-    (row,) = json.loads((tmp_path / "r.json").read_text())
+    assert res.returncode == 2, res.stderr  # nothing asked for ran: not a 0, and the line says why
+    assert "none of the 1 cases ran here (1 oom: needs 1024." in res.stderr
+    (row,) = json.loads((tmp_path / "r.json").read_text())  # the record is kept all the same
     assert row["status"] == "oom" and row["reason"].startswith("needs 1024.") and "GiB free" in row["reason"]
 
 

@@ -5,6 +5,8 @@ every layer runs over them. Adding one: its file, a line in ``FEATURES``, a fiel
 
 from __future__ import annotations
 
+import itertools
+
 from attnbench.features import alibi, gate, sinks, softcap
 from attnbench.features.base import Feature, FeatureError, FeatureInput, Option
 
@@ -14,8 +16,9 @@ FEATURES: tuple[Feature, ...] = (sinks.FEATURE, softcap.FEATURE, alibi.FEATURE, 
 BY_NAME = {f.name: f for f in FEATURES}
 NAMES = tuple(BY_NAME)
 
-__all__ = ["BY_NAME", "FEATURES", "NAMES", "Feature", "FeatureError", "FeatureInput", "Option", "active", "defaults",
-           "inputs_of", "grad_names", "settings_product", "label_parts", "axes", "options"]
+__all__ = ["BY_NAME", "FEATURES", "NAMES", "Feature", "FeatureError", "FeatureInput", "Option", "active", "axes",
+           "defaults", "draw_key", "grad_names", "inputs_of", "label_parts", "options", "qk_scale", "resolve",
+           "settings", "settings_product", "value"]
 
 
 def defaults() -> dict:
@@ -25,11 +28,11 @@ def defaults() -> dict:
 
 def active(spec) -> tuple[Feature, ...]:
     """The features ``spec`` (an AttnSpec, or a stored spec's dict) has on."""
-    get = spec.get if isinstance(spec, dict) else (lambda name, off: getattr(spec, name, off))
-    return tuple(f for f in FEATURES if f.on(f.normalize(get(f.name, f.off))))
+    return tuple(f for f in FEATURES if f.on(value(spec, f)))
 
 
 def value(spec, feature: Feature):
+    """``feature``'s value in ``spec`` (an AttnSpec, or a stored spec's dict: its off value when absent)."""
     get = spec.get if isinstance(spec, dict) else (lambda name, off: getattr(spec, name, off))
     return feature.normalize(get(feature.name, feature.off))
 
@@ -84,7 +87,6 @@ def settings(opts: dict) -> dict[str, tuple]:
 
 def settings_product(axes_by_name: dict[str, tuple]) -> list[dict]:
     """Every combination of the features' axis values (an unset feature: off)."""
-    import itertools
     names = list(NAMES)
     values = [axes_by_name.get(n, (BY_NAME[n].off,)) for n in names]
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values)]

@@ -131,6 +131,16 @@ def _row_block(queries: int, slots: int, heads: int, dim: int, blocks: BlockSize
     return max(1, min(blocks.q, queries, blocks.max_elems // per_query))
 
 
+def _setup(q, kv, selection, extra_kv, extra, dtype, blocks) -> tuple[torch.dtype, list[Cache], int]:
+    """What the forward and the backward both start from: the compute dtype, the caches with their selections, and
+    the queries per block."""
+    dtype = dtype or compute_dtype_for(q.device, q.dtype)
+    sources = caches(q, kv, selection, extra_kv, extra)
+    tq, hq, dim = q.shape
+    slots = sum(s.selection.indices.shape[1] for s in sources)
+    return dtype, sources, _row_block(tq, slots, hq, dim, blocks or BlockSizes())
+
+
 def _gather(sources: list[Cache], a: int, b: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of the slots of queries [a, b), all sources side by side: (rows (b-a, K', D) in ``dtype``, zero in
     empty slots so that whatever an unused row holds (FlashMLA's tests fill them with NaN) never reaches a sum;
@@ -165,15 +175,11 @@ def sparse_forward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, s
                    blocks: BlockSizes | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact (out (T, Hq, d_v), lse (Hq, T), max_logits (Hq, T)) in ``dtype`` (module docstring): q (T, Hq, D), kv
     (N, D) or (N, 1, D), ``attn_sink`` (Hq,) logits or None, ``extra_kv`` (N2, D) with its ``extra`` selection."""
-    dtype = dtype or compute_dtype_for(q.device, q.dtype)
-    blocks = blocks or BlockSizes()
-    sources = caches(q, kv, selection, extra_kv, extra)
-    tq, hq, dim = q.shape
-    slots = sum(s.selection.indices.shape[1] for s in sources)
+    dtype, sources, bq = _setup(q, kv, selection, extra_kv, extra, dtype, blocks)
+    tq, hq, _ = q.shape
     out = torch.zeros(tq, hq, d_v, dtype=dtype, device=q.device)
     lse = torch.full((tq, hq), -math.inf, dtype=dtype, device=q.device)
     top = torch.full_like(lse, -math.inf)
-    bq = _row_block(tq, slots, hq, dim, blocks)
     with exact_fp32_matmul():
         for a in range(0, tq, bq):
             b = min(tq, a + bq)
@@ -195,16 +201,12 @@ def sparse_backward(q: torch.Tensor, kv: torch.Tensor, selection: Selection, out
                     dtype: torch.dtype | None = None, blocks: BlockSizes | None = None) -> dict[str, torch.Tensor]:
     """Exact ``dq``, ``dkv`` (and ``dextra_kv``, ``dattn_sink`` when given) from the exact ``out`` (T, Hq, d_v) and
     ``lse`` (Hq, T) of ``sparse_forward`` and ``dout`` (T, Hq, d_v); arguments as there."""
-    dtype = dtype or compute_dtype_for(q.device, q.dtype)
-    blocks = blocks or BlockSizes()
-    sources = caches(q, kv, selection, extra_kv, extra)
+    dtype, sources, bq = _setup(q, kv, selection, extra_kv, extra, dtype, blocks)
     tq, hq, dim = q.shape
-    slots = sum(s.selection.indices.shape[1] for s in sources)
     dq = torch.zeros(tq, hq, dim, dtype=dtype, device=q.device)
     drows = [torch.zeros(s.rows.shape, dtype=dtype, device=q.device) for s in sources]
     dattn_sink = None if attn_sink is None else torch.zeros(hq, dtype=dtype, device=q.device)
     lse_t = lse.T.to(dtype)
-    bq = _row_block(tq, slots, hq, dim, blocks)
     with exact_fp32_matmul():
         for a in range(0, tq, bq):
             b = min(tq, a + bq)

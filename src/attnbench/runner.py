@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnbench import memory, metrics, plausibility
+from attnbench import operators, plausibility
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
-from attnbench.inputs import AttnInputs, InputDist, make_inputs
+from attnbench.inputs import AttnInputs, InputDist
+from attnbench.metrics import gb_per_s, tflops_per_s
 from attnbench.isolate import STARTUP_TIMEOUT_S, Worker, WorkerDied, WorkerTimeout
 from attnbench.plausibility import Ceilings
 from attnbench.precompile import Precompiler
@@ -212,7 +213,7 @@ class Runner:
             if unsupported:
                 record = self._record(spec, backend, status="unsupported", reason=unsupported,
                                       info=backend.base_info())
-            elif isinstance(inputs, AttnInputs):
+            elif not isinstance(inputs, tuple):
                 with self.clock.phase("compile"):
                     self.precompiler.wait(spec, backend.name)
                 with nvtx_range(f"{backend.name} {spec.label()} {spec.pass_}", self.device):
@@ -227,11 +228,12 @@ class Runner:
 
     def _make_inputs(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
         """The case's inputs, or (status, reason) when they cannot be made (too large for the device)."""
-        reason = memory.guard(spec, None, self.device, inputs_allocated=False)
+        op = operators.of(spec)
+        reason = op.memory_guard(spec, None, self.device, inputs_allocated=False)
         if reason:
             return "oom", "inputs: " + reason
         try:
-            return make_inputs(spec, self.device, self.options.seed, self.options.inputs)
+            return op.make_inputs(spec, self.device, self.options.seed, self.options.inputs)
         except torch.OutOfMemoryError as exc:
             _free(self.device)
             return "oom", f"inputs: {_first_line(exc)}"
@@ -241,10 +243,12 @@ class Runner:
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         if not self.options.inputs.is_default:
             fields["info"] = dict(fields.get("info") or {}, inputs=self.options.inputs.describe())
-        name = (self.options.batch_names or {}).get((spec.seqlens_q, spec.seqlens_k))
+        name = None
+        if self.options.batch_names:
+            name = self.options.batch_names.get((spec.seqlens_q, spec.seqlens_k))
         if name is not None:
             fields["info"] = dict(fields.get("info") or {}, batch_name=name)
-        if spec.sta is not None:  # what share of the (query, key) pairs the FLOP count covers
+        if getattr(spec, "sta", None) is not None:  # what share of the (query, key) pairs the FLOP count covers
             fields["info"] = dict(fields.get("info") or {}, kept_fraction=round(spec.sta.kept_fraction(spec.heads_q), 6))
         return Record(run_id=self.run_id, backend=backend.name, spec=spec, timing_mode=self.timing_mode,
                       device=str(self.device), env_id=self.env_id, seed=self.options.seed,
@@ -256,7 +260,7 @@ class Runner:
         if reason:
             return self._record(spec, backend, status="unsupported", reason=reason, info=backend.base_info())
         info: dict = backend.base_info()
-        too_big = memory.guard(spec, backend, self.device)
+        too_big = operators.of(spec).memory_guard(spec, backend, self.device)
         if too_big:
             return self._record(spec, backend, status="oom", reason=too_big, info=info)
         try:
@@ -296,8 +300,9 @@ class Runner:
         if not busy:
             return False
         if spec not in self._ideal_ms:
-            compute = metrics.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
-            memory = metrics.bytes_moved(spec) / (self.ceilings.gbps * 1e9) * 1e3
+            op = operators.of(spec)
+            compute = op.flops(spec) / (self.ceilings.tflops * 1e12) * 1e3
+            memory = op.bytes_moved(spec) / (self.ceilings.gbps * 1e9) * 1e3
             self._ideal_ms[spec] = (compute, memory)
         compute, memory = self._ideal_ms[spec]
         return max(compute, memory) >= long_case_ms(self.options.timing, self.device.type) or \
@@ -391,13 +396,14 @@ class Runner:
         del fresh
         info["wall_s"] = {k: round(v, 4) for k, v in wall.items()}
         stats = summarize(samples)
-        flop = metrics.flops(spec, convention=self.options.flops_convention)
-        nbytes = metrics.bytes_moved(spec)
+        op = operators.of(spec)
+        flop = op.flops(spec, convention=self.options.flops_convention)
+        nbytes = op.bytes_moved(spec)
         status = "ok"
         reason = None
         rates = {"iters_per_s": 1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,
-                 "tflops": metrics.tflops_per_s(flop, stats["median_ms"]),
-                 "gbps": metrics.gb_per_s(nbytes, stats["median_ms"])}
+                 "tflops": tflops_per_s(flop, stats["median_ms"]),
+                 "gbps": gb_per_s(nbytes, stats["median_ms"])}
         cold = not cuda or (self.options.timing.cold_l2 and info.get("graph_cold") is not False)
         impossible = plausibility.check(tflops=rates["tflops"], gbps=rates["gbps"], info=info,
                                         exact=backend.judged_exactly(spec), cold_l2=cold, limits=self.ceilings)

@@ -33,9 +33,8 @@ def _die_with_parent() -> None:
 
 def serve(lines, proto) -> None:
     """Answer ``lines`` (the protocol's requests) on ``proto``; see the module doc."""
-    from attnbench.inputs import AttnInputs
+    from attnbench import operators
     from attnbench.runner import Runner
-    from attnbench.spec import AttnSpec
 
     setup = pickle.loads(base64.b64decode(json.loads(next(lines))["setup"]))
     runner = Runner(setup["options"], run_id=setup["run_id"], env_id=setup["env_id"], sink=lambda record: None,
@@ -46,11 +45,11 @@ def serve(lines, proto) -> None:
     inputs, inputs_key = None, None
     for line in lines:
         msg = json.loads(line)
-        spec, backend = AttnSpec.from_dict(msg["spec"]), backends[msg["backend"]]
+        spec, backend = operators.spec_from_dict(msg["spec"]), backends[msg["backend"]]
         if spec.shape_key() != inputs_key:  # consecutive cases of one shape share their inputs
             inputs, inputs_key = None, spec.shape_key()
             inputs = runner._make_inputs(spec)
-        if isinstance(inputs, AttnInputs):
+        if not isinstance(inputs, tuple):
             record = runner.run_case(spec, backend, inputs, check=runner.checker is not None)
         else:
             status, reason = inputs

@@ -50,11 +50,11 @@ def test_defaults_follow_the_kind_and_the_decode_flag():
 
 def test_labels_name_what_differs():
     assert RecurrenceSpec(kind="gdn", batch=2, seqlens=(4096,), heads_qk=16, heads_v=32).label() == (
-        "gdn b2 s4096 h16/32 k128 v128 bf16 fwd l2")
+        "gdn b2 s4096 h16/32 k128 v128 bf16 l2")
     varlen = RecurrenceSpec(kind="kda", seqlens=(13, 5), heads_qk=3, heads_v=6, d_k=5, d_v=7, dtype="fp32",
                             pass_="fwd_bwd", initial_state=True, chunk=32)
-    assert varlen.label() == "kda b1 varlen[13,5] h3/6 k5 v7 fp32 fwd_bwd h0 l2 c32"
-    assert RecurrenceSpec(kind="mamba2", decode=True, skip=True).label() == "mamba2 b1 s1 h16 k128 v128 bf16 fwd decode D"
+    assert varlen.label() == "kda b1 varlen[13,5] h3/6 k5 v7 fp32 h0 l2 c32"
+    assert RecurrenceSpec(kind="mamba2", decode=True, skip=True).label() == "mamba2 b1 s1 h16 k128 v128 bf16 decode D"
     assert RecurrenceSpec(kind="linear", gated=False).label().startswith("linear-ungated ")
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench import features
+from attnbench import features, operators
 from attnbench.accuracy.baseline import math_baseline
 from attnbench.accuracy.compare import compare
 from attnbench.accuracy.reference import BlockSizes, Reference, compute_dtype_for, reference_attention
@@ -101,16 +101,20 @@ class AccuracyChecker:
 
     # ---- the Checker call ----------------------------------------------------------------------
     def __call__(self, spec: AttnSpec, inputs: AttnInputs, outputs: Outputs, backend: Backend) -> dict:
+        op = operators.of(spec)
         grads = spec.pass_ != "fwd"
         expected = self.expected(spec, inputs, grads=grads)
         got = outputs.tensors()
-        wanted = ("out", "dq", "dk", "dv", *map(grad_name, features.grad_names(spec))) if grads else ("out",)
+        if op.name == "attention":
+            wanted = ("out", "dq", "dk", "dv", *map(grad_name, features.grad_names(spec))) if grads else ("out",)
+        else:  # another operator: the tensors it names for the pass
+            wanted = op.wanted(spec)
         missing = tuple(name for name in wanted if name not in got)
         metrics = compare(got, expected.reference.tensors())
         exact = backend.judged_exactly(spec)
         verdict = judge(metrics, expected.baseline if exact else None, spec.dtype, exact=exact,
                         missing=missing, tol=self.tolerance,
-                        reduction=max(max(spec.seqlens_q), max(spec.seqlens_k)))
+                        reduction=op.reduction(spec))
         result = {"verdict": verdict["verdict"], "exact": exact, "reference": expected.label, "tensors": metrics}
         if exact:  # the LSE is held to the reference alone (tolerance.py), so no baseline is shown for it
             result["baseline"] = {k: v for k, v in expected.baseline.items() if k in metrics and k != "lse"}
@@ -119,7 +123,7 @@ class AccuracyChecker:
             result["worst"] = verdict["worst"]
         if "reason" in verdict:
             result["reason"] = verdict["reason"]
-        if len(spec.sequences) > 1 and "out" in got and got["out"].shape == expected.reference.out.shape:
+        if op.name == "attention" and len(spec.sequences) > 1 and "out" in got and got["out"].shape == expected.reference.out.shape:
             result["worst_request"] = worst_request(spec, inputs, got["out"], expected.reference.out)
         if expected.unquantized is not None:
             result["unquantized"] = {"reference": f"{expected.label} of the bf16 inputs before quantization",
@@ -142,6 +146,9 @@ class AccuracyChecker:
         return entry
 
     def _compute(self, spec: AttnSpec, inputs: AttnInputs, grads: bool) -> Expected:
+        op = operators.of(spec)
+        if op.name != "attention":
+            return op.expected(spec, inputs, grads=grads, blocks=self.blocks)
         device = inputs.q.device
         dtype = compute_dtype_for(device, spec.out_dtype if spec.quantized else inputs.q.dtype)
         label = f"{str(dtype).removeprefix('torch.')} {device.type}, blocked online softmax"
@@ -169,7 +176,9 @@ class AccuracyChecker:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()  # only the poisoned block should be free to serve the next allocations
         free, _total = torch.cuda.mem_get_info(device)
-        nbytes = min(max(POISON_MIN_BYTES, 4 * io_bytes(spec)), free // 2)
+        op = operators.of(spec)
+        io = io_bytes(spec) if op.name == "attention" else int(op.bytes_moved(spec))
+        nbytes = min(max(POISON_MIN_BYTES, 4 * io), free // 2)
         if nbytes <= 0:
             return 0
         block = torch.empty(nbytes, dtype=torch.uint8, device=device)

@@ -180,6 +180,8 @@ class Backend:
 
     name: str = ""
     """Registry name, e.g. ``sdpa-flash``."""
+    operator: str = "attention"
+    """The operator whose cases it runs (``attnbench.operators``): attention, recurrence, sparse-mla."""
     description: str = ""
     """One line for ``attnbench backends``."""
     capabilities: Capabilities = Capabilities()
@@ -244,6 +246,9 @@ class Backend:
 
     def supports(self, spec: AttnSpec, device: str | torch.device) -> str | None:
         """None if the case can run; otherwise the reason it cannot."""
+        theirs = getattr(spec, "operator", "attention")
+        if theirs != self.operator:
+            return f"runs {self.operator} cases, not {theirs}"
         return (self.unavailable_reason() or check_capabilities(self.capabilities, spec, device)
                 or self.extra_reason(spec, device))
 
@@ -258,7 +263,7 @@ class Backend:
     def prepare_case(self, spec: AttnSpec, inputs: AttnInputs) -> Prepared:
         """``prepare`` on the inputs this backend takes: a shared prefix written out into every request's keys
         for a backend that takes none (``Capabilities.shared_prefix``)."""
-        if inputs.prefix_k is not None and not self.capabilities.shared_prefix:
+        if getattr(inputs, "prefix_k", None) is not None and not self.capabilities.shared_prefix:
             inputs = inputs.expanded()
         return self.prepare(spec, inputs)
 

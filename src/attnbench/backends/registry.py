@@ -69,6 +69,11 @@ BUILTIN: dict[str, str] = {
     "flashinfer-mla": "attnbench.backends.mla:FlashInferMLA",
     "sta": "attnbench.backends.sta:Sta",
     "sta-triton": "attnbench.backends.sta:StaTriton",
+    # recurrence cases (attnbench.operators)
+    "torch-recurrent": "attnbench.linear.backends:TorchRecurrent",
+    "torch-chunked": "attnbench.linear.backends:TorchChunked",
+    "fla-chunk": "attnbench.linear.backends:FlaChunk",
+    "fla-recurrent": "attnbench.linear.backends:FlaRecurrent",
 }
 
 _extra: dict[str, object] = {}
@@ -140,10 +145,11 @@ def get(name: str, options: dict | None = None) -> Backend:
     return backend
 
 
-def available(device, default_only: bool = False, options: dict | None = None) -> list[str]:
+def available(device, default_only: bool = False, options: dict | None = None,
+              operator: str | None = "attention") -> list[str]:
     """Names of the backends that can run on ``device`` here (package importable, device type allowed), each
     built with its ``options`` (name -> constructor options); with ``default_only``, only those that take part in
-    a sweep with no --backends given."""
+    a sweep with no --backends given; those of ``operator``'s cases (``attnbench.operators``; None: every one)."""
     out = []
     for name in names():
         try:
@@ -152,6 +158,8 @@ def available(device, default_only: bool = False, options: dict | None = None) -
             log.warning("backend %s failed to load: %s", name, exc)
             continue
         from attnbench.backends.base import device_type
+        if operator is not None and backend.operator != operator:
+            continue
         if backend.unavailable_reason() is None and device_type(device) in backend.capabilities.devices:
             if backend.default_sweep or not default_only:
                 out.append(name)

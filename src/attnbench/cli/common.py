@@ -408,6 +408,79 @@ def build_sweep(opts: dict, device: str) -> Sweep:
         raise UserError(str(exc)) from None
 
 
+OPS = {"attention": "attention", "gdn": "recurrence", "kda": "recurrence", "mamba2": "recurrence",
+       "linear": "recurrence", "sparse-mla": "sparse-mla"}
+"""--op values -> the operator of their cases (``attnbench.operators``)."""
+
+
+def operator_choice(opts: dict) -> str:
+    """--op (default attention), checked."""
+    value = option_text(opts, "op") or "attention"
+    if value not in OPS:
+        raise UserError(f"bad --op {shown(value)}; allowed: {', '.join(OPS)}")
+    return value
+
+
+ATTENTION_ONLY = ("kv_heads", "emb_dim", "causal_mode", "window", "softmax_scale", "layout", "batch", "batch_trace",
+                  "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "input_scale", "outliers")
+"""Options that shape attention cases alone: refused with another --op (they would be silently ignored)."""
+
+
+def operator_specs(opts: dict, op: str) -> list:
+    """The cases of a run of another operator than attention (``--op gdn``, ``--op sparse-mla``): the shared axes
+    parsed here, the product taken by the operator (``sweep``)."""
+    from attnbench import operators
+    given = [flag_name(name) for name in (*ATTENTION_ONLY, *(o.param for o in features.options()))
+             if opts.get(name) not in (None, False, [], ())]
+    if given:
+        raise UserError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} attention cases; --op {op} takes "
+                        "--batch-size, --seq-lens, --q-heads, --v-heads, --head-size, --head-size-v, --dtype, --pass"
+                        + (", --decode, --chunk" if OPS[op] == "recurrence" else ", --kv-seq-lens, --topk, --indices"))
+    try:
+        seq = axis_values(opts, "seq_lens", groups=True)
+        kv_seq = axis_values(opts, "kv_seq_lens", groups=True)
+        head_v = option_text(opts, "head_size_v")
+        ints = {name: tuple(parse_int_list(values, flag_name(name))) if (values := axis_values(opts, name)) else None
+                for name in ("batch_size", "q_heads", "v_heads", "head_size", "topk")}
+        axes = {"batch_sizes": ints["batch_size"], "q_heads": ints["q_heads"], "v_heads": ints["v_heads"],
+                "head_sizes": ints["head_size"], "head_sizes_v": (parse_int(head_v, "--head-size-v"),) if head_v
+                else None, "topks": ints["topk"],
+                "seq_lens": [tuple(x) for x in parse_seq_lens([str(v) for v in seq])] if seq else None,
+                "kv_seq_lens": [x[0] for x in parse_seq_lens([str(v) for v in kv_seq], "--kv-seq-lens")]
+                if kv_seq else None,
+                "dtypes": [str(d) for d in axis_values(opts, "dtype") or []] or None,
+                "passes": [str(p) for p in axis_values(opts, "pass_") or []] or None}
+        chunk = option_text(opts, "chunk")
+        options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
+                   "chunk": parse_int(chunk, "--chunk") if chunk else None}
+        return operators.get(OPS[op]).sweep(axes, options)
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+Op = Annotated[str | None, typer.Option(
+    "--op", metavar="OP", rich_help_panel="Operator",
+    help="What is measured: attention (default); a recurrence layer: gdn (Gated DeltaNet), kda, mamba2, linear; "
+         "or sparse-mla (DeepSeek's top-k sparse attention over MLA rows).")]
+VHeads = Annotated[list[str] | None, typer.Option(
+    "--v-heads", metavar="N", rich_help_panel="Operator",
+    help="Recurrences: value heads (and state heads), a multiple of --q-heads (Qwen3-Next: 32 over 16).")]
+Decode = Annotated[bool | None, typer.Option(
+    "--decode", rich_help_panel="Operator",
+    help="Recurrences: one new token per sequence from a state handed in; sparse MLA: FlashMLA's FP8 decode "
+         "(656-byte rows, paged).")]
+Chunk = Annotated[str | None, typer.Option(
+    "--chunk", metavar="C", rich_help_panel="Operator", help="Recurrences: tokens per chunk (default 64).")]
+TopK = Annotated[list[str] | None, typer.Option(
+    "--topk", metavar="K", rich_help_panel="Operator", help="Sparse MLA: slots per query (DeepSeek-V3.2: 2048).")]
+Indices = Annotated[str | None, typer.Option(
+    "--indices", metavar="HOW", rich_help_panel="Operator",
+    help="Sparse MLA: how each query's slots are chosen: indexer (the lightning indexer's top-k over seeded "
+         "inputs; default), random, prefix or window.")]
+
+
 SERVING_DEFAULT = Sweep(q_heads=(32,), kv_heads=None, head_sizes=(128,), dtypes=("bf16",), causal=(True,),
                         passes=("fwd",))
 """The axes a serving batch takes when not given: causal, forward, bf16, 32 heads of 128 (a Llama-style 8B)."""

@@ -80,8 +80,9 @@ def show_summary(records: list, config: dict, device_name: str = "") -> None:
 
 
 def resolve_backends(names: list[str] | None, impl: str | None, device: str, skip_missing: bool = False,
-                     options: dict | None = None) -> tuple[str, ...]:
-    """--backends / --impl -> registry names (validated); default = every backend available here. A named
+                     options: dict | None = None, operator: str = "attention") -> tuple[str, ...]:
+    """--backends / --impl -> registry names (validated); default = every backend of ``operator``'s cases
+    available here. A named
     backend that cannot run here is an error unless ``skip_missing`` (its cases are then recorded as
     unsupported, with the reason)."""
     if impl is not None:
@@ -94,7 +95,7 @@ def resolve_backends(names: list[str] | None, impl: str | None, device: str, ski
                             f"use --backends with one of: {alternatives}")
         names = [*(names or []), target]
     if not names:
-        return tuple(registry.available(device, default_only=True, options=options))
+        return tuple(registry.available(device, default_only=True, options=options, operator=operator))
     out = []
     known = registry.names()
     for item in names:
@@ -213,7 +214,9 @@ def check_runnable(specs: list[AttnSpec], backends: tuple[str, ...], device: str
     if not reasons:
         return
     counted = "; ".join(f"{n} {why} ({', '.join(dict.fromkeys(takers[why]))})" for why, n in reasons.most_common())
-    hint = runnable_hint(specs, backends, device, options=options) or "attnbench backends lists what each backend takes"
+    attention = all(getattr(s, "operator", "attention") == "attention" for s in specs)
+    hint = (runnable_hint(specs, backends, device, options=options) if attention else None) or \
+        "attnbench backends lists what each backend takes"
     raise UserError(f"nothing to run: no backend here takes any of the {_cases(len(specs) * len(backends))}: "
                     f"{counted}; {hint}")
 
@@ -302,7 +305,9 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
         opts.update(presets.apply(opts, common.option_text(opts, "preset")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    sweep = common.build_sweep(opts, device)
+    op = common.operator_choice(opts)
+    operator = common.OPS[op]
+    sweep = common.build_sweep(opts, device) if operator == "attention" else None
     text = common.option_text
     # Given values are bounded here (huge ones must fail before anything runs); absent ones stay
     # absent, so the stored options (and `verify`) can tell given from default.
@@ -318,14 +323,14 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
         convention = text(opts, "flops_convention") or "exact"
         if convention not in metrics.CONVENTIONS:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
-        specs = sweep.specs()
+        specs = sweep.specs() if sweep is not None else common.operator_specs(opts, op)
         from attnbench.backends import options as backend_options
         configured = backend_options.resolve(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     backends = resolve_backends(common.axis_values(opts, "backends"), text(opts, "impl"), device,
-                                common.option_bool(opts, "skip_missing"), configured)
-    if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing"):
+                                common.option_bool(opts, "skip_missing"), configured, operator)
+    if common.axis_values(opts, "backends") and not common.option_bool(opts, "skip_missing") and sweep is not None:
         check_variants(backends, specs, configured)
         check_named_backends(backends, specs, device, every_sweep=timed, options=configured)
     if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
@@ -343,8 +348,9 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     options = RunOptions(device=device, backends=backends, timing=timing, flops_convention=convention,
                          seed=common.option_int(opts, "seed", 0, common.MAX_SEED, default=0), ceilings=ceilings,
                          inputs=common.input_dist(opts), cpu=timing_opts.cpu_plan(opts, device),
-                         batch_names={(b.seqlens_q, b.seqlens_k): b.name for b in sweep.batches or () if b.traced}
-                         or None, backend_options=configured, **extra)
+                         batch_names={(b.seqlens_q, b.seqlens_k): b.name for b in
+                                      (sweep.batches if sweep is not None else None) or () if b.traced} or None,
+                         backend_options=configured, **extra)
     timeout = control.case_timeout(opts.get("case_timeout"))
     return RunPlan(specs=specs, options=options, db=db, output=Path(output) if output else None, profiler=profiler,
                    config={k: (str(v) if isinstance(v, Path) else v) for k, v in opts.items()},
@@ -478,6 +484,12 @@ def run(
     window: common.Window = None,
     softmax_scale: common.SoftmaxScale = None,
     preset: common.Preset = None,
+    op: common.Op = None,
+    v_heads: common.VHeads = None,
+    decode: common.Decode = None,
+    chunk: common.Chunk = None,
+    topk: common.TopK = None,
+    indices: common.Indices = None,
     layout: Annotated[str | None, typer.Option(
         "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,

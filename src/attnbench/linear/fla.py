@@ -91,6 +91,12 @@ def _gated_backward_reason() -> str | None:
             "needs Triton >= 3.7.1 or tilelang")
 
 
+def kernel_name(spec: RecurrenceSpec, op: str = "chunk") -> str:
+    """The fla function a case calls (``_kernel``)."""
+    base = {"gdn": "gated_delta_rule", "kda": "kda"}.get(spec.kind, "simple_gla")
+    return f"fla.ops.{'chunk' if op == 'chunk' else 'fused_recurrent'}_{base}"
+
+
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -> Callable[[], Outputs]:
     """A closure running fla's ``op`` on ``inputs``: each call returns Outputs (module doc)."""
     validate(spec, inputs)

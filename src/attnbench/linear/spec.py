@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -191,12 +192,33 @@ class RecurrenceSpec:
             names.append("initial_state")
         return tuple(names)
 
+    operator: ClassVar[str] = "recurrence"
+    """``attnbench.operators``: the pipeline asks it for inputs, FLOPs, bytes, store columns and the check."""
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able fields, with the operator's name (``operators.spec_from_dict`` reads it back)."""
+        out = {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+               for f in dataclasses.fields(self)}
+        return {"operator": self.operator, **out}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RecurrenceSpec:
+        data = {k: v for k, v in data.items() if k != "operator"}
+        if data.get("seqlens") is not None:
+            data["seqlens"] = tuple(data["seqlens"])
+        return cls(**data)
+
+    def shape_key(self) -> tuple:
+        """Everything that decides the input tensors (not the pass): cases sharing it share inputs."""
+        return ("recurrence", *dataclasses.astuple(self.replace(pass_="fwd")))
+
     def replace(self, **changes) -> RecurrenceSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def label(self) -> str:
-        """Short human label, e.g. ``gdn b2 s4096 h16/32 k128 v128 bf16 fwd l2``."""
+        """Short human label, e.g. ``gdn b2 s4096 h16/32 k128 v128 bf16 l2`` (the pass is not in it: records and
+        progress lines show it beside the label, as for attention)."""
         if len(self.seqlens) > LABEL_SEQUENCES:
             seq = "reqs[" + describe(self.seqlens, self.seqlens) + "]"
         elif self.is_varlen:
@@ -205,7 +227,7 @@ class RecurrenceSpec:
             seq = f"s{self.seqlens[0]}"
         heads = f"h{self.heads_qk}" + (f"/{self.heads_v}" if self.heads_v != self.heads_qk else "")
         parts = [self.kind if self.gated else f"{self.kind}-ungated", f"b{self.batch}", seq, heads,
-                 f"k{self.d_k}", f"v{self.d_v}", self.dtype, self.pass_]
+                 f"k{self.d_k}", f"v{self.d_v}", self.dtype]
         if self.decode:
             parts.append("decode")
         elif self.initial_state:

@@ -19,7 +19,9 @@ Per chunk of C tokens with state S₀ at its start and chunk-local cumulative lo
 
 which follows from unrolling the recurrence over the chunk (U holds each token's ``beta·(v − Sᵀk)``). The unit
 lower-triangular solve runs in fp32 for half types (``torch.linalg.solve_triangular`` takes none; fla's kernels
-solve in fp32 too), its result cast back to ``dtype``; every other product is in ``dtype``. A sequence is padded with
+solve in fp32 too), its result cast back to ``dtype``; so do the cumulative log-decays γ (a chunk's sum of bf16
+gates loses whole units: fla keeps them in fp32), their exponentials cast to ``dtype``; every other product is in
+``dtype``. A sequence is padded with
 zero tokens to a whole number of chunks, which changes nothing (``inputs.pad_sequences``).
 """
 
@@ -72,20 +74,23 @@ def _one_chunk(spec: RecurrenceSpec, s, q, k, v, g, beta):
         kk = k @ k.transpose(-1, -2)
         q_read, k_read, k_write = q, k, k
     else:
-        gam = g.cumsum(2)  # (N, HV, C) or (N, HV, C, K)
+        # cumulative log-decays in fp32 at least (as chunk kernels keep them): in bf16 a chunk's sum of Mamba2's
+        # A·dt (down to -100) is off by ~0.4, its decays by 40%; the decays then join the products in q's dtype
+        gam = g.to(torch.promote_types(g.dtype, torch.float32)).cumsum(2)  # (N, HV, C) or (N, HV, C, K)
+        exp = lambda x: torch.exp(x).to(q.dtype)  # noqa: E731
         if spec.per_channel:
             diff = (gam[:, :, :, None] - gam[:, :, None]).masked_fill(later[..., None], float("-inf"))
-            decay = torch.exp(diff)  # (N, HV, C, C, K)
+            decay = exp(diff)  # (N, HV, C, C, K)
             qk = torch.einsum("nhik,nhjk,nhijk->nhij", q, k, decay)
             kk = torch.einsum("nhik,nhjk,nhijk->nhij", k, k, decay)
-            q_read, k_read = q * torch.exp(gam), k * torch.exp(gam)
-            k_write = k * torch.exp(gam[:, :, -1:] - gam)
+            q_read, k_read = q * exp(gam), k * exp(gam)
+            k_write = k * exp(gam[:, :, -1:] - gam)
         else:
-            decay = torch.exp((gam[..., :, None] - gam[..., None, :]).masked_fill(later, float("-inf")))
+            decay = exp((gam[..., :, None] - gam[..., None, :]).masked_fill(later, float("-inf")))
             qk = (q @ k.transpose(-1, -2)) * decay
             kk = (k @ k.transpose(-1, -2)) * decay
-            q_read, k_read = q * torch.exp(gam)[..., None], k * torch.exp(gam)[..., None]
-            k_write = k * torch.exp(gam[..., -1:] - gam)[..., None]
+            q_read, k_read = q * exp(gam)[..., None], k * exp(gam)[..., None]
+            k_write = k * exp(gam[..., -1:] - gam)[..., None]
     if spec.delta:
         lower = (beta[..., None] * kk).masked_fill(~later.T.tril(-1), 0)  # strictly before: j < i
         solve = torch.promote_types(v.dtype, torch.float32)
@@ -99,7 +104,7 @@ def _one_chunk(spec: RecurrenceSpec, s, q, k, v, g, beta):
     if gam is None:
         s_next = s + k_write.transpose(-1, -2) @ u
     else:
-        last = torch.exp(gam[:, :, -1])
+        last = exp(gam[:, :, -1])
         s_next = s * (last[..., None] if spec.per_channel else last[..., None, None]) + k_write.transpose(-1, -2) @ u
     return o, s_next
 

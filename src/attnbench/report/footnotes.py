@@ -30,7 +30,7 @@ def grouped_note(records: list[Record]) -> list[str]:
     sequences, easily typed for two cases (``--seq-lens 128 256``), so say which was run."""
     if all(r.n <= 1 for r in records if r.status == "ok"):  # verify's cases, chosen for it: nothing was mistyped
         return []
-    grouped = [r for r in records if r.spec.is_varlen]
+    grouped = [r for r in records if getattr(r.spec, "operator", "attention") == "attention" and r.spec.is_varlen]
     backends = {r.backend for r in grouped}
     # a backend that ran any of them does not skip them, though it may skip one (a pass, a mask)
     skipped = backends - {r.backend for r in grouped if r.status != "unsupported"}

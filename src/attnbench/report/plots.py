@@ -95,7 +95,8 @@ def _spec(row: dict) -> AttnSpec | None:
     spec = row.get("spec")
     if isinstance(spec, str):
         spec = json.loads(spec)
-    return AttnSpec.from_dict(spec) if isinstance(spec, dict) else None
+    # the attention case of the row; the plots' attention-only axes (kv tokens, serving) skip other operators
+    return AttnSpec.from_dict(spec) if isinstance(spec, dict) and "operator" not in spec else None
 
 
 def is_serving(row: dict) -> bool:

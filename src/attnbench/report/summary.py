@@ -19,7 +19,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from attnbench import features, metrics
+from attnbench import features, metrics, operators
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
 from attnbench.serving import describe, group_label, tree_label
@@ -36,8 +36,10 @@ STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "
 
 
 def axes(r: Record) -> dict[str, str]:
-    """The case's position on every axis, as short labels."""
+    """The case's position on every axis, as short labels (another operator's case: its own, ``axes``)."""
     s = r.spec
+    if (op := operators.of(s)).name != "attention":
+        return op.axes(s)
     seq = str(s.seqlens_q[0]) if not s.is_varlen else group_label(s.seqlens_q)
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
@@ -63,16 +65,17 @@ def axes(r: Record) -> dict[str, str]:
     return out
 
 
-SWEEP_ORDER = ("seq", "keys", "batch", "head_dim", "heads", "dtype", "window", *features.NAMES, "page",
-               "prefix", "tree", "kv", "mla", "layout", "mask", "pass")
+SWEEP_ORDER = ("seq", "keys", "topk", "batch", "head_dim", "heads", "dtype", "window", *features.NAMES, "page",
+               "prefix", "tree", "kv", "mla", "layout", "mask", "op", "pass")
 """Which varying axis becomes the rows: the one with most values, ties broken in this order."""
-LABEL_ORDER = ("batch", "seq", "keys", "heads", "head_dim", "dtype", "mask", "window", *features.NAMES,
+LABEL_ORDER = ("op", "batch", "seq", "keys", "topk", "heads", "head_dim", "dtype", "mask", "window", *features.NAMES,
                "prefix", "tree", "kv", "page", "mla", "layout", "pass")
 """The order of the fixed axes in the header (that of a case label)."""
 UNSHOWN_WHEN_FIXED = {"no window", *(f.axis(f.off) for f in features.FEATURES), "no prefix", "no tree", "no pages",
                       "no mla"}
 """Values of an axis every case shares that the header leaves out (they are the default)."""
-ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype"}
+ROW_TITLES = {"seq": "S", "keys": "keys", "batch": "B", "head_dim": "D", "heads": "heads", "dtype": "dtype",
+              "topk": "top-k", "op": "op"}
 
 
 def is_exact(r: Record) -> bool:
@@ -214,7 +217,8 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     merged, columns, approx_column = _layout(exact, approx, width, len(ROW_TITLES.get(row_axis, row_axis)))
     unit, scale = unit_of(records, metric)
     groups = list(dict.fromkeys(g for g, _, _ in by_case))  # in the order the run measured them
-    tokens = {row: sum(r.spec.seqlens_q) for (_, row, _), r in by_case.items()} if row_axis == "seq" else {}
+    tokens = {row: operators.of(r.spec).columns(r.spec)["total_q"] for (_, row, _), r in by_case.items()
+              } if row_axis == "seq" else {}
     built = []
     for g in groups:
         rows = sorted({row for gg, row, _ in by_case if gg == g}, key=lambda row: _sort_key(row, tokens.get(row)))

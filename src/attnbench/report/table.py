@@ -135,7 +135,7 @@ def _parts(spec: AttnSpec) -> tuple[list[str], list[str]]:
     summed up."""
     words = spec.label().split(" ")
     head = words[:2]
-    if len(spec.seqlens_q) > LABEL_SEQUENCES and len(words[1]) > REQUESTS_SHOWN + len("reqs[]"):
+    if len(getattr(spec, "seqlens_q", ())) > LABEL_SEQUENCES and len(words[1]) > REQUESTS_SHOWN + len("reqs[]"):
         head = [words[0], f"reqs[{len(spec.seqlens_q)}:", f"q{_span(spec.seqlens_q)}", f"kv{_span(spec.seqlens_k)}]"]
     return head, words[2:]
 

@@ -20,7 +20,7 @@ EXPORT_COLUMNS = (
     "seq_len_k", "num_seqs", "heads_q", "heads_kv", "head_dim", "emb_dim", "dtype", "causal", "varlen", "window",
     *features.NAMES, "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms", "n", "iters_per_s", "flops", "flops_convention",
     "bytes", "tflops", "gbps", "peak_mem_bytes", "sm_clock_mhz", "clock_dropped", "accuracy", "info", "seed",
-    "env_id", "case_id",
+    "env_id", "case_id", "operator",
 )
 FORMATS = ("json", "csv", "parquet")
 JSON_COLUMNS = ("accuracy", "info", "window", *(f.name for f in features.FEATURES if f.json_column), "tree")
@@ -38,14 +38,22 @@ def export_rows(rows: list[dict]) -> list[dict]:
         item["sm_clock_mhz"], item["clock_dropped"] = clock_of(row.get("info"))
         if row.get("spec"):
             spec = json.loads(row["spec"]) if isinstance(row["spec"], str) else row["spec"]
+            item["operator"] = spec.get("operator", "attention")  # attnbench.operators
+            if item["operator"] != "attention":  # attention's features and serving columns stay empty
+                out.append(_decoded(item))
+                continue
             item.update({f.name: f.export(f.normalize(spec.get(f.name, f.off))) for f in features.FEATURES})
             item.update(page_size=spec.get("page_size"), shared_prefix=spec.get("shared_prefix", 0),
                         tree=spec.get("tree"), kv_dtype=spec.get("kv_dtype"), mla=bool(spec.get("mla", False)))
-        for c in JSON_COLUMNS:
-            if isinstance(item[c], str):
-                item[c] = json.loads(item[c])
-        out.append(item)
+        out.append(_decoded(item))
     return out
+
+
+def _decoded(item: dict) -> dict:
+    for c in JSON_COLUMNS:
+        if isinstance(item[c], str):
+            item[c] = json.loads(item[c])
+    return item
 
 
 def format_for(path: Path) -> str:

@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+from attnbench import operators
 from attnbench.spec import AttnSpec
 
 SCHEMA_VERSION = 4
@@ -22,7 +23,7 @@ class Record:
     backend: str
     """Backend registry name."""
     spec: AttnSpec
-    """The case (shape, dtype, mask, pass)."""
+    """The case (shape, dtype, mask, pass); a spec of another operator (``attnbench.operators``) alike."""
     status: str = "ok"
     """ok | unsupported | oom | error | nan | mismatch."""
     reason: str | None = None
@@ -78,17 +79,10 @@ class Record:
         """Flat dict of the store's columns (JSON for nested values)."""
         spec = self.spec
         row = {k: v for k, v in asdict(self).items() if k not in ("spec", "accuracy", "info", "samples_ms")}
-        row.update(
-            case_id=self.case_id, label=spec.label(), pass_=spec.pass_, batch=spec.batch,
-            seq_len=spec.seqlens_q[0] if not spec.is_varlen else max(spec.seqlens_q),
-            seq_len_k=spec.seqlens_k[0] if not spec.is_varlen else max(spec.seqlens_k),
-            num_seqs=len(spec.seqlens_q), total_q=sum(s for s, _ in spec.sequences),
-            heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v,
-            emb_dim=spec.heads_q * spec.head_dim, dtype=spec.dtype, causal=int(spec.causal),
-            varlen=int(spec.is_varlen), window=json.dumps(spec.window), layout=spec.layout,
-            spec=json.dumps(spec.to_dict()), accuracy=json.dumps(self.accuracy), info=json.dumps(self.info),
-            samples_ms=json.dumps(self.samples_ms),
-        )
+        row.update(operators.of(spec).columns(spec))
+        row.update(case_id=self.case_id, label=spec.label(), pass_=spec.pass_, spec=json.dumps(spec.to_dict()),
+                   accuracy=json.dumps(self.accuracy), info=json.dumps(self.info),
+                   samples_ms=json.dumps(self.samples_ms))
         row["pass"] = row.pop("pass_")
         return row
 
@@ -97,7 +91,7 @@ class Record:
         """Inverse of ``to_row`` (extra columns are ignored)."""
         names = set(cls.__dataclass_fields__)
         data = {k: row[k] for k in names if k in row and k not in ("spec", "accuracy", "info", "samples_ms")}
-        return cls(spec=AttnSpec.from_dict(json.loads(row["spec"])), accuracy=json.loads(row["accuracy"] or "null"),
+        return cls(spec=operators.spec_from_dict(json.loads(row["spec"])), accuracy=json.loads(row["accuracy"] or "null"),
                    info=json.loads(row["info"] or "{}"), samples_ms=json.loads(row["samples_ms"] or "[]"), **data)
 
 

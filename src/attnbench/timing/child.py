@@ -30,9 +30,9 @@ from attnbench.timing.config import TimingConfig
 
 
 def run_job(job: dict) -> list[dict]:
+    from attnbench import operators
     from attnbench.backends import registry
-    from attnbench.inputs import InputDist, make_inputs
-    from attnbench.spec import AttnSpec
+    from attnbench.inputs import InputDist
     from attnbench.timing.events import L2Flusher
     from attnbench.timing.marked import TIMED_RANGE, Marker, launch_marked
     from attnbench.timing.nvtx import nvtx_range
@@ -44,10 +44,11 @@ def run_job(job: dict) -> list[dict]:
     marker = Marker(device)
     results = []
     for case in job["cases"]:
-        spec = AttnSpec.from_dict(case["spec"])
+        spec = operators.spec_from_dict(case["spec"])
         backend = registry.get(case["backend"], job.get("backend_options", {}).get(case["backend"]))
         try:
-            inputs = make_inputs(spec, device, job.get("seed", 0), InputDist(**(job.get("inputs") or {})))
+            inputs = operators.of(spec).make_inputs(spec, device, job.get("seed", 0),
+                                                    InputDist(**(job.get("inputs") or {})))
             prepared = backend.prepare_case(spec, inputs)
             per_call_ms = _warm_up(prepared.fn, config, device)
         except Exception as exc:  # noqa: BLE001 - the case failed; its range never opened

@@ -1,0 +1,85 @@
+"""Backends of recurrence cases (``Backend.operator = "recurrence"``): PyTorch's two forms and fla's kernels.
+
+- ``torch-recurrent``: the token loop of the definition in the case's dtype (``torch_forms.naive_recurrent``), the
+  yardstick of the check; any device.
+- ``torch-chunked``: the chunk form a user writes in PyTorch (``torch_forms.chunked``); any device.
+- ``fla-chunk`` / ``fla-recurrent``: fla-core's ``chunk_*`` and ``fused_recurrent_*`` kernels (``linear.fla``;
+  Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
+
+Each call of a closure returns ``Outputs`` in the reference's layout; with ``fwd_bwd`` the gradients come from
+autograd inside the call, as attention's ``autograd_closure`` does.
+"""
+
+from __future__ import annotations
+
+from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
+from attnbench.linear import fla
+from attnbench.linear.spec import RecurrenceSpec
+from attnbench.linear.torch_forms import chunked, naive_recurrent
+
+DTYPES = ("fp16", "bf16", "fp32", "fp64")
+
+
+class _RecurrenceBackend(Backend):
+    operator = "recurrence"
+    capabilities = Capabilities(dtypes=DTYPES, varlen=True, backward=True)
+
+    def supports(self, spec: RecurrenceSpec, device) -> str | None:
+        why = super().supports(spec, device) if getattr(spec, "operator", None) != "recurrence" else None
+        if why:
+            return why
+        if (why := self.unavailable_reason()) is not None:
+            return why
+        dev = device_type(device)
+        if dev not in self.capabilities.devices:
+            return f"runs on {'/'.join(self.capabilities.devices)}, not {dev}"
+        if spec.dtype not in self.capabilities.dtypes:
+            return f"{spec.dtype} not supported (takes {', '.join(self.capabilities.dtypes)})"
+        return self.extra_reason(spec, device)
+
+    def judged_exactly(self, spec) -> bool:
+        return True
+
+
+class TorchRecurrent(_RecurrenceBackend):
+    name = "torch-recurrent"
+    description = "the recurrence token by token in PyTorch, in the case's dtype (the check's yardstick)"
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=lambda: naive_recurrent(spec, inputs),
+                        info={"kernel": "token loop (torch)", "form": "recurrent"})
+
+
+class TorchChunked(_RecurrenceBackend):
+    name = "torch-chunked"
+    description = "the chunk form in PyTorch (WY representation, triangular solve in fp32), in the case's dtype"
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=lambda: chunked(spec, inputs), info={"kernel": "chunk form (torch)", "form": "chunked",
+                                                                "chunk": spec.chunk})
+
+
+class _Fla(_RecurrenceBackend):
+    package = "fla"
+    distribution = "fla-core"
+    install = "pip install fla-core"
+    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), varlen=True, backward=True, devices=("cuda",))
+    op = "chunk"
+
+    def extra_reason(self, spec, device) -> str | None:
+        return fla.supports(spec, self.op)
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=fla.prepare(spec, inputs, self.op),
+                        info={"kernel": fla.kernel_name(spec, self.op), "form": self.op})
+
+
+class FlaChunk(_Fla):
+    name = "fla-chunk"
+    description = "fla-core's chunk_* Triton kernels (chunk_gated_delta_rule, chunk_kda, chunk_simple_gla)"
+
+
+class FlaRecurrent(_Fla):
+    name = "fla-recurrent"
+    description = "fla-core's fused_recurrent_* Triton kernels (one token at a time; forward only for gdn, kda)"
+    op = "recurrent"

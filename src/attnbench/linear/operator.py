@@ -1,0 +1,115 @@
+"""The recurrence as an operator of the shared pipeline (``attnbench.operators``): what the runner, the store and the
+checker ask of a ``RecurrenceSpec`` case.
+
+- **FLOPs**: a prefill case counts the chunked form's work (``linear.metrics``, ``form="chunked"``: what the
+  chunk kernels that serve prefill compute), a decode case the recurrent form's (one token on the state), whatever
+  the backend: every backend of a case is held to the same count, so rates compare like times do.
+- **The check**: the exact fp64 recurrence (``reference.reference``) and, as the yardstick of the verdict, the same
+  recurrence token by token in PyTorch in the case's dtype (``torch_forms.naive_recurrent``, the gates and state
+  included: plain math in the dtype, as attention's baseline is). Every tensor the reference returns is judged —
+  ``out``, ``final_state`` and, for fwd_bwd, the gradient of every differentiable input — by
+  ``accuracy.tolerance.judge``; a tensor a kernel does not return fails.
+- **Store columns**: heads_q/heads_kv hold the q/k and value heads, head_dim/head_dim_v d_k and d_v, seq_len the
+  longest sequence; the label names the kind (``gdn b1 s4096 h16/32 ...``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from attnbench.linear.spec import RecurrenceSpec
+
+
+class Recurrence:
+    name = "recurrence"
+
+    def spec_from_dict(self, data: dict) -> RecurrenceSpec:
+        return RecurrenceSpec.from_dict(data)
+
+    def make_inputs(self, spec: RecurrenceSpec, device, seed: int, dist=None):
+        from attnbench.linear.inputs import make_inputs
+        if dist is not None and not dist.is_default:
+            raise ValueError("--input-scale and --outliers shape attention's q, k, v; a recurrence draws its own")
+        return make_inputs(spec, seed=seed, device=device)
+
+    def form(self, spec: RecurrenceSpec) -> str:
+        """The form whose work a case's FLOPs count (module doc)."""
+        return "recurrent" if spec.decode else "chunked"
+
+    def flops(self, spec: RecurrenceSpec, convention: str = "exact") -> float:
+        from attnbench.linear import metrics
+        return metrics.flops(spec, self.form(spec))
+
+    def bytes_moved(self, spec: RecurrenceSpec) -> float:
+        from attnbench.linear import metrics
+        return metrics.bytes_moved(spec)
+
+    def memory_guard(self, spec: RecurrenceSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
+        """The inputs and outputs (and gradients) at their sizes, plus the fp64 copies the check makes on the
+        device: about four times the bytes a call moves (estimated, as ``memory.guard``)."""
+        from attnbench.memory import available_bytes, format_bytes
+        free = available_bytes(device)
+        if free is None:
+            return None
+        need = 4 * self.bytes_moved(spec)
+        if need <= free:
+            return None
+        return f"needs about {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+
+    def columns(self, spec: RecurrenceSpec) -> dict:
+        return dict(batch=spec.batch, seq_len=max(spec.seqlens), seq_len_k=max(spec.seqlens),
+                    num_seqs=spec.num_seqs, total_q=spec.total_tokens, heads_q=spec.heads_qk,
+                    heads_kv=spec.heads_v, head_dim=spec.d_k, head_dim_v=spec.d_v,
+                    emb_dim=spec.heads_v * spec.d_v, dtype=spec.dtype, causal=1, varlen=int(spec.is_varlen),
+                    window=json.dumps(None), layout="bshd")
+
+    def wanted(self, spec: RecurrenceSpec) -> tuple[str, ...]:
+        """What a kernel must return for the case's pass."""
+        from attnbench.outputs import grad_name
+        grads = tuple(map(grad_name, spec.input_names)) if spec.pass_ == "fwd_bwd" else ()
+        return ("out", "final_state", *grads)
+
+    def reduction(self, spec: RecurrenceSpec) -> int:
+        """The longest sum: a state entry sums every token of its sequence."""
+        return max(spec.seqlens)
+
+    def expected(self, spec: RecurrenceSpec, inputs, *, grads: bool, blocks=None):
+        """The fp64 reference and the dtype baseline's metrics against it (``accuracy.check.Expected``)."""
+        from attnbench.accuracy.check import Expected
+        from attnbench.accuracy.compare import compare
+        from attnbench.linear.reference import reference
+        from attnbench.linear.torch_forms import naive_recurrent
+        case = spec.replace(pass_="fwd_bwd" if grads else "fwd")
+        ref = reference(case, inputs)
+        base = naive_recurrent(case, inputs)
+        device = inputs.q.device
+        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors()), grads=grads,
+                        label=f"float64 {device.type}, the recurrence token by token")
+
+    def sweep(self, axes: dict, options: dict) -> list[RecurrenceSpec]:
+        """The cases of a run: the product of the axes given (``cli.common.operator_sweep`` parses them)."""
+        kind = options["kind"]
+        decode = bool(options.get("decode"))
+        if decode and axes.get("seq_lens"):
+            raise ValueError("--decode adds one token to each sequence's state: drop --seq-lens (--batch-size "
+                             "gives the sequences)")
+        lengths = axes.get("seq_lens") or [None]
+        specs = []
+        for batch, seqlens, heads, v_heads, d_k, d_v, dtype, pass_ in itertools.product(
+                axes.get("batch_sizes") or [1], lengths, axes.get("q_heads") or [16],
+                axes.get("v_heads") or [None], axes.get("head_sizes") or [128], axes.get("head_sizes_v") or [None],
+                axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
+            specs.append(RecurrenceSpec(kind=kind, batch=batch, seqlens=None if decode else seqlens, heads_qk=heads,
+                                        heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
+                                        chunk=options.get("chunk") or 64))
+        return list(dict.fromkeys(specs))
+
+    def axes(self, spec: RecurrenceSpec) -> dict[str, str]:
+        """The case's position on the summary's axes (``report.summary.axes``)."""
+        from attnbench.serving import group_label
+        return {"op": spec.kind + (" decode" if spec.decode else "") + ("" if spec.gated else " ungated"),
+                "pass": spec.pass_, "dtype": spec.dtype, "batch": f"b{spec.batch}",
+                "seq": str(spec.seqlens[0]) if not spec.is_varlen else group_label(spec.seqlens),
+                "heads": f"h{spec.heads_qk}" + (f"/{spec.heads_v}" if spec.heads_v != spec.heads_qk else ""),
+                "head_dim": f"d{spec.d_k}" + (f"/{spec.d_v}" if spec.d_v != spec.d_k else "")}

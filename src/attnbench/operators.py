@@ -1,0 +1,96 @@
+"""The operators attnbench measures, each declared in one place: softmax attention (``spec.AttnSpec``), a linear
+recurrence (``linear.spec.RecurrenceSpec``: Gated DeltaNet, KDA, Mamba2) and index-selected MLA
+(``sparse.spec.SparseSpec``: DeepSeek's sparse attention).
+
+A case's spec names its operator (the class attribute ``operator``; a stored spec carries it as the key
+``"operator"``, absent for attention so that attention's case ids never changed). The shared pipeline — the
+runner, the worker processes, the store, the accuracy checker and the views — asks ``of(spec)`` for what differs
+between operators and nothing else:
+
+- ``spec_from_dict``: a stored case back as its spec;
+- ``make_inputs``: its seeded inputs on a device (an object with a ``q`` tensor and its ``seed``);
+- ``flops`` and ``bytes_moved``: the FLOP and byte conventions (each operator's module states its own);
+- ``columns``: the store's shape columns (batch, sequence lengths, heads, head sizes, dtype, ...);
+- ``memory_guard``: why a case would not fit the device, or None;
+- ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
+  ``wanted``: the tensors a kernel must return;
+- ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor).
+
+Backends declare which operator they run (``Backend.operator``); a run's backends are those of its cases'
+operator. Operators are imported when a case of theirs is met, so attention alone never imports the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+OPERATORS: dict[str, str] = {
+    "attention": "attnbench.operators:Attention",
+    "recurrence": "attnbench.linear.operator:Recurrence",
+    "sparse-mla": "attnbench.sparse.operator:SparseMla",
+}
+"""Operator name -> "module:Class" of its declaration."""
+
+_loaded: dict[str, Any] = {}
+
+
+def get(name: str):
+    """The operator called ``name``."""
+    if name not in _loaded:
+        if name not in OPERATORS:
+            raise ValueError(f"unknown operator {name!r}; known: {', '.join(OPERATORS)}")
+        module, cls = OPERATORS[name].split(":")
+        _loaded[name] = getattr(importlib.import_module(module), cls)()
+    return _loaded[name]
+
+
+def of(spec) -> Any:
+    """The operator of a case."""
+    return get(getattr(spec, "operator", "attention"))
+
+
+def spec_from_dict(data: dict):
+    """A stored case (``spec.to_dict()``) back as the spec of its operator."""
+    data = dict(data)
+    return get(data.pop("operator", "attention")).spec_from_dict(data)
+
+
+class Attention:
+    """Softmax attention: the operator every module of the pipeline was first written for; its pieces stay
+    where they are (``spec``, ``inputs``, ``metrics``, ``memory``, ``accuracy``) and are named here."""
+
+    name = "attention"
+
+    def spec_from_dict(self, data: dict):
+        from attnbench.spec import AttnSpec
+        return AttnSpec.from_dict(data)
+
+    def make_inputs(self, spec, device, seed, dist):
+        from attnbench.inputs import make_inputs
+        return make_inputs(spec, device, seed, dist)
+
+    def flops(self, spec, convention: str = "exact") -> float:
+        from attnbench import metrics
+        return metrics.flops(spec, convention=convention)
+
+    def bytes_moved(self, spec) -> float:
+        from attnbench import metrics
+        return metrics.bytes_moved(spec)
+
+    def memory_guard(self, spec, backend, device, *, inputs_allocated: bool = True) -> str | None:
+        from attnbench import memory
+        return memory.guard(spec, backend, device, inputs_allocated=inputs_allocated)
+
+    def columns(self, spec) -> dict:
+        import json
+        return dict(
+            batch=spec.batch, seq_len=spec.seqlens_q[0] if not spec.is_varlen else max(spec.seqlens_q),
+            seq_len_k=spec.seqlens_k[0] if not spec.is_varlen else max(spec.seqlens_k),
+            num_seqs=len(spec.seqlens_q), total_q=sum(s for s, _ in spec.sequences),
+            heads_q=spec.heads_q, heads_kv=spec.heads_kv, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v,
+            emb_dim=spec.heads_q * spec.head_dim, dtype=spec.dtype, causal=int(spec.causal),
+            varlen=int(spec.is_varlen), window=json.dumps(spec.window), layout=spec.layout)
+
+    def reduction(self, spec) -> int:
+        return max(max(spec.seqlens_q), max(spec.seqlens_k))

@@ -25,8 +25,8 @@ from attnbench import operators, plausibility
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, Outputs
 from attnbench.inputs import AttnInputs, InputDist
-from attnbench.metrics import gb_per_s, tflops_per_s
 from attnbench.isolate import STARTUP_TIMEOUT_S, Worker, WorkerDied, WorkerTimeout
+from attnbench.metrics import gb_per_s, tflops_per_s
 from attnbench.plausibility import Ceilings
 from attnbench.precompile import Precompiler
 from attnbench.results.record import Record, case_id

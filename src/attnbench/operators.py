@@ -9,7 +9,9 @@ between operators and nothing else:
 
 - ``spec_from_dict``: a stored case back as its spec;
 - ``make_inputs``: its seeded inputs on a device (an object with a ``q`` tensor and its ``seed``);
-- ``flops`` and ``bytes_moved``: the FLOP and byte conventions (each operator's module states its own);
+- ``flops`` and ``bytes_moved``: the FLOP and byte conventions (each operator's module states its own), of the
+  case's inputs where they matter (the index lists of a sparse case), else of the spec alone; ``info``: what a
+  record adds about them (the dense equivalent of a sparse case);
 - ``columns``: the store's shape columns (batch, sequence lengths, heads, head sizes, dtype, ...);
 - ``memory_guard``: why a case would not fit the device, or None;
 - ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
@@ -70,13 +72,16 @@ class Attention:
         from attnbench.inputs import make_inputs
         return make_inputs(spec, device, seed, dist)
 
-    def flops(self, spec, convention: str = "exact") -> float:
+    def flops(self, spec, convention: str = "exact", inputs=None) -> float:
         from attnbench import metrics
         return metrics.flops(spec, convention=convention)
 
-    def bytes_moved(self, spec) -> float:
+    def bytes_moved(self, spec, inputs=None) -> float:
         from attnbench import metrics
         return metrics.bytes_moved(spec)
+
+    def info(self, spec, inputs) -> dict:
+        return {}
 
     def memory_guard(self, spec, backend, device, *, inputs_allocated: bool = True) -> str | None:
         from attnbench import memory

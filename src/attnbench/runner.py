@@ -397,8 +397,9 @@ class Runner:
         info["wall_s"] = {k: round(v, 4) for k, v in wall.items()}
         stats = summarize(samples)
         op = operators.of(spec)
-        flop = op.flops(spec, convention=self.options.flops_convention)
-        nbytes = op.bytes_moved(spec)
+        flop = op.flops(spec, convention=self.options.flops_convention, inputs=inputs)
+        nbytes = op.bytes_moved(spec, inputs=inputs)
+        info.update(op.info(spec, inputs))
         status = "ok"
         reason = None
         rates = {"iters_per_s": 1e3 / stats["median_ms"] if stats["median_ms"] > 0 else None,

@@ -74,6 +74,10 @@ BUILTIN: dict[str, str] = {
     "torch-chunked": "attnbench.linear.backends:TorchChunked",
     "fla-chunk": "attnbench.linear.backends:FlaChunk",
     "fla-recurrent": "attnbench.linear.backends:FlaRecurrent",
+    # index-selected MLA cases
+    "sparse-torch": "attnbench.sparse.backends:SparseTorch",
+    "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",
+    "flashmla-sparse-fp8": "attnbench.sparse.backends:FlashMlaSparseFp8",
 }
 
 _extra: dict[str, object] = {}

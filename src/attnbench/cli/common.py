@@ -435,7 +435,16 @@ def operator_specs(opts: dict, op: str) -> list:
     if given:
         raise UserError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} attention cases; --op {op} takes "
                         "--batch-size, --seq-lens, --q-heads, --v-heads, --head-size, --head-size-v, --dtype, --pass"
-                        + (", --decode, --chunk" if OPS[op] == "recurrence" else ", --kv-seq-lens, --topk, --indices"))
+                        + (", --decode, --chunk" if OPS[op] == "recurrence" else
+                           ", --kv-seq-lens, --topk, --indices, --decode, --sink, --topk-lengths, --extra-cache"))
+    wrong = [flag for flag, name, owner in (("--v-heads", "v_heads", "recurrence"), ("--chunk", "chunk", "recurrence"),
+                                             ("--topk", "topk", "sparse-mla"), ("--indices", "indices", "sparse-mla"),
+                                             ("--sink", "sink", "sparse-mla"), ("--topk-lengths", "topk_lengths", "sparse-mla"),
+                                             ("--extra-cache", "extra_cache", "sparse-mla"),
+                                             ("--kv-seq-lens", "kv_seq_lens", "sparse-mla"))
+             if OPS[op] != owner and opts.get(name) not in (None, False, [], ())]
+    if wrong:
+        raise UserError(f"{', '.join(wrong)} belong{'s' * (len(wrong) == 1)} to another --op than {op}")
     try:
         seq = axis_values(opts, "seq_lens", groups=True)
         kv_seq = axis_values(opts, "kv_seq_lens", groups=True)
@@ -451,8 +460,15 @@ def operator_specs(opts: dict, op: str) -> list:
                 "dtypes": [str(d) for d in axis_values(opts, "dtype") or []] or None,
                 "passes": [str(p) for p in axis_values(opts, "pass_") or []] or None}
         chunk = option_text(opts, "chunk")
+        extra = option_text(opts, "extra_cache")
+        if extra is not None:
+            parts = extra.lower().split("x")
+            if len(parts) != 2:
+                raise UserError(f"bad --extra-cache {shown(extra)}: give ROWSxTOPK, e.g. 16384x512")
+            extra = (parse_int(parts[0], "--extra-cache rows"), parse_int(parts[1], "--extra-cache top-k"))
         options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
-                   "chunk": parse_int(chunk, "--chunk") if chunk else None}
+                   "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
+                   "topk_length": option_bool(opts, "topk_lengths"), "extra": extra}
         return operators.get(OPS[op]).sweep(axes, options)
     except UserError:
         raise
@@ -475,6 +491,15 @@ Chunk = Annotated[str | None, typer.Option(
     "--chunk", metavar="C", rich_help_panel="Operator", help="Recurrences: tokens per chunk (default 64).")]
 TopK = Annotated[list[str] | None, typer.Option(
     "--topk", metavar="K", rich_help_panel="Operator", help="Sparse MLA: slots per query (DeepSeek-V3.2: 2048).")]
+Sink = Annotated[bool | None, typer.Option(
+    "--sink", rich_help_panel="Operator", help="Sparse MLA: a per-head attention-sink logit (DeepSeek-V4).")]
+TopkLengths = Annotated[bool | None, typer.Option(
+    "--topk-lengths", rich_help_panel="Operator",
+    help="Sparse MLA: only the first lengths[t] slots of each query count (FlashMLA's topk_length; one per request "
+         "in decode).")]
+ExtraCache = Annotated[str | None, typer.Option(
+    "--extra-cache", metavar="ROWSxTOPK", rich_help_panel="Operator",
+    help="Sparse MLA: DeepSeek-V4's second, compressed cache per request, ROWS rows with TOPK slots per query.")]
 Indices = Annotated[str | None, typer.Option(
     "--indices", metavar="HOW", rich_help_panel="Operator",
     help="Sparse MLA: how each query's slots are chosen: indexer (the lightning indexer's top-k over seeded "

@@ -490,6 +490,9 @@ def run(
     chunk: common.Chunk = None,
     topk: common.TopK = None,
     indices: common.Indices = None,
+    sink: common.Sink = None,
+    topk_lengths: common.TopkLengths = None,
+    extra_cache: common.ExtraCache = None,
     layout: Annotated[str | None, typer.Option(
         "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,

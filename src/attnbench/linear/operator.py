@@ -37,13 +37,16 @@ class Recurrence:
         """The form whose work a case's FLOPs count (module doc)."""
         return "recurrent" if spec.decode else "chunked"
 
-    def flops(self, spec: RecurrenceSpec, convention: str = "exact") -> float:
+    def flops(self, spec: RecurrenceSpec, convention: str = "exact", inputs=None) -> float:
         from attnbench.linear import metrics
         return metrics.flops(spec, self.form(spec))
 
-    def bytes_moved(self, spec: RecurrenceSpec) -> float:
+    def bytes_moved(self, spec: RecurrenceSpec, inputs=None) -> float:
         from attnbench.linear import metrics
         return metrics.bytes_moved(spec)
+
+    def info(self, spec: RecurrenceSpec, inputs) -> dict:
+        return {"flops_form": self.form(spec)}
 
     def memory_guard(self, spec: RecurrenceSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
         """The inputs and outputs (and gradients) at their sizes, plus the fp64 copies the check makes on the
@@ -88,7 +91,8 @@ class Recurrence:
                         label=f"float64 {device.type}, the recurrence token by token")
 
     def sweep(self, axes: dict, options: dict) -> list[RecurrenceSpec]:
-        """The cases of a run: the product of the axes given (``cli.common.operator_sweep`` parses them)."""
+        """The cases of a run: the product of the axes given (``cli.common.operator_specs`` parses them). A Mamba2
+        layer has its D·x skip, as the models' layers do."""
         kind = options["kind"]
         decode = bool(options.get("decode"))
         if decode and axes.get("seq_lens"):
@@ -102,7 +106,7 @@ class Recurrence:
                 axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
             specs.append(RecurrenceSpec(kind=kind, batch=batch, seqlens=None if decode else seqlens, heads_qk=heads,
                                         heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
-                                        chunk=options.get("chunk") or 64))
+                                        chunk=options.get("chunk") or 64, skip=kind == "mamba2"))
         return list(dict.fromkeys(specs))
 
     def axes(self, spec: RecurrenceSpec) -> dict[str, str]:

@@ -1,0 +1,123 @@
+"""Index-selected MLA as an operator of the shared pipeline (``attnbench.operators``).
+
+- **FLOPs and bytes** count the selected tokens (``counts.sparse_counts``: valid slots, distinct rows read once)
+  from the case's inputs, so they are exact for the index lists the kernels got; the dense attention over every
+  visible key is recorded beside them (``info["dense_tflops"]``: what the selection saves). Before the inputs exist
+  (a compile-worker estimate) every slot of every query counts.
+- **The check**: the exact reference over exactly the selected tokens (``reference.reference_sparse``: fp64 on the
+  CPU, fp32 with TF32 off on a GPU) and, as the verdict's yardstick, the same gather in PyTorch in the case's dtype
+  (``baseline.baseline_sparse``). In decode both read the dequantized FP8 rows: the values the kernel computes
+  with. A kernel returns ``out`` and ``lse`` (and prefill's ``max_logits``, compared where given); fwd_bwd adds
+  dq, dkv and the extra cache's and sink's gradients.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from attnbench.sparse.spec import SparseSpec, grads_of, make_inputs
+
+
+class SparseMla:
+    name = "sparse-mla"
+
+    def spec_from_dict(self, data: dict) -> SparseSpec:
+        return SparseSpec.from_dict(data)
+
+    def make_inputs(self, spec: SparseSpec, device, seed: int, dist=None):
+        if dist is not None and not dist.is_default:
+            raise ValueError("--input-scale and --outliers shape attention's q, k, v; sparse MLA draws its own")
+        return make_inputs(spec, device, seed)
+
+    def counts(self, spec: SparseSpec, inputs):
+        from attnbench.sparse.counts import sparse_counts
+        from attnbench.sparse.fp8 import ROW_BYTES
+        extra_rows = 0 if spec.extra is None else spec.batch * spec.extra[0]
+        return sparse_counts(inputs.selection, spec.cache_rows, heads=spec.heads, d_qk=spec.d_qk, d_v=spec.d_v,
+                             pass_=spec.pass_, row_bytes=ROW_BYTES if spec.decode else None,
+                             elem_bytes=inputs.q.element_size(), extra=inputs.extra, extra_rows=extra_rows,
+                             attn_sink=spec.sink)
+
+    def flops(self, spec: SparseSpec, convention: str = "exact", inputs=None) -> float:
+        if inputs is not None:
+            return self.counts(spec, inputs).flops
+        from attnbench.metrics import PASS_FLOP_FACTOR
+        slots = spec.queries * (spec.topk + (spec.extra[1] if spec.extra else 0))
+        return 2.0 * spec.heads * (spec.d_qk + spec.d_v) * slots * PASS_FLOP_FACTOR[spec.pass_]
+
+    def bytes_moved(self, spec: SparseSpec, inputs=None) -> float:
+        if inputs is not None:
+            return self.counts(spec, inputs).bytes
+        elem = 2 if spec.dtype != "fp32" else 4
+        return float(spec.queries * spec.heads * (spec.d_qk + spec.d_v) * elem + spec.cache_rows * spec.d_qk * elem)
+
+    def info(self, spec: SparseSpec, inputs) -> dict:
+        """The selection's size and the dense attention beside it."""
+        c = self.counts(spec, inputs)
+        return {"valid_slots": c.slots, "distinct_rows": c.rows, "dense_flops": c.dense_flops,
+                "dense_bytes": c.dense_bytes}
+
+    def memory_guard(self, spec: SparseSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
+        from attnbench.memory import available_bytes, format_bytes
+        free = available_bytes(device)
+        if free is None:
+            return None
+        need = 4 * self.bytes_moved(spec)
+        return None if need <= free else f"needs about {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+
+    def columns(self, spec: SparseSpec) -> dict:
+        return dict(batch=spec.batch, seq_len=spec.s_q, seq_len_k=spec.s_kv, num_seqs=spec.batch,
+                    total_q=spec.queries, heads_q=spec.heads, heads_kv=1, head_dim=spec.d_qk, head_dim_v=spec.d_v,
+                    emb_dim=spec.heads * spec.d_qk, dtype=spec.dtype, causal=1, varlen=0, window=json.dumps(None),
+                    layout="bshd")
+
+    def axes(self, spec: SparseSpec) -> dict[str, str]:
+        return {"op": "sparse-mla" + (" fp8 decode" if spec.decode else ""), "pass": spec.pass_,
+                "dtype": spec.dtype, "batch": f"b{spec.batch}", "seq": str(spec.s_q), "keys": f"keys {spec.s_kv}",
+                "topk": f"top-k {spec.topk} {spec.indices}", "heads": f"h{spec.heads}",
+                "head_dim": f"d{spec.d_qk}/{spec.d_v}"}
+
+    def wanted(self, spec: SparseSpec) -> tuple[str, ...]:
+        return ("out", "lse", *(grads_of(spec) if spec.pass_ == "fwd_bwd" else ()))
+
+    def reduction(self, spec: SparseSpec) -> int:
+        return spec.topk + (spec.extra[1] if spec.extra else 0)
+
+    def expected(self, spec: SparseSpec, inputs, *, grads: bool, blocks=None):
+        from attnbench.accuracy.check import Expected
+        from attnbench.accuracy.compare import compare
+        from attnbench.sparse.baseline import baseline_sparse
+        from attnbench.sparse.reference import reference_sparse
+        dout = inputs.dout if grads else None
+        ref = reference_sparse(inputs.q, inputs.kv, inputs.selection, **inputs.kwargs(spec), dout=dout, blocks=blocks)
+        base = baseline_sparse(inputs.q, inputs.kv, inputs.selection, **inputs.kwargs(spec), dout=dout)
+        device = inputs.q.device
+        dtype = "float64" if device.type == "cpu" else "float32 (TF32 off)"
+        what = "the dequantized FP8 rows" if spec.decode else "the cache"
+        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors()), grads=grads,
+                        label=f"{dtype} {device.type}, exactly the selected rows of {what}")
+
+    def sweep(self, axes: dict, options: dict) -> list[SparseSpec]:
+        decode = bool(options.get("decode"))
+        seqs = [s[0] if len(s) == 1 else _one(s) for s in axes.get("seq_lens") or []] or [2 if decode else 4096]
+        specs = []
+        for batch, s_q, s_kv, heads, topk, dtype, pass_ in itertools.product(
+                axes.get("batch_sizes") or [1], seqs, axes.get("kv_seq_lens") or [None], axes.get("q_heads") or [128],
+                axes.get("topks") or [2048], axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
+            fields = dict(batch=batch, s_q=s_q, s_kv=s_kv or max(8192, s_q), heads=heads, topk=topk, dtype=dtype,
+                          pass_=pass_, decode=decode)
+            for name, axis in (("d_qk", "head_sizes"), ("d_v", "head_sizes_v")):
+                if axes.get(axis):
+                    fields[name] = axes[axis][0]
+            if options.get("indices"):
+                fields["indices"] = options["indices"]
+            fields.update(sink=bool(options.get("sink")), topk_length=bool(options.get("topk_length")),
+                          extra=options.get("extra"))
+            specs.append(SparseSpec(**fields))
+        return list(dict.fromkeys(specs))
+
+
+def _one(group) -> int:
+    raise ValueError(f"sparse MLA takes one query count per case, not a group ({','.join(map(str, group))}); "
+                     "--batch-size gives the requests")

@@ -1,0 +1,72 @@
+"""Recurrence and sparse-MLA cases through the pipeline on the GPU (runner, checker, record): fla's kernels and
+FlashMLA's sparse kernels checked and timed, skipped where their packages are not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.accuracy.check import AccuracyChecker
+from attnbench.backends import registry
+from attnbench.linear.spec import RecurrenceSpec
+from attnbench.runner import Runner, RunOptions
+from attnbench.sparse.spec import SparseSpec
+
+pytestmark = pytest.mark.gpu
+
+
+def run_one(spec, backend: str):
+    b = registry.get(backend)
+    if (why := b.supports(spec, "cuda")) is not None:
+        pytest.skip(why)
+    records = []
+    Runner(RunOptions(device="cuda", backends=(backend,)), run_id="g", env_id=None, sink=records.append,
+           checker=AccuracyChecker()).run([spec])
+    (record,) = records
+    return record
+
+
+RECURRENCES = [
+    ("fla-chunk", dict(kind="gdn", batch=2, seqlens=(1000,))),
+    ("fla-chunk", dict(kind="gdn", seqlens=(300, 77, 513), initial_state=True)),
+    ("fla-chunk", dict(kind="kda", batch=2, seqlens=(1000,))),
+    ("fla-chunk", dict(kind="mamba2", skip=True, batch=2, seqlens=(1000,))),
+    ("fla-recurrent", dict(kind="gdn", decode=True, batch=64)),
+    ("fla-recurrent", dict(kind="kda", decode=True, batch=64)),
+    ("fla-chunk", dict(kind="gdn", batch=2, seqlens=(1000,), pass_="fwd_bwd")),
+    ("torch-chunked", dict(kind="gdn", batch=2, seqlens=(1000,), pass_="fwd_bwd")),
+]
+
+
+@pytest.mark.parametrize(("backend", "fields"), RECURRENCES,
+                         ids=[f"{b}-{RecurrenceSpec(**f).label()}-{f.get('pass_', 'fwd')}" for b, f in RECURRENCES])
+def test_recurrence_kernels_pass_in_the_pipeline(backend, fields):
+    spec = RecurrenceSpec(heads_qk=4, heads_v=8, d_k=128, d_v=128, **fields)
+    record = run_one(spec, backend)
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass", (record.reason, record.accuracy)
+    assert record.median_ms > 0 and record.tflops > 0
+
+
+SPARSE = [
+    ("flashmla-sparse", dict(s_q=512, s_kv=2048, heads=64, topk=512, indices="indexer")),
+    ("flashmla-sparse", dict(s_q=300, s_kv=1000, heads=128, topk=256, indices="random", sink=True, topk_length=True)),
+    ("flashmla-sparse-fp8", dict(batch=8, s_q=2, s_kv=4096, heads=64, topk=512, indices="random", decode=True)),
+    ("flashmla-sparse-fp8", dict(batch=4, s_q=1, s_kv=2048, heads=128, topk=1024, indices="window", decode=True,
+                                 sink=True)),
+    ("sparse-torch", dict(s_q=128, s_kv=1024, heads=64, topk=256, indices="indexer", pass_="fwd_bwd", sink=True)),
+]
+
+
+@pytest.mark.parametrize(("backend", "fields"), SPARSE, ids=[f"{b}-{SparseSpec(**f).label()}" for b, f in SPARSE])
+def test_sparse_kernels_pass_in_the_pipeline(backend, fields):
+    record = run_one(SparseSpec(**fields), backend)
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass", (record.reason, record.accuracy)
+    assert record.info["valid_slots"] > 0 and record.info["dense_flops"] > record.flops * 0.5
+
+
+def test_flashmla_refuses_what_it_lacks_in_one_line():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    b = registry.get("flashmla-sparse-fp8")
+    why = b.supports(SparseSpec(batch=2, s_q=1, s_kv=2048, heads=64, topk=512, decode=True, extra=(512, 64)), "cuda")
+    assert why is not None and "\n" not in why

@@ -29,17 +29,16 @@ def main(argv=None) -> int:
     torch.set_default_dtype(torch.bfloat16)
     torch.set_default_device("cuda:0")
     torch.set_float32_matmul_precision("high")
+    import kernelkit as kk
     import lib
     import test_flash_mla_sparse_decoding as decoding
     import test_flash_mla_sparse_prefill as prefill
-
-    import kernelkit as kk
 
     rows = []
     for heads in (128, 64):
         case = lib.TestParam(4096, 8192, 2048, h_q=heads, d_qk=576, num_runs=30, seed=0)
         t = lib.generate_testcase(case)
-        seconds = kk.bench_kineto(lambda: lib.run_flash_mla_sparse_fwd(case, t, False),
+        seconds = kk.bench_kineto(lambda case=case, t=t: lib.run_flash_mla_sparse_fwd(case, t, False),
                                   num_tests=30).get_kernel_time("sparse_attn_fwd")
         flops = lib.count_flop_and_mem_vol(case, t).fwd_flop
         with contextlib.redirect_stdout(io.StringIO()):

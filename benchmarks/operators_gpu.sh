@@ -18,6 +18,9 @@ sparse)
   # the dense MLA decode at the same cache length (bf16 cache): what the selection saves
   # (unchecked: the math baseline of a dense MLA case expands the one KV head to 128, 77 GB at this cache)
   ab run --preset deepseek-v3 --batch-size 128 --seq-lens 2 --kv-seq-lens 32768 --backends flashmla --no-check
+  # the step as a server runs it: the indexer, then the sparse attention over what it selected
+  ab run --preset deepseek-v3.2-indexer --backends indexer-torch
+  ab run --preset deepseek-v3.2-indexer --seq-lens 4096 --kv-seq-lens 4096 --backends indexer-torch,indexer-fla
   ab run --preset deepseek-v4-sparse-decode --batch-size 8 --backends sparse-torch,flashmla-sparse-fp8 --skip-missing
   ;;
 recurrence)

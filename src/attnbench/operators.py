@@ -16,7 +16,8 @@ between operators and nothing else:
 - ``memory_guard``: why a case would not fit the device, or None;
 - ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
   ``wanted``: the tensors a kernel must return;
-- ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor).
+- ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor);
+- ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection).
 
 Backends declare which operator they run (``Backend.operator``); a run's backends are those of its cases'
 operator. Operators are imported when a case of theirs is met, so attention alone never imports the others.
@@ -31,6 +32,7 @@ OPERATORS: dict[str, str] = {
     "attention": "attnbench.operators:Attention",
     "recurrence": "attnbench.linear.operator:Recurrence",
     "sparse-mla": "attnbench.sparse.operator:SparseMla",
+    "indexer": "attnbench.sparse.indexer_op:Indexer",
 }
 """Operator name -> "module:Class" of its declaration."""
 

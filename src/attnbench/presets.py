@@ -76,6 +76,9 @@ def describe(name: str) -> str:
         if "head_size" in opts:
             parts.append(f"rows of {opts['head_size'][0]}")
         return lead + ", ".join(parts)
+    if opts.get("op") == "indexer":
+        return f"{lead}{opts['seq_lens'][0]} queries over {opts['kv_seq_lens'][0]} keys, {opts['q_heads'][0]} heads " \
+               f"of {opts['head_size'][0]}, FP8, top-k {opts['topk'][0]}"
     if opts.get("mla"):
         return f"{lead}{opts['q_heads'][0]}/1 heads, d576/512 (latent + rope), " \
                f"scale {float(opts['softmax_scale']):.3g}"

@@ -533,11 +533,16 @@ class IsolatedRunner(Runner):
             worker.close(kill=kill)
 
 
+INFINITE_ALLOWED = ("lse", "max_logits", "logits")
+"""Output tensors where an infinity means "no key" (module code of ``_non_finite``)."""
+
+
 def _non_finite(outputs: Outputs) -> str | None:
     """Comma list of output tensors holding NaN or Inf, or None."""
-    # An LSE is +-inf on rows that attend no key (flash-attn writes +inf): only NaN is bad there.
+    # An LSE (and a row's largest logit) is +-inf on rows that attend no key (flash-attn writes +inf), an indexer's
+    # logit -inf at a key its query may not see: only NaN is bad there.
     bad = [name for name, t in outputs.tensors().items() if t.is_floating_point()
-           and not bool((~torch.isnan(t) if name == "lse" else torch.isfinite(t)).all())]
+           and not bool((~torch.isnan(t) if name in INFINITE_ALLOWED else torch.isfinite(t)).all())]
     return ", ".join(bad) or None
 
 

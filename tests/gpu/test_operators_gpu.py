@@ -70,3 +70,10 @@ def test_flashmla_refuses_what_it_lacks_in_one_line():
     b = registry.get("flashmla-sparse-fp8")
     why = b.supports(SparseSpec(batch=2, s_q=1, s_kv=2048, heads=64, topk=512, decode=True, extra=(512, 64)), "cuda")
     assert why is not None and "\n" not in why
+
+
+@pytest.mark.parametrize(("backend", "s_q", "s_kv"), [("indexer-torch", 1024, 4096), ("indexer-fla", 2048, 2048)])
+def test_indexers_select_the_top_keys_in_the_pipeline(backend, s_q, s_kv):
+    from attnbench.sparse.indexer_op import IndexerSpec
+    record = run_one(IndexerSpec(s_q=s_q, s_kv=s_kv, topk=512), backend)
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass", (record.reason, record.accuracy)

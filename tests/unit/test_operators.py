@@ -206,3 +206,57 @@ def test_bad_operator_input_is_one_line_exit_2(tmp_path, args, needle):
     assert got.returncode == 2 and needle in got.stderr and "Traceback" not in got.stderr, got.stderr
     assert len(got.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "r.db").exists()
+
+
+# ---- the lightning indexer ------------------------------------------------------------------------------------
+INDEXER = dict(s_q=48, s_kv=200, heads=4, dim=32, topk=24)
+
+
+def _indexer_kernel(mistake):
+    from attnbench.sparse.indexer import _top
+    from attnbench.sparse.indexer_op import IndexerTorch
+
+    class Wrong(IndexerTorch):
+        name = "wrong-indexer"
+
+        def prepare(self, spec, inputs):
+            t = inputs.inputs
+
+            def call():
+                q, k = t.q.float(), t.k.float() * t.k_scale[:, None]
+                prod = torch.einsum("thd,sd->ths", q, k)
+                prod = prod if mistake == "no relu" else prod.relu()
+                w = torch.ones_like(t.weights) if mistake == "weights ignored" else t.weights
+                logits = torch.einsum("ths,th->ts", prod, w)
+                seen = t.visible()
+                if mistake == "one future key":
+                    seen = seen | torch.nn.functional.pad(seen, (1, 0))[:, :-1]
+                logits = logits.masked_fill(~seen, -float("inf"))
+                idx = _top(logits, spec.topk)[0]
+                if mistake == "index off by one":
+                    idx = torch.where(idx >= 0, idx + 1, idx)
+                return Outputs(indices=idx)
+            return Prepared(fn=call)
+    return Wrong
+
+
+def test_the_indexer_selection_of_the_plain_form_passes():
+    from attnbench.sparse.indexer_op import IndexerSpec
+    (record,) = run([IndexerSpec(**INDEXER)], ["indexer-torch"])
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass", record.reason
+    assert record.accuracy["selection"]["expected"] > 0 and "logits" in record.accuracy["tensors"]
+
+
+@pytest.mark.parametrize("mistake", ["no relu", "weights ignored", "one future key", "index off by one"])
+def test_a_wrong_indexer_fails_its_selection_check(plugin, mistake):
+    from attnbench.sparse.indexer_op import IndexerSpec
+    plugin("wrong-indexer", _indexer_kernel(mistake))
+    (record,) = run([IndexerSpec(**INDEXER)], ["wrong-indexer"])
+    assert record.status == "mismatch" and record.reason.startswith("selection:"), (mistake, record.reason)
+
+
+def test_a_right_indexer_without_logits_passes(plugin):
+    from attnbench.sparse.indexer_op import IndexerSpec
+    plugin("right-indexer", _indexer_kernel(None))
+    (record,) = run([IndexerSpec(**INDEXER)], ["right-indexer"])
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass"

@@ -78,6 +78,8 @@ BUILTIN: dict[str, str] = {
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",
     "flashmla-sparse-fp8": "attnbench.sparse.backends:FlashMlaSparseFp8",
+    "indexer-torch": "attnbench.sparse.indexer_op:IndexerTorch",
+    "indexer-fla": "attnbench.sparse.indexer_op:IndexerFla",
 }
 
 _extra: dict[str, object] = {}

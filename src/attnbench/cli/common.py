@@ -409,7 +409,7 @@ def build_sweep(opts: dict, device: str) -> Sweep:
 
 
 OPS = {"attention": "attention", "gdn": "recurrence", "kda": "recurrence", "mamba2": "recurrence",
-       "linear": "recurrence", "sparse-mla": "sparse-mla"}
+       "linear": "recurrence", "sparse-mla": "sparse-mla", "indexer": "indexer"}
 """--op values -> the operator of their cases (``attnbench.operators``)."""
 
 
@@ -421,6 +421,12 @@ def operator_choice(opts: dict) -> str:
     return value
 
 
+OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk", ("recurrence",)),
+                  ("--decode", "decode", ("recurrence", "sparse-mla")),
+                  ("--kv-seq-lens", "kv_seq_lens", ("sparse-mla", "indexer")), ("--topk", "topk", ("sparse-mla", "indexer")),
+                  ("--indices", "indices", ("sparse-mla",)), ("--sink", "sink", ("sparse-mla",)),
+                  ("--topk-lengths", "topk_lengths", ("sparse-mla",)), ("--extra-cache", "extra_cache", ("sparse-mla",)))
+"""The options of other operators than attention, and the operators that take each."""
 ATTENTION_ONLY = ("kv_heads", "emb_dim", "causal_mode", "window", "softmax_scale", "layout", "batch", "batch_trace",
                   "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "input_scale", "outliers")
 """Options that shape attention cases alone: refused with another --op (they would be silently ignored)."""
@@ -434,15 +440,10 @@ def operator_specs(opts: dict, op: str) -> list:
              if opts.get(name) not in (None, False, [], ())]
     if given:
         raise UserError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} attention cases; --op {op} takes "
-                        "--batch-size, --seq-lens, --q-heads, --v-heads, --head-size, --head-size-v, --dtype, --pass"
-                        + (", --decode, --chunk" if OPS[op] == "recurrence" else
-                           ", --kv-seq-lens, --topk, --indices, --decode, --sink, --topk-lengths, --extra-cache"))
-    wrong = [flag for flag, name, owner in (("--v-heads", "v_heads", "recurrence"), ("--chunk", "chunk", "recurrence"),
-                                             ("--topk", "topk", "sparse-mla"), ("--indices", "indices", "sparse-mla"),
-                                             ("--sink", "sink", "sparse-mla"), ("--topk-lengths", "topk_lengths", "sparse-mla"),
-                                             ("--extra-cache", "extra_cache", "sparse-mla"),
-                                             ("--kv-seq-lens", "kv_seq_lens", "sparse-mla"))
-             if OPS[op] != owner and opts.get(name) not in (None, False, [], ())]
+                        "--batch-size, --seq-lens, --q-heads, --head-size, --head-size-v, --dtype, --pass"
+                        + "".join(f", {flag}" for flag, _, owners in OPERATOR_FLAGS if OPS[op] in owners))
+    wrong = [flag for flag, name, owners in OPERATOR_FLAGS
+             if OPS[op] not in owners and opts.get(name) not in (None, False, [], ())]
     if wrong:
         raise UserError(f"{', '.join(wrong)} belong{'s' * (len(wrong) == 1)} to another --op than {op}")
     try:
@@ -479,7 +480,7 @@ def operator_specs(opts: dict, op: str) -> list:
 Op = Annotated[str | None, typer.Option(
     "--op", metavar="OP", rich_help_panel="Operator",
     help="What is measured: attention (default); a recurrence layer: gdn (Gated DeltaNet), kda, mamba2, linear; "
-         "or sparse-mla (DeepSeek's top-k sparse attention over MLA rows).")]
+         "sparse-mla (DeepSeek's top-k sparse attention over MLA rows) or indexer (its lightning indexer).")]
 VHeads = Annotated[list[str] | None, typer.Option(
     "--v-heads", metavar="N", rich_help_panel="Operator",
     help="Recurrences: value heads (and state heads), a multiple of --q-heads (Qwen3-Next: 32 over 16).")]
@@ -490,13 +491,14 @@ Decode = Annotated[bool | None, typer.Option(
 Chunk = Annotated[str | None, typer.Option(
     "--chunk", metavar="C", rich_help_panel="Operator", help="Recurrences: tokens per chunk (default 64).")]
 TopK = Annotated[list[str] | None, typer.Option(
-    "--topk", metavar="K", rich_help_panel="Operator", help="Sparse MLA: slots per query (DeepSeek-V3.2: 2048).")]
+    "--topk", metavar="K", rich_help_panel="Operator",
+    help="Sparse MLA: slots per query; the indexer: keys it keeps per query (DeepSeek-V3.2: 2048).")]
 Sink = Annotated[bool | None, typer.Option(
     "--sink", rich_help_panel="Operator", help="Sparse MLA: a per-head attention-sink logit (DeepSeek-V4).")]
 TopkLengths = Annotated[bool | None, typer.Option(
     "--topk-lengths", rich_help_panel="Operator",
-    help="Sparse MLA: only the first lengths[t] slots of each query count (FlashMLA's topk_length; one per request "
-         "in decode).")]
+    help="Sparse MLA: only a drawn number of each query's first slots count (FlashMLA's topk_length; one number per "
+         "request in decode).")]
 ExtraCache = Annotated[str | None, typer.Option(
     "--extra-cache", metavar="ROWSxTOPK", rich_help_panel="Operator",
     help="Sparse MLA: DeepSeek-V4's second, compressed cache per request, ROWS rows with TOPK slots per query.")]

@@ -13,6 +13,7 @@ sparse)
   ab run --preset deepseek-v3.2-sparse-prefill --backends flashmla-sparse,sparse-torch
   ab run --preset deepseek-v3.2-sparse-prefill --q-heads 64 --backends flashmla-sparse,sparse-torch
   ab run --preset deepseek-v3.2-sparse-prefill --indices random --backends flashmla-sparse
+  ab run --preset deepseek-v3.2-sparse-prefill --backends flex-sparse-mla
   ab run --preset deepseek-v3.2-sparse-decode --backends flashmla-sparse-fp8,sparse-torch
   ab run --preset deepseek-v3.2-sparse-decode --seq-lens 1 --kv-seq-lens 8192 --backends flashmla-sparse-fp8
   # the dense MLA decode at the same cache length (bf16 cache): what the selection saves

@@ -54,6 +54,8 @@ SPARSE = [
     ("flashmla-sparse-fp8", dict(batch=4, s_q=1, s_kv=2048, heads=128, topk=1024, indices="window", decode=True,
                                  sink=True)),
     ("sparse-torch", dict(s_q=128, s_kv=1024, heads=64, topk=256, indices="indexer", pass_="fwd_bwd", sink=True)),
+    ("flex-sparse-mla", dict(s_q=256, s_kv=1024, heads=16, topk=256, indices="indexer", sink=True)),
+    ("flex-sparse-mla", dict(batch=2, s_q=64, s_kv=512, heads=16, topk=128, indices="random", pass_="fwd_bwd")),
 ]
 
 

@@ -260,3 +260,10 @@ def test_a_right_indexer_without_logits_passes(plugin):
     plugin("right-indexer", _indexer_kernel(None))
     (record,) = run([IndexerSpec(**INDEXER)], ["right-indexer"])
     assert record.status == "ok" and record.accuracy["verdict"] == "pass"
+
+
+def test_flex_over_the_index_set_passes_the_forward_check():
+    """FlexAttention with a mask of the selected slots (eager on the CPU): the main and extra caches, lengths, the
+    sink, queries of two requests; no repeated rows in the drawn index lists."""
+    (record,) = run([SPARSE.replace(pass_="fwd")], ["flex-sparse-mla"])
+    assert record.status == "ok" and record.accuracy["verdict"] == "pass", record.reason

@@ -78,6 +78,7 @@ BUILTIN: dict[str, str] = {
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",
     "flashmla-sparse-fp8": "attnbench.sparse.backends:FlashMlaSparseFp8",
+    "flex-sparse-mla": "attnbench.sparse.backends:FlexSparse",
     "indexer-torch": "attnbench.sparse.indexer_op:IndexerTorch",
     "indexer-fla": "attnbench.sparse.indexer_op:IndexerFla",
 }

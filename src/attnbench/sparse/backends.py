@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
-from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
+import torch
+
+from attnbench.backends.base import Backend, BackendUnavailable, Capabilities, Prepared, device_type
+from attnbench.outputs import Outputs
 from attnbench.sparse import flashmla
 from attnbench.sparse.baseline import baseline_sparse
 from attnbench.sparse.spec import SparseSpec
@@ -94,3 +97,92 @@ class FlashMlaSparseFp8(_FlashMla):
         return Prepared(fn=flashmla.sparse_decode(inputs.q, inputs.rows, inputs.selection, requests=spec.batch,
                                                   scale=spec.scale, attn_sink=inputs.attn_sink),
                         info={"kernel": "flash_mla.flash_mla_with_kvcache (sparse, fp8)"})
+
+
+class FlexSparse(_SparseBackend):
+    """FlexAttention with a mask over the index set, as a user writes it: each request's (queries, rows) boolean
+    grid of the selected slots (main cache, then the extra cache appended to its keys) turned into a block mask,
+    the value the first d_v dims of each row, the one KV head shared through ``enable_gqa``; a sink as the sinks
+    feature does it, ``out · σ(lse − sink)``. A mask names a key once: a case whose index lists repeat a row is
+    refused (FlashMLA counts a slot each time). Compiled on a GPU (its first call in ``prepare``), eager on the
+    CPU (``compile=False``: an unfused reference that materialises the scores)."""
+
+    name = "flex-sparse-mla"
+    description = "FlexAttention with a block mask over the selected slots (compiled on a GPU)"
+    capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), backward=True)
+
+    def __init__(self, compile: bool | None = None):
+        self.compile = compile
+
+    def extra_reason(self, spec, device) -> str | None:
+        if spec.pass_ != "fwd" and device_type(device) == "cpu":
+            return "FlexAttention has no backward on the CPU"
+        return None
+
+    def prepare(self, spec, inputs) -> Prepared:
+        import time
+
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        from attnbench.backends.flex import compiled_flex
+        device = inputs.q.device
+        compiled = self.compile if self.compile is not None else device.type == "cuda"
+        b, sq = spec.batch, spec.s_q
+        rows = [(inputs.kv, inputs.selection, spec.s_kv)]
+        if inputs.extra is not None:
+            rows.append((inputs.extra_kv, inputs.extra, spec.extra[0]))
+        keys = sum(n for _, _, n in rows)
+        allowed = torch.zeros(b * sq, keys, dtype=torch.bool, device=device)
+        kv_parts, offset = [], 0
+        for cache, sel, per in rows:
+            valid = sel.valid(cache.shape[0])
+            req = (torch.arange(b * sq, device=device) // sq)[:, None]
+            local = (sel.indices.long() - req * per).clamp(0, per - 1) + offset
+            counts = torch.zeros_like(allowed, dtype=torch.int32).scatter_add_(1, local, valid.int())
+            if bool((counts > 1).any()):
+                raise BackendUnavailable("a row named by two slots of one query: a mask counts it once")
+            allowed |= counts > 0
+            kv_parts.append(cache.view(b, per, -1))
+            offset += per
+        grid = allowed.view(b, sq, keys)
+        kv = torch.cat(kv_parts, dim=1)[:, None]  # (B, 1, keys, D)
+        k = kv
+        q = inputs.q.view(b, sq, spec.heads, spec.d_qk).transpose(1, 2)
+        mask = create_block_mask(lambda bb, h, qi, ki: grid[bb, qi, ki], b, None, sq, keys, device=device)
+        fn = compiled_flex("inductor", None) if compiled else flex_attention
+        sink = inputs.attn_sink
+        grads = spec.pass_ == "fwd_bwd"
+
+        def forward(q, k, v, sink):
+            out, lse = fn(q, k, v, block_mask=mask, scale=spec.scale, enable_gqa=True, return_lse=True)
+            if sink is not None:  # a query with no valid slot keeps its 0 output (lse -inf: the sigmoid gives 0)
+                out = out * torch.sigmoid(lse - sink[None, :, None]).to(out.dtype)[..., None]
+            return out, lse
+
+        def call() -> Outputs:
+            leaves = {"q": q, "kv": k, "attn_sink": sink}
+            if grads:
+                leaves = {n: None if t is None else t.detach().requires_grad_() for n, t in leaves.items()}
+            with torch.set_grad_enabled(grads):
+                out, lse = forward(leaves["q"], leaves["kv"], leaves["kv"][..., :spec.d_v], leaves["attn_sink"])
+            o = out.transpose(1, 2).reshape(b * sq, spec.heads, spec.d_v)
+            result = Outputs(out=o.detach(), lse=lse.transpose(0, 1).reshape(spec.heads, b * sq).detach())
+            if grads:
+                names = [n for n, t in leaves.items() if t is not None]
+                got = torch.autograd.grad(o, [leaves[n] for n in names], inputs.dout)
+                for n, g in zip(names, got):
+                    result["d" + n] = g
+                result["dq"] = result["dq"].transpose(1, 2).reshape(b * sq, spec.heads, spec.d_qk)
+                dkv = result["dkv"][:, 0]  # (B, keys, D): the main cache's rows, then the extra's
+                result["dkv"] = dkv[:, :spec.s_kv].reshape(b * spec.s_kv, -1)
+                if inputs.extra is not None:
+                    result["dextra_kv"] = dkv[:, spec.s_kv:].reshape(b * spec.extra[0], -1)
+            return result
+
+        started = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        first = (time.perf_counter() - started) * 1e3
+        return Prepared(fn=call, info={"kernel": "flex_attention (block mask of the index set)",
+                                       "compiled": compiled, ("compile_ms" if compiled else "first_call_ms"): first})

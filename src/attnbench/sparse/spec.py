@@ -190,7 +190,8 @@ def make_inputs(spec: SparseSpec, device="cpu", seed: int = 0) -> SparseInputs:
     if spec.extra is not None:
         rows, width = spec.extra
         extra_kv = torch.randn(spec.batch * rows, spec.d_qk, generator=gen, device=device).to(dt)
-        own = torch.randint(0, rows, (spec.queries, width), generator=gen, device=device, dtype=torch.int32)
+        # distinct rows of the request's extra cache, in random order
+        own = torch.rand(spec.queries, rows, generator=gen, device=device).argsort(dim=-1)[:, :width].to(torch.int32)
         base = (torch.arange(spec.queries, device=device) // spec.s_q * rows).to(torch.int32)[:, None]
         extra = Selection(indices=own + base)
     sink = None

@@ -115,11 +115,13 @@ class FlexSparse(_SparseBackend):
         self.compile = compile
 
     def build_limit(self, exc: BaseException) -> str | None:
-        """Inductor finds no Triton tiling of MLA's 576-wide rows that fits the shared memory (seen on an H200 with
-        torch 2.11): the compiled kernel cannot take the case, which is not a wrong result."""
+        """Inductor finds no Triton tiling of MLA's 576-wide rows (on an H200 with torch 2.11: "No valid triton
+        configs" (out of shared memory) at 128 heads, "No choices to select" at 16): the compiled kernel cannot
+        take the case, which is not a wrong result."""
         text = str(exc)
-        if "No valid triton configs" in text:
-            return "FlexAttention's compiled kernel has no Triton config that fits these rows in shared memory"
+        for words in ("No valid triton configs", "No choices to select"):  # the two forms inductor's refusal takes
+            if words in text:
+                return f"FlexAttention's compiled kernel has no Triton config for rows of this width (inductor: {words})"
         return None
 
     def extra_reason(self, spec, device) -> str | None:

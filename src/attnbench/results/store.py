@@ -312,9 +312,9 @@ class ResultStore:
 
     def _create(self) -> None:
         """Make a new store at ``path`` (and its folder): the schema is written to a temporary file beside it,
-        which is then linked into place whole. A failure part-way (a full disk) leaves neither a store nor a
-        folder behind, and no process ever opens a store without its tables; where another process made the
-        store first, its store is used."""
+        which is then linked into place whole and its temporary name removed. A failure part-way (a full disk)
+        leaves neither a store nor a folder behind, and no process ever opens a store without its tables; where
+        another process made the store first, its store is used."""
         made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
         try:
@@ -333,6 +333,7 @@ class ResultStore:
             if log.exists() and log.stat().st_size:  # the checkpoint failed (SQLite does not say so on close)
                 raise sqlite3.OperationalError("disk I/O error")
             _link_new(tmp, self.path)
+            tmp.unlink(missing_ok=True)  # the store is in place under its name: the second link goes
             files.fsync_folder(self.path.parent)
         except BaseException as exc:
             for p in (tmp, *(tmp.with_name(tmp.name + s) for s in files.SIDE_SUFFIXES)):

@@ -12,6 +12,7 @@ import sys
 import pytest
 from reliability_helpers import TINY, attnbench
 
+from attnbench.results import scratch
 from attnbench.results.record import SCHEMA_VERSION
 from attnbench.results.store import ResultStore, StoreError
 
@@ -418,7 +419,7 @@ def test_repair_that_fails_part_way_leaves_the_original_and_no_copy(good, tmp_pa
         assert conn.execute("SELECT command FROM runs").fetchone()[0] == "changed meanwhile"
         assert conn.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 2
     conn.close()
-    assert not [p for p in tmp_path.iterdir() if ".repair-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if scratch.MARK in p.name]  # the copy under its temporary name
 
 
 # ---- merge: all inputs checked first, one transaction ---------------------------------------------------

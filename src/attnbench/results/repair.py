@@ -27,10 +27,11 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnbench.results import files
+from attnbench.results import files, scratch
 from attnbench.results.integrity import file_stamp, integrity_problem
 from attnbench.results.record import SCHEMA_VERSION
-from attnbench.results.store import ResultStore, StoreError, check_layout, duplicate_cases, process_alive
+from attnbench.results.scratch import process_alive
+from attnbench.results.store import ResultStore, StoreError, check_layout, duplicate_cases
 
 DUPLICATES = "DELETE FROM records WHERE id NOT IN (SELECT MIN(id) FROM records GROUP BY run_id, case_id)"
 """Every record of a (run, case) but the first written."""
@@ -144,7 +145,7 @@ def repair(path: str | Path) -> Repaired:
     extra, records = _check(path)
     if not extra:
         return Repaired(path, 0, records)
-    tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
+    tmp = scratch.temp_path(path)  # and the stale ones of killed processes beside it go
     try:
         for p in (tmp, *_side_files(tmp)):
             p.unlink(missing_ok=True)

@@ -12,14 +12,14 @@ import os
 import shutil
 import socket
 import sqlite3
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from attnbench.results import files
+from attnbench.results import files, scratch
 from attnbench.results.integrity import REQUIRED_TABLES, file_stamp, foreign_tables, integrity_problem
 from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
+from attnbench.results.scratch import process_alive, process_started
 
 DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
 
@@ -180,27 +180,6 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
             return int(row[0])
     return 0 if tables & {"records", "runs"} else None
 
-def process_started(pid: int) -> str | None:
-    """When process ``pid`` started (field 22 of /proc/PID/stat, clock ticks since boot), so a reused pid
-    is not taken for the process that wrote a run; None where /proc cannot tell (or no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def process_alive(pid: int, started: str | None) -> bool:
-    """Is the process that wrote a run still running? (Same host only.)"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, not ours to signal
-    return started is None or process_started(pid) in (None, started)
-
-
 class RunClaimed(StoreError):
     """A run id that this process may not write to (it exists, or another live process writes it)."""
 
@@ -303,6 +282,8 @@ class ResultStore:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
             self._upgrade()
             self.mark_dead_runs()
+            if not readonly:  # as it records dead runs, a writer removes what killed processes left beside it
+                scratch.remove_stale(self.path.parent)
         except sqlite3.DatabaseError as exc:
             self.close()
             raise StoreError(_describe(self.path, exc)) from None
@@ -316,7 +297,7 @@ class ResultStore:
         leaves neither a store nor a folder behind, and no process ever opens a store without its tables; where
         another process made the store first, its store is used."""
         made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+        tmp = scratch.temp_path(self.path)  # and the stale ones of killed processes beside it go
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(tmp, timeout=30.0)
@@ -386,7 +367,7 @@ class ResultStore:
             return sqlite3.connect(self.path.resolve().as_uri() + "?immutable=1", uri=True, timeout=30.0)
         folder = None
         try:
-            folder = Path(tempfile.mkdtemp(prefix="attnbench-read-"))
+            folder = scratch.temp_dir("read")
             copy = folder / "store.db"
             shutil.copyfile(self.path, copy)
             shutil.copyfile(log, copy.with_name(copy.name + "-wal"))

@@ -79,6 +79,21 @@ def test_a_store_in_a_read_only_folder_shows_the_records_in_its_log(tmp_path):
     assert _state(folder) == before  # nothing written beside it, nothing changed in it
 
 
+def test_a_log_without_its_index_is_read_without_making_one(tmp_path):
+    """A killed writer's log copied without its -shm, in a folder readers could write: a read-only connection
+    would make the -shm there (and leave it); the reader reads a private copy instead."""
+    folder = tmp_path / "copied"
+    db = store_in_its_log(folder)
+    before = _state(folder)
+    res = cli("runs", "--db", db)
+    assert res.returncode == 0 and RUN in res.stdout, res.stdout + res.stderr
+    res = cli("show", "--table", "--db", db)
+    assert res.returncode == 0 and res.stdout.count("naive") == N, res.stdout + res.stderr
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records(RUN)) == N
+    assert _state(folder) == before
+
+
 def _shared_open_fails(monkeypatch):
     """SQLite's read-only open of a WAL store fails where it cannot make the -shm index (a folder it cannot
     write): this makes it fail so for the store under test."""

@@ -245,8 +245,9 @@ def new_run_id() -> str:
 class ResultStore:
     """Open (creating if needed) a results database at ``path``.
 
-    ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is opened read-only and
-    never changed; an older schema is migrated in a private in-memory copy. Writers create or migrate the file.
+    ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is only read, never
+    changed, and nothing is left beside it (``_open_to_read``); an older schema is migrated in a private
+    in-memory copy. Writers create or migrate the file.
     A file that is not a usable attnbench store (damaged, foreign, newer, unreadable) raises StoreError before
     anything is written to it."""
 
@@ -338,14 +339,13 @@ class ResultStore:
                 raise StoreError(f"{self.path} is read-only; a run needs a store it can write (give another --db)")
             conn = sqlite3.connect(self.path, timeout=30.0)
         else:
-            uri = self.path.resolve().as_uri()
             conn = None
             try:
-                conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+                conn = self._open_to_read()
                 conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             except sqlite3.OperationalError:
-                # a WAL store in a folder this process cannot write (no -shm file to share): nobody can be
-                # writing it
+                # a WAL store in a folder this process cannot write (no -shm file to share), or only part of a
+                # writer's side files beside it: nobody can be writing it
                 if conn is not None:
                     conn.close()
                 conn = self._read_log()
@@ -356,12 +356,37 @@ class ResultStore:
         conn.row_factory = sqlite3.Row
         return conn
 
+    def _open_to_read(self) -> sqlite3.Connection:
+        """A connection that reads the store and leaves its folder as it was. A read-only connection to a WAL
+        store makes a -wal and a -shm file beside it where there are none (a store nobody has open), and cannot
+        remove them when it closes: they stayed beside the store after every report, export or listing. So:
+
+        - with a writer's -wal and -shm there (a run writing now, or one killed), a read-only connection, which
+          shares them and makes nothing;
+        - with no side file (nobody has the store open), in a folder and a file this process may write, a
+          connection that may write but is held to reading (``PRAGMA query_only``): the last connection to close
+          removes the side files SQLite made while it read, and with nothing written nothing else changes;
+        - otherwise (a file or folder this process cannot write, a write-ahead log without its index: copied or
+          unpacked from a killed run) OperationalError, for ``_read_log``; a rollback journal left by another
+          program is read as before, read-only.
+        """
+        uri = self.path.resolve().as_uri()
+        side = {s for s in files.SIDE_SUFFIXES if self.path.with_name(self.path.name + s).exists()}
+        if side == {"-wal", "-shm"} or "-journal" in side:
+            return sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+        if side or not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK | os.X_OK)):
+            raise sqlite3.OperationalError("read through _read_log")
+        conn = sqlite3.connect(uri + "?mode=rw", uri=True, timeout=30.0)
+        conn.execute("PRAGMA query_only=ON")
+        return conn
+
     def _read_log(self) -> sqlite3.Connection:
-        """The store, for a reader SQLite cannot share it with (a WAL store in a folder this process cannot
-        write: SQLite needs to make its -shm index there). Without a write-ahead log, the file read as an
-        immutable one; with one, whose committed records are not in the file yet, a private copy of both, in a
-        temporary folder, where SQLite reads the log: every committed record, and the user's files untouched.
-        StoreError naming what to do where no copy can be made."""
+        """The store, for a reader SQLite cannot share it with without making files beside it (a WAL store in a
+        folder this process cannot write: SQLite needs to make its -shm index there; a log without its index).
+        Without a write-ahead log, the file read as an immutable one; with one, whose committed records are not
+        in the file yet, a private copy of both, in a temporary folder, where SQLite reads the log: every
+        committed record, and the user's files untouched. StoreError naming what to do where no copy can be
+        made."""
         log = self.path.with_name(self.path.name + "-wal")
         if not log.is_file() or not log.stat().st_size:
             return sqlite3.connect(self.path.resolve().as_uri() + "?immutable=1", uri=True, timeout=30.0)
@@ -377,8 +402,10 @@ class ResultStore:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            where = ("its folder is read-only" if not os.access(self.path.parent, os.W_OK | os.X_OK) else
+                     "a reader does not make its index (-shm) there")
             raise StoreError(f"{self.path}: some of its records are still in its write-ahead log {log.name}, which "
-                             "SQLite reads only where it may write beside the store, and its folder is read-only; a "
+                             f"SQLite reads only where it may write beside the store, and {where}; a "
                              f"private copy to read could not be made ({why}): copy {self.path.name} and {log.name} "
                              "to a folder you can write and read the copy") from None
         self._private = folder

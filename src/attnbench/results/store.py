@@ -6,6 +6,7 @@ several processes never write one file (sharded sweeps merge afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -113,6 +114,40 @@ def no_space(path: Path, detail: str) -> str:
     free = free_bytes(path.parent)
     left = f"; {free / 1024:,.0f} KiB free there" if free is not None else ""
     return f"{path}: no space left on its file system ({detail}{left}); free some space or give another --db"
+
+
+def disk_full(exc: BaseException, path: Path) -> bool:
+    """Did a write to the store at ``path`` fail for want of space? SQLite says 'database or disk is full'
+    (SQLITE_FULL), or 'disk I/O error' where the file system left it short (then less than LOW_SPACE_BYTES
+    are free there); Python's own writes say ENOSPC or EDQUOT."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    text = str(exc)
+    if "disk is full" in text or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        return True
+    if "disk I/O error" in text:
+        free = free_bytes(path.parent)
+        return free is not None and free < LOW_SPACE_BYTES
+    return False
+
+
+class StoreFull(StoreError):
+    """The file system of a store filled up while a command wrote to it. SQLite undid the write that failed;
+    everything committed before it (``stored`` records of ``run_id``, None: unknown) stays in the store,
+    readable. A StoreError (one line, exit status 2, as a full disk met when a store is made); a command that
+    knows more (how far a run got, how to go on) says it in a line of its own from these fields."""
+
+    def __init__(self, path: Path, detail: str, run_id: str | None = None, stored: int | None = None):
+        self.path, self.detail, self.run_id, self.stored = path, detail, run_id, stored
+        free = free_bytes(path.parent)
+        self.free = f"; {free / 1024:,.0f} KiB free there" if free is not None else ""
+        kept = (f"; the {stored} record{'s' * (stored != 1)} of run {run_id} written before "
+                f"{'stay' if stored != 1 else 'stays'} readable" if run_id is not None and stored is not None
+                else "; what was written before stays readable")
+        super().__init__(f"the disk is full: {path} could not be written ({detail}{self.free}){kept}; free some "
+                         "space and run the command again")
 
 
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
@@ -529,8 +564,28 @@ class ResultStore:
         self.close()
 
     # ---- writing --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _writing(self, run_id: str | None = None):
+        """A write that fails for want of space (``disk_full``) is StoreFull, counting what ``run_id`` holds."""
+        try:
+            yield
+        except (sqlite3.DatabaseError, OSError) as exc:
+            if not disk_full(exc, self.path):
+                raise
+            detail = f"SQLite: {exc}" if isinstance(exc, sqlite3.DatabaseError) else exc.strerror or str(exc)
+            raise StoreFull(self.path, detail, run_id, self._stored(run_id)) from None
+
+    def _stored(self, run_id: str | None) -> int | None:
+        """How many records of ``run_id`` the store holds (reading needs no space); None: unknown."""
+        if run_id is None:
+            return None
+        try:
+            return self.conn.execute("SELECT COUNT(*) FROM records WHERE run_id=?", (run_id,)).fetchone()[0]
+        except sqlite3.DatabaseError:
+            return None
+
     def add_env(self, env_id: str, data: dict) -> None:
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute(ADD_ENV, (env_id, json.dumps(data, sort_keys=True)))
 
     def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str,
@@ -538,6 +593,11 @@ class ResultStore:
         """Claim ``run_id`` for this process, atomically: a new id is inserted; an existing one is taken only
         by a resume (``resume=True``) and only when the process that ran it is gone. Raises RunClaimed
         otherwise, so two processes never write one run."""
+        with self._writing(run_id):
+            self._claim(run_id, command, config, env_id, version, resume)
+
+    def _claim(self, run_id: str, command: str, config: dict, env_id: str | None, version: str,
+               resume: bool) -> None:
         pid, host = os.getpid(), socket.gethostname()
         self.conn.execute("BEGIN IMMEDIATE")  # the write lock before looking: the look and the claim are one step
         try:
@@ -565,17 +625,18 @@ class ResultStore:
             raise
 
     def finish_run(self, run_id: str, status: str = "done") -> None:
-        with self.conn:
+        with self._writing(run_id), self.conn:
             self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?", (time.time(), status, run_id))
 
     def write(self, record: Record) -> None:
         """Insert one record in its own transaction (durable before the next case starts). A second record
-        of one case of one run is refused by the store (RunClaimed names the case)."""
+        of one case of one run is refused by the store (RunClaimed names the case); a full disk is StoreFull,
+        the records before this one kept."""
         row = record.to_row()
         names = list(COLUMNS)
         sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
         try:
-            with self.conn:
+            with self._writing(record.run_id), self.conn:
                 self.conn.execute(sql, [row[n] for n in names])
         except sqlite3.IntegrityError as exc:
             raise RunClaimed(f"run {record.run_id} already has a record of {record.backend} {record.spec.label()} "
@@ -584,7 +645,7 @@ class ResultStore:
     def add_peak(self, device_name: str, env_id: str, kind: str, value: float, unit: str,
                  details: dict | None = None) -> None:
         """Store a measured peak (e.g. kind matmul_bf16 in TFLOP/s, copy in GB/s); replaces an older one."""
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute("INSERT OR REPLACE INTO peaks VALUES (?, ?, ?, ?, ?, ?, ?)",
                               (device_name, env_id, kind, float(value), unit, time.time(),
                                json.dumps(details or {}, sort_keys=True)))

@@ -395,9 +395,43 @@ def test_a_report_beside_a_store_in_a_read_only_folder_is_refused_and_names_the_
     assert _state(ro) == before
 
 
-def test_an_export_onto_a_full_file_system_is_one_line_and_leaves_no_part(tmp_path, good):
+def test_a_run_whose_output_does_not_fit_says_its_records_are_stored(tmp_path, monkeypatch):
+    """The records are in the store before --output is written: its failure says so, and how to export them."""
+    out, db = tmp_path / "out.json", tmp_path / "s.db"
+    out.write_text("[]\n")
+
+    def no_room(fd):  # as a file system that allocates on write-back reports a full disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files.os, "fsync", no_room)
+    res = cli("run", *TINY, *SWEEP[:3], "--backends", "naive", "--run-id", "kept", "--db", db, "--output", out)
+    line = _one_line(res)
+    assert f"cannot write {out}: No space left on device; it is as it was; the 2 records of run kept are stored in " \
+           f"{db}: attnbench export --run kept --db {db} -o {out} writes them" in line, line
+    assert out.read_text() == "[]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "s.db"]
+    monkeypatch.undo()
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records("kept")) == 2 and store.run("kept")["status"] == "done"
+
+
+def test_a_run_whose_output_is_on_a_full_file_system(tmp_path):
     folder = tmp_path / "full"
     folder.mkdir()
-    res, left = on_full_disk(folder, "export", "--db", good, "-o", folder / "x.csv")
+    db = tmp_path / "s.db"
+    res, left = on_full_disk(folder, "run", *TINY, *SWEEP[:3], "--backends", "naive", "--run-id", "kept", "--db", db,
+                             "--output", folder / "x.json")
+    assert "No space left" in _one_line(res) and "attnbench export --run kept" in res.stderr
+    assert left == ["filler"]
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records("kept")) == 2
+
+
+@pytest.mark.parametrize("args", [["export", "-o", "x.csv"], ["export", "-o", "x.parquet"], ["report", "-o", "r.html"],
+                                  ["plot", "--x", "seq_len", "--y", "ms", "-o", "p.png"]])
+def test_an_output_onto_a_full_file_system_is_one_line_and_leaves_no_part(tmp_path, good, args):
+    if args[-1].endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    folder = tmp_path / "full"
+    folder.mkdir()
+    res, left = on_full_disk(folder, *args[:-1], folder / args[-1], "--db", good)
     assert "No space left" in _one_line(res)
     assert left == ["filler"]

@@ -597,7 +597,7 @@ def run(
         with ResultStore(plan.db, readonly=True) as store:
             records = store.records(run_id)
     if plan.output is not None:
-        export.write(records, plan.output)
+        common.write_output(records, plan.output, plan.db, run_id)
     if not quiet:
         if common.option_bool(plan.config, "table"):
             peaks = measured_peaks(plan.db, plan.options.device, copy=True)

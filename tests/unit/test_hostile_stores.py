@@ -454,6 +454,19 @@ def test_repair_refuses_before_it_changes_anything(good, tmp_path, hostile, need
             holder.wait()
 
 
+@pytest.mark.parametrize("sql, said", [(None, "nothing changed"), (HOSTILE["newer"][0], "schema version 99")])
+def test_repair_that_changes_nothing_leaves_nothing_beside_the_store(good, tmp_path, sql, said):
+    """Its checks read the store; as a reader's, their connection made a -wal and a -shm it left behind."""
+    path = _copy(good, tmp_path, "s.db", sql)
+    with sqlite3.connect(path) as conn:  # as a run leaves it: WAL mode, no side file
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    before = _folder_state(tmp_path)
+    res = cli("repair", "--db", path)
+    assert said in res.stdout + res.stderr, res.stdout + res.stderr
+    assert _folder_state(tmp_path) == before
+
+
 def test_repair_that_fails_part_way_leaves_the_original_and_no_copy(good, tmp_path, monkeypatch):
     from attnbench.results import repair as repairmod
     path = _with_duplicates(good, tmp_path)

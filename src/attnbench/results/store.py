@@ -277,6 +277,31 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+def connect_to_read(path: Path) -> sqlite3.Connection:
+    """A connection that reads the store at ``path`` and leaves its folder as it was. A read-only connection to
+    a WAL store makes a -wal and a -shm file beside it where there are none (a store nobody has open), and
+    cannot remove them when it closes: they stayed beside the store after every report, export or listing. So:
+
+    - with a writer's -wal and -shm there (a run writing now, or one killed), a read-only connection, which
+      shares them and makes nothing;
+    - with no side file (nobody has the store open), in a folder and a file this process may write, a
+      connection that may write but is held to reading (``PRAGMA query_only``): the last connection to close
+      removes the side files SQLite made while it read, and with nothing written nothing else changes;
+    - otherwise (a file or folder this process cannot write, a write-ahead log without its index: copied or
+      unpacked from a killed run) OperationalError: ``ResultStore`` then reads it as immutable or from a
+      private copy (``_read_log``). A rollback journal left by another program is read as before, read-only.
+    """
+    uri = path.resolve().as_uri()
+    side = {s for s in files.SIDE_SUFFIXES if path.with_name(path.name + s).exists()}
+    if side == {"-wal", "-shm"} or "-journal" in side:
+        return sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+    if side or not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)):
+        raise sqlite3.OperationalError("no way to read it in place without making a file beside it")
+    conn = sqlite3.connect(uri + "?mode=rw", uri=True, timeout=30.0)
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 class ResultStore:
     """Open (creating if needed) a results database at ``path``.
 
@@ -392,28 +417,7 @@ class ResultStore:
         return conn
 
     def _open_to_read(self) -> sqlite3.Connection:
-        """A connection that reads the store and leaves its folder as it was. A read-only connection to a WAL
-        store makes a -wal and a -shm file beside it where there are none (a store nobody has open), and cannot
-        remove them when it closes: they stayed beside the store after every report, export or listing. So:
-
-        - with a writer's -wal and -shm there (a run writing now, or one killed), a read-only connection, which
-          shares them and makes nothing;
-        - with no side file (nobody has the store open), in a folder and a file this process may write, a
-          connection that may write but is held to reading (``PRAGMA query_only``): the last connection to close
-          removes the side files SQLite made while it read, and with nothing written nothing else changes;
-        - otherwise (a file or folder this process cannot write, a write-ahead log without its index: copied or
-          unpacked from a killed run) OperationalError, for ``_read_log``; a rollback journal left by another
-          program is read as before, read-only.
-        """
-        uri = self.path.resolve().as_uri()
-        side = {s for s in files.SIDE_SUFFIXES if self.path.with_name(self.path.name + s).exists()}
-        if side == {"-wal", "-shm"} or "-journal" in side:
-            return sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
-        if side or not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK | os.X_OK)):
-            raise sqlite3.OperationalError("read through _read_log")
-        conn = sqlite3.connect(uri + "?mode=rw", uri=True, timeout=30.0)
-        conn.execute("PRAGMA query_only=ON")
-        return conn
+        return connect_to_read(self.path)
 
     def _read_log(self) -> sqlite3.Connection:
         """The store, for a reader SQLite cannot share it with without making files beside it (a WAL store in a

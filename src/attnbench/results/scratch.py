@@ -90,6 +90,10 @@ def temp_dir(kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"attnbench-{kind}.{host_tag()}-{os.getpid()}-", suffix=f".{MARK}"))
 
 
+def _ours(name: str) -> bool:
+    return bool(_NAME.match(name) or any(p.match(name) for p in _EARLIER))
+
+
 def stale(name: str, mtime: float, *, now: float | None = None) -> bool:
     """Is ``name`` a temporary name of attnbench whose process is gone (see the module doc)?"""
     found = _NAME.match(name)
@@ -115,7 +119,7 @@ def remove_stale(folder: Path) -> list[str]:
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(".") and not entry.name.startswith("attnbench-"):  # most names: no stat
+        if not _ours(entry.name):  # a folder's other names cost no stat
             continue
         try:
             info = entry.stat(follow_symlinks=False)

@@ -251,12 +251,14 @@ def test_a_run_on_a_file_system_that_fills_up(tmp_path):
     folder = tmp_path / "small"
     folder.mkdir()
     db, out = folder / "s.db", tmp_path / "x.json"
-    many = ["--seq-lens", *map(str, range(16, 16 + 8 * 60, 8)), "--backends", "naive"]
-    run, runs, show, export, export_onto, report_onto, resumed, whole = on_small_disk(
+    many = ["--seq-lens", *map(str, range(16, 16 + 8 * 60, 8)), "--backends", "naive", "--min-time-ms", "1",
+            "--max-time-ms", "2"]  # small records: a few fit, whatever the speed of the machine
+    run, runs, show, export, export_onto, report_onto, another, too_soon, resumed, whole = on_small_disk(
         folder, 160, ["run", *TINY, *many, "--run-id", "filled", "--db", db], ["runs", "--db", db],
         ["show", "--run", "filled", "--table", "--db", db], ["export", "--run", "filled", "--db", db, "-o", out],
         ["export", "--run", "filled", "--db", db, "-o", folder / "x.csv"],
         ["report", "--run", "filled", "--db", db, "-o", folder / "r.html"],
+        ["run", *TINY, *many, "--run-id", "another", "--db", db], ["run", "--resume", "filled", "--db", db, "--quiet"],
         ("grow", 4096), ["run", "--resume", "filled", "--db", db, "--quiet"],
         ["export", "--run", "filled", "--db", db, "-o", tmp_path / "all.json"])
     line = _one_line(run)
@@ -271,6 +273,10 @@ def test_a_run_on_a_file_system_that_fills_up(tmp_path):
     assert export.returncode == 0 and len(json.loads(out.read_text())) == stored, export.stderr
     for res in (export_onto, report_onto):
         assert "No space left" in _one_line(res) and res.names == ["s.db", "s.db-shm", "s.db-wal"]
+    for res, run_id in ((another, "another"), (too_soon, "filled")):  # when it is claimed, or at its next record
+        line = _one_line(res)
+        assert "the disk is full" in line and f"run {run_id}" in line, line
+        assert "readable" in line or f"no record of run {run_id} was stored" in line, line
     assert resumed.returncode == 0 and resumed.names == ["s.db"], resumed.stderr
     assert whole.returncode == 0 and len(json.loads((tmp_path / "all.json").read_text())) == 60, whole.stderr
 

@@ -359,8 +359,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     env_id = envmod.env_id(env)
     run_id = plan.resume or run_id or new_run_id()
     store = ResultStore(plan.db)
-    store.add_env(env_id, env)
     try:
+        store.add_env(env_id, env)
         store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
                         env_id=env_id, version=__version__, resume=plan.resume is not None)
     except BaseException:

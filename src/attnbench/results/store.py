@@ -143,9 +143,13 @@ class StoreFull(StoreError):
         self.path, self.detail, self.run_id, self.stored = path, detail, run_id, stored
         free = free_bytes(path.parent)
         self.free = f"; {free / 1024:,.0f} KiB free there" if free is not None else ""
-        kept = (f"; the {stored} record{'s' * (stored != 1)} of run {run_id} written before "
-                f"{'stay' if stored != 1 else 'stays'} readable" if run_id is not None and stored is not None
-                else "; what was written before stays readable")
+        if run_id is None or stored is None:
+            kept = "; what was written before stays readable"
+        elif stored == 0:
+            kept = f"; no record of run {run_id} was stored"
+        else:
+            kept = (f"; the {stored} record{'s' * (stored != 1)} of run {run_id} written before "
+                    f"{'stay' if stored != 1 else 'stays'} readable")
         super().__init__(f"the disk is full: {path} could not be written ({detail}{self.free}){kept}; free some "
                          "space and run the command again")
 

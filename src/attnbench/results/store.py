@@ -310,7 +310,7 @@ class ResultStore:
     """Open (creating if needed) a results database at ``path``.
 
     ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is only read, never
-    changed, and nothing is left beside it (``_open_to_read``); an older schema is migrated in a private
+    changed, and nothing is left beside it (``connect_to_read``); an older schema is migrated in a private
     in-memory copy. Writers create or migrate the file.
     A file that is not a usable attnbench store (damaged, foreign, newer, unreadable) raises StoreError before
     anything is written to it."""
@@ -405,7 +405,7 @@ class ResultStore:
         else:
             conn = None
             try:
-                conn = self._open_to_read()
+                conn = connect_to_read(self.path)
                 conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             except sqlite3.OperationalError:
                 # a WAL store in a folder this process cannot write (no -shm file to share), or only part of a
@@ -419,9 +419,6 @@ class ResultStore:
                 raise StoreError(_describe(self.path, exc)) from None
         conn.row_factory = sqlite3.Row
         return conn
-
-    def _open_to_read(self) -> sqlite3.Connection:
-        return connect_to_read(self.path)
 
     def _read_log(self) -> sqlite3.Connection:
         """The store, for a reader SQLite cannot share it with without making files beside it (a WAL store in a

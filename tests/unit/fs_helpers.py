@@ -9,6 +9,7 @@ another user, ``chmod`` makes the folder read-only.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shlex
 import shutil
@@ -73,3 +74,36 @@ def on_full_disk(folder: Path, *args, free_kib: int = 0, timeout=300) -> tuple[s
                          timeout=timeout)
     err, _, listing = res.stderr.partition(FULL_LISTING + "\n")
     return subprocess.CompletedProcess(res.args, res.returncode, res.stdout, err), listing.split()
+
+
+_SMALL_DISK = """
+import json, os, subprocess, sys
+folder, kib, steps = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", folder], check=True)
+out = []
+for step in steps:
+    if step[0] == "grow":
+        subprocess.run(["mount", "-o", f"remount,size={step[1]}k", folder], check=True)
+        continue
+    res = subprocess.run([sys.executable, "-m", "attnbench", *step], capture_output=True, text=True)
+    out.append({"rc": res.returncode, "out": res.stdout, "err": res.stderr, "names": sorted(os.listdir(folder))})
+print(json.dumps(out))
+"""
+
+
+def on_small_disk(folder: Path, kib: int, *steps) -> list[subprocess.CompletedProcess]:
+    """Each step ``attnbench ARGS`` (a list) in turn, or ``("grow", KIB)`` to give the file system more room,
+    with ``folder`` a file system of ``kib`` KiB of its own (gone once the steps end); per command its result,
+    whose ``names`` are what the folder held after it."""
+    if not can_mount():
+        pytest.skip("no tmpfs of its own here (needs root with CAP_SYS_ADMIN)")
+    steps_json = json.dumps([[str(a) for a in step] for step in steps])
+    res = subprocess.run(["unshare", "-m", sys.executable, "-c", _SMALL_DISK, str(folder), str(kib), steps_json],
+                         capture_output=True, text=True, env=env(), timeout=600)
+    assert res.returncode == 0, res.stderr
+    out = []
+    for item in json.loads(res.stdout):
+        done = subprocess.CompletedProcess([], item["rc"], item["out"], item["err"])
+        done.names = item["names"]
+        out.append(done)
+    return out

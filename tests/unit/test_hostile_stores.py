@@ -11,9 +11,12 @@ import sys
 
 import pytest
 from reliability_helpers import TINY, attnbench
+from results_fixtures import cli, synthetic_record
 
+from attnbench.results import scratch
 from attnbench.results.record import SCHEMA_VERSION
 from attnbench.results.store import ResultStore, StoreError
+from attnbench.spec import AttnSpec
 
 
 def digest(path):
@@ -73,8 +76,7 @@ def test_a_store_attnbench_cannot_use_is_refused_and_left_as_it_was(good, tmp_pa
         assert res.returncode == 2, (args, res.stderr)
         assert res.stderr.count("\n") == 1 and res.stderr.startswith("attnbench: error:"), res.stderr
     assert digest(path) == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s.db")) in (
-        ["s.db"], ["s.db", "s.db-shm", "s.db-wal"])  # SQLite's side files at most, never a changed file
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s.db")) == ["s.db"]
 
 
 def test_readers_write_nothing_to_a_current_store(good, tmp_path):
@@ -85,6 +87,66 @@ def test_readers_write_nothing_to_a_current_store(good, tmp_path):
         with pytest.raises(sqlite3.OperationalError, match="readonly"):
             store.conn.execute("DELETE FROM records")
     assert digest(path) == before and path.stat().st_mtime_ns == stamp
+
+
+def _folder_state(folder):
+    return {p.name: (digest(p), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def test_readers_leave_a_store_and_its_folder_as_they_found_them(good, tmp_path):
+    """A store nobody has open is a WAL file alone; a read-only connection to it made a -wal and a -shm beside it
+    that it could not remove, so every listing, export or report left them there for good."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    path = _copy(good, folder, "s.db")
+    with sqlite3.connect(path) as conn:  # as a run leaves it: WAL mode, no side file
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    before = _folder_state(folder)
+    assert list(before) == ["s.db"]
+    out = tmp_path / "out"
+    for args in (["runs"], ["show", "--table"], ["export", "--all-runs"], ["export", "--all-runs", "-o", out / "x.csv"],
+                 ["report", "-o", out / "r.html"], ["compare", "latest", "latest"]):
+        res = cli(*args, "--db", path)
+        assert res.returncode == 0, (args, res.stderr)
+        assert _folder_state(folder) == before, args
+    with ResultStore(path, readonly=True) as store:
+        assert sorted(p.name for p in folder.iterdir()) != ["s.db"]  # SQLite's, while it reads
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            store.conn.execute("DELETE FROM records")
+    assert _folder_state(folder) == before
+
+
+def test_a_reader_and_a_writer_at_once_leave_the_records_and_no_side_files_of_the_reader(good, tmp_path):
+    """Whichever opens first, the reader sees the writer's records and makes no file of its own. A reader that
+    outlives the writer cannot fold the writer's log into the file (it writes nothing): the writer's -wal and
+    -shm stay until the next writer closes the store."""
+    path = _copy(good, tmp_path, "s.db")
+    spec = AttnSpec(seqlens_q=(16,), heads_q=2, head_dim=8, dtype="fp32")
+    for first in ("reader", "writer"):
+        run = f"by-{first}-first"
+        if first == "reader":
+            reader = ResultStore(path, readonly=True)
+            writer = ResultStore(path)
+        else:
+            writer = ResultStore(path)
+            reader = ResultStore(path, readonly=True)
+        writer.start_run(run, command="attnbench run", config={}, env_id=None, version="test")
+        writer.write(synthetic_record(run, spec, "naive", [1.0]))
+        writer.finish_run(run)
+        assert len(reader.records(run)) == 1  # committed in the log: the reader sees it
+        writer.close()
+        assert len(reader.records(run)) == 1
+        reader.close()
+        if first == "writer":
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db", "s.db-shm", "s.db-wal"]
+            with ResultStore(path, readonly=True) as again:
+                assert len(again.records(run)) == 1
+            ResultStore(path).close()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"], first
+        with sqlite3.connect(f"file:{path}?immutable=1", uri=True) as conn:  # in the file itself now
+            assert conn.execute("SELECT COUNT(*) FROM records WHERE run_id=?", (run,)).fetchone()[0] == 1
+        conn.close()
 
 
 def test_a_reader_migrates_an_older_store_in_memory_only(good, tmp_path):
@@ -392,6 +454,19 @@ def test_repair_refuses_before_it_changes_anything(good, tmp_path, hostile, need
             holder.wait()
 
 
+@pytest.mark.parametrize("sql, said", [(None, "nothing changed"), (HOSTILE["newer"][0], "schema version 99")])
+def test_repair_that_changes_nothing_leaves_nothing_beside_the_store(good, tmp_path, sql, said):
+    """Its checks read the store; as a reader's, their connection made a -wal and a -shm it left behind."""
+    path = _copy(good, tmp_path, "s.db", sql)
+    with sqlite3.connect(path) as conn:  # as a run leaves it: WAL mode, no side file
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    before = _folder_state(tmp_path)
+    res = cli("repair", "--db", path)
+    assert said in res.stdout + res.stderr, res.stdout + res.stderr
+    assert _folder_state(tmp_path) == before
+
+
 def test_repair_that_fails_part_way_leaves_the_original_and_no_copy(good, tmp_path, monkeypatch):
     from attnbench.results import repair as repairmod
     path = _with_duplicates(good, tmp_path)
@@ -418,7 +493,7 @@ def test_repair_that_fails_part_way_leaves_the_original_and_no_copy(good, tmp_pa
         assert conn.execute("SELECT command FROM runs").fetchone()[0] == "changed meanwhile"
         assert conn.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 2
     conn.close()
-    assert not [p for p in tmp_path.iterdir() if ".repair-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if scratch.MARK in p.name]  # the copy under its temporary name
 
 
 # ---- merge: all inputs checked first, one transaction ---------------------------------------------------

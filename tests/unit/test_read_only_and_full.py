@@ -9,11 +9,12 @@ is refused, one line and exit status 2, before any work. The real file systems c
 import errno
 import hashlib
 import json
+import re
 import shutil
 import sqlite3
 
 import pytest
-from fs_helpers import in_read_only, on_full_disk
+from fs_helpers import in_read_only, on_full_disk, on_small_disk
 from reliability_helpers import TINY, attnbench
 from results_fixtures import cli, synthetic_record
 
@@ -77,6 +78,21 @@ def test_a_store_in_a_read_only_folder_shows_the_records_in_its_log(tmp_path):
     res = in_read_only(folder, "report", "--db", db, "-o", tmp_path / "r.html")
     assert res.returncode == 0 and RUN in (tmp_path / "r.html").read_text(), res.stderr
     assert _state(folder) == before  # nothing written beside it, nothing changed in it
+
+
+def test_a_log_without_its_index_is_read_without_making_one(tmp_path):
+    """A killed writer's log copied without its -shm, in a folder readers could write: a read-only connection
+    would make the -shm there (and leave it); the reader reads a private copy instead."""
+    folder = tmp_path / "copied"
+    db = store_in_its_log(folder)
+    before = _state(folder)
+    res = cli("runs", "--db", db)
+    assert res.returncode == 0 and RUN in res.stdout, res.stdout + res.stderr
+    res = cli("show", "--table", "--db", db)
+    assert res.returncode == 0 and res.stdout.count("naive") == N, res.stdout + res.stderr
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records(RUN)) == N
+    assert _state(folder) == before
 
 
 def _shared_open_fails(monkeypatch):
@@ -156,6 +172,165 @@ def test_a_store_on_a_full_file_system(tmp_path, free_kib):
     assert left == ["filler"]
 
 
+# ---- 2b. a disk that fills up while a run writes -----------------------------------------------------------------
+SWEEP = ["--seq-lens", *map(str, range(16, 16 + 8 * 12, 8)), "--backends", "naive"]
+CASES = 12
+
+
+def _fills_after(monkeypatch, records: int):
+    """The store's file system fills up after ``records`` records: from then on SQLite may not grow the store by
+    a page (``max_page_count``), and the next write that needs one fails as on a full disk (SQLITE_FULL)."""
+    real = ResultStore.write
+
+    def write(self, record):
+        real(self, record)
+        if len(self.case_ids(record.run_id)) == records:
+            pages = self.conn.execute("PRAGMA page_count").fetchone()[0]
+            self.conn.execute(f"PRAGMA max_page_count={pages}")
+    monkeypatch.setattr(ResultStore, "write", write)
+
+
+def _stopped_full(res, db) -> tuple[str, int]:
+    """(run id, records the line says are stored) of a run stopped by a full disk, its line checked."""
+    line = _one_line(res)
+    found = re.search(r"the disk is full: (\S+) took (\d+) of the (\d+) cases of run (\S+) \(SQLite: database or "
+                      r"disk is full.*\); they stay readable; once there is space, resume with: attnbench run "
+                      r"--resume (\S+) --db (\S+)$", line.strip())
+    assert found, line
+    assert found[1] == str(db) == found[6] and found[4] == found[5] and int(found[3]) == CASES, line
+    return found[4], int(found[2])
+
+
+def test_a_run_whose_disk_fills_up_stops_at_once_and_resumes(tmp_path, monkeypatch):
+    db = tmp_path / "s.db"
+    _fills_after(monkeypatch, 3)
+    res = cli("run", *TINY, *SWEEP, "--db", db)
+    run, stored = _stopped_full(res, db)
+    assert 3 <= stored < CASES
+    monkeypatch.undo()
+    with ResultStore(db, readonly=True) as store:  # every record written before, readable
+        assert len(store.records(run)) == stored and store.run(run)["status"] == "interrupted"
+    res = cli("show", "--run", run, "--table", "--db", db)
+    assert res.returncode == 0 and res.stdout.count("naive") == stored, res.stderr
+    res = cli("run", "--resume", run, "--db", db, "--quiet")
+    assert res.returncode == 0, res.stderr
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records(run)) == CASES and store.run(run)["status"] == "done"
+
+
+def test_a_disk_full_when_a_run_is_claimed_or_ends_is_the_same_line(tmp_path, monkeypatch):
+    db = tmp_path / "s.db"
+    ResultStore(db).close()
+    with ResultStore(db) as store, pytest.raises(store_mod.StoreFull, match="the disk is full") as got:
+        store.conn.execute(f"PRAGMA max_page_count={store.conn.execute('PRAGMA page_count').fetchone()[0]}")
+        for i in range(400):  # runs until a page more is needed
+            store.start_run(f"r{i}", command="attnbench run " + "x" * 200, config={}, env_id=None, version="t")
+    assert "free some space and run the command again" in str(got.value) and str(db) in str(got.value)
+    real = ResultStore.finish_run
+
+    def full_at_the_end(self, run_id, status="done"):  # every record fits; recording the run as done does not
+        self.conn = _FullOn(self.conn, "UPDATE runs SET finished_at")
+        real(self, run_id, status)
+    monkeypatch.setattr(ResultStore, "finish_run", full_at_the_end)
+    res = cli("run", *TINY, *SWEEP, "--db", db)
+    run, stored = _stopped_full(res, db)
+    assert stored == CASES
+    monkeypatch.undo()
+    with ResultStore(db, readonly=True) as store:  # 'running' as long as its process lives (this one here)
+        assert len(store.records(run)) == CASES and store.run(run)["status"] == "running"
+    res = cli("run", "--resume", run, "--db", db, "--quiet")
+    assert res.returncode == 0, res.stderr
+    with ResultStore(db, readonly=True) as store:
+        assert store.run(run)["status"] == "done"
+
+
+def test_a_run_on_a_file_system_that_fills_up(tmp_path):
+    """The same on a real file system of 160 KiB, which the store and its log fill after a few records: the run
+    stops with its line; every reader works on the full disk; outputs onto it are refused whole; with room
+    again, the resume completes the run."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    db, out = folder / "s.db", tmp_path / "x.json"
+    many = ["--seq-lens", *map(str, range(16, 16 + 8 * 60, 8)), "--backends", "naive", "--min-time-ms", "1",
+            "--max-time-ms", "2"]  # small records: a few fit, whatever the speed of the machine
+    run, runs, show, export, export_onto, report_onto, another, too_soon, resumed, whole = on_small_disk(
+        folder, 160, ["run", *TINY, *many, "--run-id", "filled", "--db", db], ["runs", "--db", db],
+        ["show", "--run", "filled", "--table", "--db", db], ["export", "--run", "filled", "--db", db, "-o", out],
+        ["export", "--run", "filled", "--db", db, "-o", folder / "x.csv"],
+        ["report", "--run", "filled", "--db", db, "-o", folder / "r.html"],
+        ["run", *TINY, *many, "--run-id", "another", "--db", db], ["run", "--resume", "filled", "--db", db, "--quiet"],
+        ("grow", 4096), ["run", "--resume", "filled", "--db", db, "--quiet"],
+        ["export", "--run", "filled", "--db", db, "-o", tmp_path / "all.json"])
+    line = _one_line(run)
+    found = re.search(r"the disk is full: (\S+) took (\d+) of the 60 cases of run filled \(SQLite: database or disk "
+                      r"is full; 0 KiB free there\); they stay readable; once there is space, resume with: attnbench "
+                      r"run --resume filled --db (\S+)$", line.strip())
+    assert found and found[1] == found[3] == str(db), line
+    stored = int(found[2])
+    assert 1 <= stored < 60 and run.names == ["s.db", "s.db-shm", "s.db-wal"]  # no temporary file left
+    assert runs.returncode == 0 and "filled" in runs.stdout and "interrupted" in runs.stdout, runs.stdout + runs.stderr
+    assert show.returncode == 0 and show.stdout.count("naive") == stored, show.stdout + show.stderr
+    assert export.returncode == 0 and len(json.loads(out.read_text())) == stored, export.stderr
+    for res in (export_onto, report_onto):
+        assert "No space left" in _one_line(res) and res.names == ["s.db", "s.db-shm", "s.db-wal"]
+    for res, run_id in ((another, "another"), (too_soon, "filled")):  # when it is claimed, or at its next record
+        line = _one_line(res)
+        assert "the disk is full" in line and f"run {run_id}" in line, line
+        assert "readable" in line or f"no record of run {run_id} was stored" in line, line
+    assert resumed.returncode == 0 and resumed.names == ["s.db"], resumed.stderr
+    assert whole.returncode == 0 and len(json.loads((tmp_path / "all.json").read_text())) == 60, whole.stderr
+
+
+class _FullOn:
+    """A store's connection on which a statement starting with ``sql`` fails as SQLite fails on a full disk."""
+
+    def __init__(self, conn, sql):
+        self._conn, self._sql = conn, sql
+
+    def execute(self, sql, *args):
+        if sql.startswith(self._sql):
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._conn.execute(sql, *args)
+
+    def __enter__(self):
+        return self._conn.__enter__()
+
+    def __exit__(self, *exc):
+        return self._conn.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+@pytest.mark.parametrize("command", ["verify", "e2e"])
+def test_other_commands_whose_disk_fills_up_stop_with_one_line(tmp_path, monkeypatch, command):
+    db = tmp_path / "s.db"
+    _fills_after(monkeypatch, 1)
+    if command == "verify":
+        args = ["verify", "--device", "cpu", "--q-heads", "1", "--head-size", "8", "--dtype", "fp32", *SWEEP]
+    else:
+        args = ["e2e", "--model", "llama-tiny", "--device", "cpu", "--backends", "naive,sdpa-math", "--layers", "1",
+                "--steps", "1", "--dtype", "fp32", "--seq-len", "17"]
+        monkeypatch.setattr(ResultStore, "write", _full_after_one(ResultStore.write))
+    res = cli(*args, "--db", db)
+    line = _one_line(res)
+    assert "the disk is full" in line and str(db) in line and re.search(r"1 record of run \S+ written before stays readable", line), line
+    monkeypatch.undo()
+    with ResultStore(db, readonly=True) as store:
+        [run] = store.runs()
+        assert len(store.records(run["run_id"])) >= 1
+
+
+def _full_after_one(write):
+    """``write`` on a store whose disk is full after its first record (an e2e run writes two or three small
+    records, which may all fit in the pages the store has)."""
+    def limited(self, record):
+        if self.case_ids(record.run_id) and not isinstance(self.conn, _FullOn):
+            self.conn = _FullOn(self.conn, "INSERT INTO records")
+        return write(self, record)
+    return limited
+
+
 # ---- 3. outputs that cannot be written ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
@@ -226,9 +401,43 @@ def test_a_report_beside_a_store_in_a_read_only_folder_is_refused_and_names_the_
     assert _state(ro) == before
 
 
-def test_an_export_onto_a_full_file_system_is_one_line_and_leaves_no_part(tmp_path, good):
+def test_a_run_whose_output_does_not_fit_says_its_records_are_stored(tmp_path, monkeypatch):
+    """The records are in the store before --output is written: its failure says so, and how to export them."""
+    out, db = tmp_path / "out.json", tmp_path / "s.db"
+    out.write_text("[]\n")
+
+    def no_room(fd):  # as a file system that allocates on write-back reports a full disk
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(files.os, "fsync", no_room)
+    res = cli("run", *TINY, *SWEEP[:3], "--backends", "naive", "--run-id", "kept", "--db", db, "--output", out)
+    line = _one_line(res)
+    assert f"cannot write {out}: No space left on device; it is as it was; the 2 records of run kept are stored in " \
+           f"{db}: attnbench export --run kept --db {db} -o {out} writes them" in line, line
+    assert out.read_text() == "[]\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "s.db"]
+    monkeypatch.undo()
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records("kept")) == 2 and store.run("kept")["status"] == "done"
+
+
+def test_a_run_whose_output_is_on_a_full_file_system(tmp_path):
     folder = tmp_path / "full"
     folder.mkdir()
-    res, left = on_full_disk(folder, "export", "--db", good, "-o", folder / "x.csv")
+    db = tmp_path / "s.db"
+    res, left = on_full_disk(folder, "run", *TINY, *SWEEP[:3], "--backends", "naive", "--run-id", "kept", "--db", db,
+                             "--output", folder / "x.json")
+    assert "No space left" in _one_line(res) and "attnbench export --run kept" in res.stderr
+    assert left == ["filler"]
+    with ResultStore(db, readonly=True) as store:
+        assert len(store.records("kept")) == 2
+
+
+@pytest.mark.parametrize("args", [["export", "-o", "x.csv"], ["export", "-o", "x.parquet"], ["report", "-o", "r.html"],
+                                  ["plot", "--x", "seq_len", "--y", "ms", "-o", "p.png"]])
+def test_an_output_onto_a_full_file_system_is_one_line_and_leaves_no_part(tmp_path, good, args):
+    if args[-1].endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    folder = tmp_path / "full"
+    folder.mkdir()
+    res, left = on_full_disk(folder, *args[:-1], folder / args[-1], "--db", good)
     assert "No space left" in _one_line(res)
     assert left == ["filler"]

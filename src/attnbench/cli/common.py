@@ -605,6 +605,20 @@ def check_output_path(path: Path, flag: str = "--output", stores: tuple[Path, ..
         raise UserError(str(exc)) from None
 
 
+def write_output(records: list, output: Path, db: Path, run_id: str) -> None:
+    """``--output`` of a command whose records are already stored: an output that cannot be written (a full
+    disk) is one line that also says the records are safe in the store and how to export them once it can be
+    written (the line alone read as if the run were lost)."""
+    from attnbench.results import export, files
+    try:
+        export.write(records, output)
+    except files.FileRefused as exc:
+        n = len(records)
+        raise files.FileRefused(f"{exc}; the {n} record{'s' * (n != 1)} of run {run_id} are stored in {db}: "
+                                f"{shlex.join(['attnbench', 'export', '--run', run_id, '--db', str(db), '-o', str(output)])} "
+                                "writes them") from None
+
+
 def flag_name(name: str) -> str:
     """Parameter name -> the flag a user types (``pass_`` -> ``--pass``)."""
     return "--" + name.rstrip("_").replace("_", "-")

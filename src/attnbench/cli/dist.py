@@ -289,7 +289,7 @@ def _execute(plan: dict) -> None:
     if ctx.rank == 0:
         _print_tables(results, ctx.world)
         if opts.get("output"):
-            export.write(records, Path(opts["output"]))
+            common.write_output(records, Path(opts["output"]), Path(opts.get("db") or DEFAULT_DB), run_id)
         ok = sum(r.status == "ok" for r in results)
         common.console.print(f"{ok}/{len(results)} cases ok; results in {opts.get('db') or DEFAULT_DB}",
                              highlight=False)

@@ -222,7 +222,7 @@ def e2e(
         finally:
             store.finish_run(run_id, status)
     if output is not None:
-        export.write(records, output)
+        common.write_output(records, output, path, run_id)
     if not quiet:
         layers_txt = f", {cfg.layers} layers" if cfg.layers else ""
         common.console.print(e2e_table(records, f"{cfg.model} {cfg.mode}{layers_txt} on {cfg.device}: "

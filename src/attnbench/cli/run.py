@@ -18,7 +18,7 @@ from attnbench.cli.common import UserError
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
-from attnbench.results.store import DEFAULT_DB, ResultStore, new_run_id
+from attnbench.results.store import DEFAULT_DB, ResultStore, StoreFull, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
 from attnbench.version import __version__
@@ -365,8 +365,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     env_id = envmod.env_id(env)
     run_id = plan.resume or run_id or new_run_id()
     store = ResultStore(plan.db)
-    store.add_env(env_id, env)
     try:
+        store.add_env(env_id, env)
         store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
                         env_id=env_id, version=__version__, resume=plan.resume is not None)
     except BaseException:
@@ -380,24 +380,34 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         records.append(record)
         progress.advance(task)
 
-    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id),
-                                 checker=checker)
+    before = store.case_ids(run_id)
+    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
     cases = runner.cases(plan.specs)
     status = "interrupted"
     started = time.perf_counter()
+    full, failing = None, True
     try:
         with progress, control.stop_on_sigint(runner):
             task = progress.add_task("measuring", total=len(cases))
             runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
             runner.run(plan.specs)
-        status = "done" if len(records) == len(cases) else "interrupted"
+        status, failing = "done" if len(records) == len(cases) else "interrupted", False
     except KeyboardInterrupt:
         common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False,
                                  soft_wrap=True)  # one line: the command in it stays whole
         raise
+    except StoreFull as exc:  # the disk filled up: stop at once, the records before kept
+        full, failing = exc, False
     finally:
-        store.finish_run(run_id, status)
-        store.close()
+        try:
+            store.finish_run(run_id, "interrupted" if full else status)
+        except StoreFull as exc:  # the run stays 'running', which reads 'interrupted' once this process is gone
+            if not failing and full is None:
+                full = exc
+        finally:
+            store.close()
+    if full is not None:
+        raise stopped_full(full, run_id, plan.db, len(before) + len(records), len(before) + len(cases))
     phases = wall_breakdown(runner.clock.seconds, time.perf_counter() - started)
     compiled = runner.precompiler.summary()
     if compiled and not quiet:
@@ -408,6 +418,16 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
                                  markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     return run_id, records, phases
+
+
+def stopped_full(full: StoreFull, run_id: str, db: Path, written: int, total: int) -> StoreFull:
+    """The one line for a run whose store's disk filled up: where, how far it got, how to go on."""
+    stored = full.stored if full.stored is not None else written
+    line = (f"the disk is full: {db} took {stored} of the {total} cases of run {run_id} ({full.detail}{full.free}); "
+            f"they stay readable; once there is space, {control.resume_hint(run_id, db)}")
+    out = StoreFull(full.path, full.detail, run_id, stored)
+    out.args = (line,)
+    return out
 
 
 class _LogLines:
@@ -592,7 +612,7 @@ def run(
         with ResultStore(plan.db, readonly=True) as store:
             records = store.records(run_id)
     if plan.output is not None:
-        export.write(records, plan.output)
+        common.write_output(records, plan.output, plan.db, run_id)
     if not quiet:
         if common.option_bool(plan.config, "table"):
             peaks = measured_peaks(plan.db, plan.options.device, copy=True)

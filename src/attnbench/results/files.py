@@ -25,6 +25,8 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from attnbench.results import scratch
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 """Files SQLite keeps beside a database ``X``: ``X-wal``, ``X-shm``, ``X-journal``."""
@@ -126,7 +128,7 @@ def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         return
     target = Path(os.path.realpath(path))  # write through a symbolic link, as open() would
     made = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = scratch.temp_path(target)  # and the stale ones of killed processes beside it go
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         write(tmp)

@@ -4,9 +4,10 @@ attnbench versions before the store itself forbade duplicates).
 Nothing is changed until everything that would make repair refuse has been checked, and the original is
 never edited in place:
 
-1. checks, on a read-only connection: a regular SQLite file attnbench may write (file and folder), an
-   attnbench store of a schema this version knows, ``PRAGMA quick_check`` of every page (repair does not
-   mend damage), and no run of it still being written by a live process on this host;
+1. checks, on a connection that only reads and makes no file beside the store (``connect_to_read``): a
+   regular SQLite file attnbench may write (file and folder), an attnbench store of a schema this version
+   knows, ``PRAGMA quick_check`` of every page (repair does not mend damage), and no run of it still being
+   written by a live process on this host;
 2. a copy is made beside it with SQLite's backup API (which reads through the write-ahead log), the
    duplicates are deleted in the copy, the copy is migrated to the current schema and checked again
    (``quick_check``, one record per case, the expected number of records);
@@ -27,10 +28,11 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnbench.results import files
+from attnbench.results import files, scratch
 from attnbench.results.integrity import file_stamp, integrity_problem
 from attnbench.results.record import SCHEMA_VERSION
-from attnbench.results.store import ResultStore, StoreError, check_layout, duplicate_cases, process_alive
+from attnbench.results.scratch import process_alive
+from attnbench.results.store import ResultStore, StoreError, check_layout, connect_to_read, duplicate_cases
 
 DUPLICATES = "DELETE FROM records WHERE id NOT IN (SELECT MIN(id) FROM records GROUP BY run_id, case_id)"
 """Every record of a (run, case) but the first written."""
@@ -47,6 +49,16 @@ class Repaired:
     """Records left."""
 
 
+def _connect(path: Path) -> sqlite3.Connection:
+    """A connection that reads the store and, when repair changes nothing, leaves nothing beside it
+    (``connect_to_read``); a log without its index is read read-only (which makes the index: repair is about
+    to rewrite the store, and every refusal before leaves its content as it was)."""
+    try:
+        return connect_to_read(path)
+    except sqlite3.OperationalError:
+        return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+
+
 def _check(path: Path) -> tuple[int, int]:
     """(records repair would delete, records) of the store at ``path``; StoreError for anything it refuses."""
     if not path.is_file():
@@ -59,7 +71,7 @@ def _check(path: Path) -> tuple[int, int]:
     if not os.access(path.parent, os.W_OK | os.X_OK):
         raise StoreError(f"{path}: its folder is not writable; repair writes the repaired copy beside the file "
                          "and swaps it in")
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+    conn = _connect(path)
     try:
         check_layout(conn, path)  # another program's database, a newer schema, ...
         problem = integrity_problem(conn, path.stat().st_size, full=True)
@@ -90,7 +102,7 @@ def _side_files(path: Path) -> list[Path]:
 
 def _build_copy(path: Path, tmp: Path, expected: int) -> None:
     """The repaired store in ``tmp``: a copy of ``path`` without duplicates, at the current schema, checked."""
-    source = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30.0)
+    source = _connect(path)
     copy = sqlite3.connect(tmp)
     try:
         source.backup(copy)
@@ -144,7 +156,7 @@ def repair(path: str | Path) -> Repaired:
     extra, records = _check(path)
     if not extra:
         return Repaired(path, 0, records)
-    tmp = path.with_name(f".{path.name}.repair-{os.getpid()}")
+    tmp = scratch.temp_path(path)  # and the stale ones of killed processes beside it go
     try:
         for p in (tmp, *_side_files(tmp)):
             p.unlink(missing_ok=True)

@@ -6,20 +6,21 @@ several processes never write one file (sharded sweeps merge afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import socket
 import sqlite3
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from attnbench.results import files
+from attnbench.results import files, scratch
 from attnbench.results.integrity import REQUIRED_TABLES, file_stamp, foreign_tables, integrity_problem
 from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
+from attnbench.results.scratch import process_alive, process_started
 
 DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
 
@@ -115,6 +116,44 @@ def no_space(path: Path, detail: str) -> str:
     return f"{path}: no space left on its file system ({detail}{left}); free some space or give another --db"
 
 
+def disk_full(exc: BaseException, path: Path) -> bool:
+    """Did a write to the store at ``path`` fail for want of space? SQLite says 'database or disk is full'
+    (SQLITE_FULL), or 'disk I/O error' where the file system left it short (then less than LOW_SPACE_BYTES
+    are free there); Python's own writes say ENOSPC or EDQUOT."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    text = str(exc)
+    if "disk is full" in text or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        return True
+    if "disk I/O error" in text:
+        free = free_bytes(path.parent)
+        return free is not None and free < LOW_SPACE_BYTES
+    return False
+
+
+class StoreFull(StoreError):
+    """The file system of a store filled up while a command wrote to it. SQLite undid the write that failed;
+    everything committed before it (``stored`` records of ``run_id``, None: unknown) stays in the store,
+    readable. A StoreError (one line, exit status 2, as a full disk met when a store is made); a command that
+    knows more (how far a run got, how to go on) says it in a line of its own from these fields."""
+
+    def __init__(self, path: Path, detail: str, run_id: str | None = None, stored: int | None = None):
+        self.path, self.detail, self.run_id, self.stored = path, detail, run_id, stored
+        free = free_bytes(path.parent)
+        self.free = f"; {free / 1024:,.0f} KiB free there" if free is not None else ""
+        if run_id is None or stored is None:
+            kept = "; what was written before stays readable"
+        elif stored == 0:
+            kept = f"; no record of run {run_id} was stored"
+        else:
+            kept = (f"; the {stored} record{'s' * (stored != 1)} of run {run_id} written before "
+                    f"{'stay' if stored != 1 else 'stays'} readable")
+        super().__init__(f"the disk is full: {path} could not be written ({detail}{self.free}){kept}; free some "
+                         "space and run the command again")
+
+
 def _describe(path: Path, exc: sqlite3.DatabaseError) -> str:
     """One line for an SQLite error met while opening a store."""
     text = str(exc)
@@ -180,27 +219,6 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
             return int(row[0])
     return 0 if tables & {"records", "runs"} else None
 
-def process_started(pid: int) -> str | None:
-    """When process ``pid`` started (field 22 of /proc/PID/stat, clock ticks since boot), so a reused pid
-    is not taken for the process that wrote a run; None where /proc cannot tell (or no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def process_alive(pid: int, started: str | None) -> bool:
-    """Is the process that wrote a run still running? (Same host only.)"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists, not ours to signal
-    return started is None or process_started(pid) in (None, started)
-
-
 class RunClaimed(StoreError):
     """A run id that this process may not write to (it exists, or another live process writes it)."""
 
@@ -263,11 +281,37 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+def connect_to_read(path: Path) -> sqlite3.Connection:
+    """A connection that reads the store at ``path`` and leaves its folder as it was. A read-only connection to
+    a WAL store makes a -wal and a -shm file beside it where there are none (a store nobody has open), and
+    cannot remove them when it closes: they stayed beside the store after every report, export or listing. So:
+
+    - with a writer's -wal and -shm there (a run writing now, or one killed), a read-only connection, which
+      shares them and makes nothing;
+    - with no side file (nobody has the store open), in a folder and a file this process may write, a
+      connection that may write but is held to reading (``PRAGMA query_only``): the last connection to close
+      removes the side files SQLite made while it read, and with nothing written nothing else changes;
+    - otherwise (a file or folder this process cannot write, a write-ahead log without its index: copied or
+      unpacked from a killed run) OperationalError: ``ResultStore`` then reads it as immutable or from a
+      private copy (``_read_log``). A rollback journal left by another program is read as before, read-only.
+    """
+    uri = path.resolve().as_uri()
+    side = {s for s in files.SIDE_SUFFIXES if path.with_name(path.name + s).exists()}
+    if side == {"-wal", "-shm"} or "-journal" in side:
+        return sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+    if side or not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)):
+        raise sqlite3.OperationalError("no way to read it in place without making a file beside it")
+    conn = sqlite3.connect(uri + "?mode=rw", uri=True, timeout=30.0)
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 class ResultStore:
     """Open (creating if needed) a results database at ``path``.
 
-    ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is opened read-only and
-    never changed; an older schema is migrated in a private in-memory copy. Writers create or migrate the file.
+    ``readonly=True`` is for readers (report, export, compare, merge inputs): the file is only read, never
+    changed, and nothing is left beside it (``connect_to_read``); an older schema is migrated in a private
+    in-memory copy. Writers create or migrate the file.
     A file that is not a usable attnbench store (damaged, foreign, newer, unreadable) raises StoreError before
     anything is written to it."""
 
@@ -303,6 +347,8 @@ class ResultStore:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
             self._upgrade()
             self.mark_dead_runs()
+            if not readonly:  # as it records dead runs, a writer removes what killed processes left beside it
+                scratch.remove_stale(self.path.parent)
         except sqlite3.DatabaseError as exc:
             self.close()
             raise StoreError(_describe(self.path, exc)) from None
@@ -312,11 +358,11 @@ class ResultStore:
 
     def _create(self) -> None:
         """Make a new store at ``path`` (and its folder): the schema is written to a temporary file beside it,
-        which is then linked into place whole. A failure part-way (a full disk) leaves neither a store nor a
-        folder behind, and no process ever opens a store without its tables; where another process made the
-        store first, its store is used."""
+        which is then linked into place whole and its temporary name removed. A failure part-way (a full disk)
+        leaves neither a store nor a folder behind, and no process ever opens a store without its tables; where
+        another process made the store first, its store is used."""
         made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.new")
+        tmp = scratch.temp_path(self.path)  # and the stale ones of killed processes beside it go
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(tmp, timeout=30.0)
@@ -333,6 +379,7 @@ class ResultStore:
             if log.exists() and log.stat().st_size:  # the checkpoint failed (SQLite does not say so on close)
                 raise sqlite3.OperationalError("disk I/O error")
             _link_new(tmp, self.path)
+            tmp.unlink(missing_ok=True)  # the store is in place under its name: the second link goes
             files.fsync_folder(self.path.parent)
         except BaseException as exc:
             for p in (tmp, *(tmp.with_name(tmp.name + s) for s in files.SIDE_SUFFIXES)):
@@ -356,14 +403,13 @@ class ResultStore:
                 raise StoreError(f"{self.path} is read-only; a run needs a store it can write (give another --db)")
             conn = sqlite3.connect(self.path, timeout=30.0)
         else:
-            uri = self.path.resolve().as_uri()
             conn = None
             try:
-                conn = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30.0)
+                conn = connect_to_read(self.path)
                 conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             except sqlite3.OperationalError:
-                # a WAL store in a folder this process cannot write (no -shm file to share): nobody can be
-                # writing it
+                # a WAL store in a folder this process cannot write (no -shm file to share), or only part of a
+                # writer's side files beside it: nobody can be writing it
                 if conn is not None:
                     conn.close()
                 conn = self._read_log()
@@ -375,17 +421,18 @@ class ResultStore:
         return conn
 
     def _read_log(self) -> sqlite3.Connection:
-        """The store, for a reader SQLite cannot share it with (a WAL store in a folder this process cannot
-        write: SQLite needs to make its -shm index there). Without a write-ahead log, the file read as an
-        immutable one; with one, whose committed records are not in the file yet, a private copy of both, in a
-        temporary folder, where SQLite reads the log: every committed record, and the user's files untouched.
-        StoreError naming what to do where no copy can be made."""
+        """The store, for a reader SQLite cannot share it with without making files beside it (a WAL store in a
+        folder this process cannot write: SQLite needs to make its -shm index there; a log without its index).
+        Without a write-ahead log, the file read as an immutable one; with one, whose committed records are not
+        in the file yet, a private copy of both, in a temporary folder, where SQLite reads the log: every
+        committed record, and the user's files untouched. StoreError naming what to do where no copy can be
+        made."""
         log = self.path.with_name(self.path.name + "-wal")
         if not log.is_file() or not log.stat().st_size:
             return sqlite3.connect(self.path.resolve().as_uri() + "?immutable=1", uri=True, timeout=30.0)
         folder = None
         try:
-            folder = Path(tempfile.mkdtemp(prefix="attnbench-read-"))
+            folder = scratch.temp_dir("read")
             copy = folder / "store.db"
             shutil.copyfile(self.path, copy)
             shutil.copyfile(log, copy.with_name(copy.name + "-wal"))
@@ -395,8 +442,10 @@ class ResultStore:
             if folder is not None:
                 shutil.rmtree(folder, ignore_errors=True)
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            where = ("its folder is read-only" if not os.access(self.path.parent, os.W_OK | os.X_OK) else
+                     "a reader does not make its index (-shm) there")
             raise StoreError(f"{self.path}: some of its records are still in its write-ahead log {log.name}, which "
-                             "SQLite reads only where it may write beside the store, and its folder is read-only; a "
+                             f"SQLite reads only where it may write beside the store, and {where}; a "
                              f"private copy to read could not be made ({why}): copy {self.path.name} and {log.name} "
                              "to a folder you can write and read the copy") from None
         self._private = folder
@@ -520,8 +569,28 @@ class ResultStore:
         self.close()
 
     # ---- writing --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _writing(self, run_id: str | None = None):
+        """A write that fails for want of space (``disk_full``) is StoreFull, counting what ``run_id`` holds."""
+        try:
+            yield
+        except (sqlite3.DatabaseError, OSError) as exc:
+            if not disk_full(exc, self.path):
+                raise
+            detail = f"SQLite: {exc}" if isinstance(exc, sqlite3.DatabaseError) else exc.strerror or str(exc)
+            raise StoreFull(self.path, detail, run_id, self._stored(run_id)) from None
+
+    def _stored(self, run_id: str | None) -> int | None:
+        """How many records of ``run_id`` the store holds (reading needs no space); None: unknown."""
+        if run_id is None:
+            return None
+        try:
+            return self.conn.execute("SELECT COUNT(*) FROM records WHERE run_id=?", (run_id,)).fetchone()[0]
+        except sqlite3.DatabaseError:
+            return None
+
     def add_env(self, env_id: str, data: dict) -> None:
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute(ADD_ENV, (env_id, json.dumps(data, sort_keys=True)))
 
     def start_run(self, run_id: str, *, command: str, config: dict, env_id: str | None, version: str,
@@ -529,6 +598,11 @@ class ResultStore:
         """Claim ``run_id`` for this process, atomically: a new id is inserted; an existing one is taken only
         by a resume (``resume=True``) and only when the process that ran it is gone. Raises RunClaimed
         otherwise, so two processes never write one run."""
+        with self._writing(run_id):
+            self._claim(run_id, command, config, env_id, version, resume)
+
+    def _claim(self, run_id: str, command: str, config: dict, env_id: str | None, version: str,
+               resume: bool) -> None:
         pid, host = os.getpid(), socket.gethostname()
         self.conn.execute("BEGIN IMMEDIATE")  # the write lock before looking: the look and the claim are one step
         try:
@@ -556,17 +630,18 @@ class ResultStore:
             raise
 
     def finish_run(self, run_id: str, status: str = "done") -> None:
-        with self.conn:
+        with self._writing(run_id), self.conn:
             self.conn.execute("UPDATE runs SET finished_at=?, status=? WHERE run_id=?", (time.time(), status, run_id))
 
     def write(self, record: Record) -> None:
         """Insert one record in its own transaction (durable before the next case starts). A second record
-        of one case of one run is refused by the store (RunClaimed names the case)."""
+        of one case of one run is refused by the store (RunClaimed names the case); a full disk is StoreFull,
+        the records before this one kept."""
         row = record.to_row()
         names = list(COLUMNS)
         sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
         try:
-            with self.conn:
+            with self._writing(record.run_id), self.conn:
                 self.conn.execute(sql, [row[n] for n in names])
         except sqlite3.IntegrityError as exc:
             raise RunClaimed(f"run {record.run_id} already has a record of {record.backend} {record.spec.label()} "
@@ -575,7 +650,7 @@ class ResultStore:
     def add_peak(self, device_name: str, env_id: str, kind: str, value: float, unit: str,
                  details: dict | None = None) -> None:
         """Store a measured peak (e.g. kind matmul_bf16 in TFLOP/s, copy in GB/s); replaces an older one."""
-        with self.conn:
+        with self._writing(), self.conn:
             self.conn.execute("INSERT OR REPLACE INTO peaks VALUES (?, ?, ?, ?, ?, ?, ?)",
                               (device_name, env_id, kind, float(value), unit, time.time(),
                                json.dumps(details or {}, sort_keys=True)))

@@ -16,11 +16,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnbench.results import scratch
 from attnbench.spec import AttnSpec
 from attnbench.timing import ncu as ncu_mod
 from attnbench.timing import nsys as nsys_mod
@@ -85,8 +85,8 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
     if exe is None:
         raise FileNotFoundError(f"{TOOLS[tool]} is not installed or not on PATH")
     cold = cold_l2 and tool != "ncu"  # ncu flushes caches before every profiled kernel itself
-    with tempfile.TemporaryDirectory(prefix="attnbench-") as tmp:
-        tmp = Path(tmp)
+    tmp = scratch.temp_dir("profile")  # a trace may take gigabytes: a killed run's is removed by the next one
+    try:
         cap = max_time_ms if max_time_ms is not None and math.isfinite(max_time_ms) else None
         job = {"device": device, "seed": seed, "inputs": inputs, "warmup": warmup, "cold_l2": cold,
                "max_time_ms": cap, "result": str(tmp / "result.json"), "backend_options": backend_options or {},
@@ -105,6 +105,8 @@ def run_external(tool: str, cases: list[ExternalCase], *, device: str, seed: int
         reported = json.loads((tmp / "result.json").read_text())
         ran = [r.get("iterations", c.iterations) for c, r in zip(cases, reported) if "error" not in r]
         kernels = _kernels(tool, proc.stdout, tmp, exe, timeout_s) if ran else []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     blocks = iter(split_marked(kernels, ran, cold=cold) if ran else [])
     out: list[Profiled | CaseFailed] = []
     for extra in reported:

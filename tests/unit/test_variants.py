@@ -162,7 +162,8 @@ class Mistaken(Backend):
                 groups = q.shape[2] // k.shape[2]
                 scores = torch.einsum("bihd,bjhd->bhij", q * spec.softmax_scale, k.repeat_interleave(groups, 2))
                 scores = _StraightThrough.apply(scores, spec.softcap)
-                mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(scores.shape[-1] - scores.shape[-2])
+                mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(
+                    scores.shape[-1] - scores.shape[-2])
                 scores = scores.masked_fill(~mask, -math.inf) if spec.causal else scores
                 return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v.repeat_interleave(groups, 2))
             if m == "alibi-backward-missing":  # the forward with the bias, the gradients as if there were none
@@ -177,7 +178,7 @@ class Mistaken(Backend):
                 groups = q.shape[2] // k.shape[2]
                 k1 = torch.cat([k[:, :1] * 0, k], dim=1)
                 v1 = torch.cat([v[:, :1], v], dim=1)
-                bias = torch.zeros(q.shape[2], q.shape[1], k1.shape[1], dtype=q.dtype)
+                bias = torch.zeros(q.shape[2], q.shape[1], k1.shape[1], dtype=q.dtype, device=q.device)
                 bias[:, :, 0] = sinks.view(-1, 1).to(q.dtype)
                 scores = torch.einsum("bihd,bjhd->bhij", q * spec.softmax_scale, k1.repeat_interleave(groups, 2)) + bias
                 return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v1.repeat_interleave(groups, 2))
@@ -186,7 +187,8 @@ class Mistaken(Backend):
             if m == "softcap-before-scale":
                 scores = torch.einsum("bihd,bjhd->bhij", q, k.repeat_interleave(q.shape[2] // k.shape[2], 2))
                 scores = spec.softcap * torch.tanh(scores / spec.softcap) * spec.softmax_scale
-                mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(scores.shape[-1] - scores.shape[-2])
+                mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(
+                    scores.shape[-1] - scores.shape[-2])
                 scores = scores.masked_fill(~mask, -math.inf) if spec.causal else scores
                 return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v.repeat_interleave(q.shape[2] // k.shape[2], 2))
             return naive_attention(q, k, v, causal=wrong.causal, window=wrong.window, scale=wrong.softmax_scale,
@@ -220,9 +222,9 @@ def _terms(spec, q):
 def _symmetric_alibi(spec, q, k, v):
     groups = q.shape[2] // k.shape[2]
     scores = torch.einsum("bihd,bjhd->bhij", q * spec.softmax_scale, k.repeat_interleave(groups, 2))
-    i = torch.arange(q.shape[1]).view(-1, 1)
-    j = torch.arange(k.shape[1]).view(1, -1)
-    slopes = torch.tensor(spec.alibi, dtype=q.dtype).view(-1, 1, 1)
+    i = torch.arange(q.shape[1], device=q.device).view(-1, 1)
+    j = torch.arange(k.shape[1], device=q.device).view(1, -1)
+    slopes = torch.tensor(spec.alibi, dtype=q.dtype, device=q.device).view(-1, 1, 1)
     scores = scores - slopes * (i - j).abs().to(q.dtype)
     return torch.einsum("bhij,bjhd->bihd", scores.softmax(-1), v.repeat_interleave(groups, 2))
 

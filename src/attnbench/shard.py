@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnbench import metrics
+from attnbench import operators
 from attnbench.spec import AttnSpec
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def from_env(environ: dict | None = None) -> Shard | None:
 
 
 def _cost(spec: AttnSpec) -> float:
-    return metrics.flops(spec, convention="dense")
+    return operators.of(spec).flops(spec, convention="dense")
 
 
 def assign(specs: list[AttnSpec], count: int) -> list[int]:

@@ -70,7 +70,9 @@ def _backend_row(name: str, dev: str) -> dict:
     return {"name": name, "available": reason is None, "reason": reason, "install": install,
             "version": backend.version() if reason is None else None,
             "description": backend.describe(dev) if reason is None else backend.description,
-            "capabilities": _caps_summary(backend.capabilities)}
+            "capabilities": _caps_summary(backend.capabilities) if backend.operator == "attention"
+            else f"--op {backend.operator}: {'/'.join(backend.capabilities.dtypes)}"
+            + (" bwd" if backend.capabilities.backward else "")}
 
 
 MISSING_MODULE = re.compile(r"^(\S+) not importable: ModuleNotFoundError: No module named '([^']+)'")

@@ -106,14 +106,14 @@ def test_runner_skips_cases_that_cannot_fit(monkeypatch, free, inputs_fit):
 
 
 def test_inputs_that_cannot_be_allocated_do_not_end_the_sweep(monkeypatch):
-    import attnbench.runner as runner_mod
-    real = runner_mod.make_inputs
+    import attnbench.inputs as inputs_mod  # what the attention operator calls (attnbench.operators)
+    real = inputs_mod.make_inputs
 
     def flaky(spec, device, seed, dist=None):
         if spec.seqlens_q[0] == 33:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 99 GiB")
         return real(spec, device, seed, dist)
-    monkeypatch.setattr(runner_mod, "make_inputs", flaky)
+    monkeypatch.setattr(inputs_mod, "make_inputs", flaky)
     out = []
     specs = [AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=8, dtype="fp32") for s in (17, 33, 65)]
     Runner(RunOptions(device="cpu", backends=("naive",), timing=TimingConfig(warmup=0, repeat=1)), run_id="r",

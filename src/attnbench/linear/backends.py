@@ -98,10 +98,10 @@ class _Fla(_RecurrenceBackend):
     def functional(self, spec):
         call = fla.kernel(spec, self.op)
 
-        def fn(tensors: dict, cu_seqlens=None):
+        def fn(tensors: dict, cu_seqlens=None):  # a model's q, k, v are often views of one projection: made whole
             gates = {"g", "dt", "A", "D", "initial_state"}
-            return call({name: x.float() if name in gates else x.to(spec.torch_dtype) for name, x in tensors.items()},
-                        cu_seqlens)
+            return call({name: (x.float() if name in gates else x.to(spec.torch_dtype)).contiguous()
+                         for name, x in tensors.items()}, cu_seqlens)
         return fn
 
 

@@ -128,7 +128,8 @@ LLAMA_CONFIGS: dict[str, LlamaConfig] = {
     # Qwen3-Next-80B-A3B's layers (config.json): 48 of them, one full-attention layer (16 query / 2 KV heads of 256)
     # in four, the others Gated DeltaNet (16 q/k heads, 32 value heads, 128, conv 4); its MoE (10 routed experts and a
     # shared one, 512 wide each) stands here as one dense SwiGLU as wide as the experts a token uses, 11 x 512: the
-    # same FLOPs a token, without the routing
+    # same FLOPs a token, without the routing. Its attention layers are this file's Llama attention (RoPE on the whole
+    # head, no q/k norm; Qwen3-Next rotates a quarter of each head and RMS-normalises q and k): the same call shape
     "qwen3-next": LlamaConfig(n_layers=48, dim=2048, n_heads=16, n_kv_heads=2, head_size=256, ffn_dim=5632,
                               vocab_size=151936, rope_theta=10_000_000.0, norm_eps=1e-6,
                               gdn=GdnLayers(heads_qk=16, heads_v=32, d_k=128, d_v=128)),

@@ -96,8 +96,8 @@ class GatedDeltaNet(nn.Module):
     the output projection.
 
     What is simpler than Qwen3-Next: separate projections where it fuses q, k, v, z and a, b into two with the heads
-    interleaved (the same matmul FLOPs); the norm in the compute dtype where it gates in fp32; a conv without a
-    cached state (prefill and training start from an empty cache, as every step here does).
+    interleaved (the same matmul FLOPs); the gate applied in the compute dtype (Qwen3-Next applies it in fp32); a
+    conv without a cached state (prefill and training start from an empty cache, as every step here does).
     """
 
     def __init__(self, cfg: LlamaConfig):

@@ -86,6 +86,9 @@ CLASSES: dict[str, tuple[str, str]] = {
         GPU, "an 8-layer Llama-3-8B training step"),
     "attnbench e2e --model llama3-8b --layers 8 --mode train --sinks": (GPU, "FA4 and an 8-layer Llama-3-8B"),
     "attnbench e2e --model llama-tiny --device cpu --softcap 30": (CPU, ""),
+    "attnbench e2e --model qwen3-next-tiny --device cpu --backends naive,sdpa-math --dtype fp32": (CPU, ""),
+    "attnbench e2e --model qwen3-next --layers 8 --seq-len 16384 --gate --recurrence fla-chunk": (
+        GPU, "fla-core's Triton chunk kernel in an 8-layer Qwen3-Next at 16k tokens"),
     "for s in 0 0.3 0.5 0.7 0.8 0.9 0.95": (GPU, "seven runs at 32k tokens"),
     "attnbench plot --x sparsity --db sweep.db": (GPU, "draws the sparsity sweep above"),
     "attnbench e2e --model cogvideox-2b --backends sdpa-flash,fa3,sta-triton": (GPU, "FA3 and STA's Triton kernel"),

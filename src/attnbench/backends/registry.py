@@ -152,6 +152,18 @@ def get(name: str, options: dict | None = None) -> Backend:
     return backend
 
 
+def of_operator(operator: str) -> list[str]:
+    """Every known backend that runs ``operator``'s cases (``attnbench.operators``), wherever it can run."""
+    out = []
+    for name in names():
+        try:
+            if get(name).operator == operator:
+                out.append(name)
+        except Exception as exc:  # a broken third-party plug-in must not break the listing
+            log.warning("backend %s failed to load: %s", name, exc)
+    return out
+
+
 def available(device, default_only: bool = False, options: dict | None = None,
               operator: str | None = "attention") -> list[str]:
     """Names of the backends that can run on ``device`` here (package importable, device type allowed), each

@@ -16,7 +16,7 @@ from attnbench.backends import options as backend_options
 from attnbench.cli import common
 from attnbench.cli.common import UserError
 from attnbench.cli.run import resolve_backends
-from attnbench.models.config import MODES, E2EConfig, ModelVariants, model_names
+from attnbench.models.config import HYBRID_MODELS, MODES, E2EConfig, ModelVariants, model_names
 from attnbench.results import env as envmod
 from attnbench.results import export, files
 from attnbench.results.record import Record, busy_of
@@ -48,13 +48,17 @@ def model_variants(opts: dict, sliding_window) -> ModelVariants:
 
 def build_config(model: str, backends, device: str | None, mode: str, layers, steps, warmup, dtype,
                  batch_size, seq_len, seed: int, backend_opt, kernel_counts: bool = False,
-                 skip_missing: bool = False, variants: ModelVariants | None = None) -> E2EConfig:
+                 skip_missing: bool = False, variants: ModelVariants | None = None,
+                 recurrence: str | None = None) -> E2EConfig:
     """Validate the options into an E2EConfig; raises UserError."""
     dev = common.resolve_device(device)
     if model not in model_names():
         raise UserError(f"unknown --model {model!r}; known: {', '.join(model_names())}")
     if mode not in MODES:
         raise UserError(f"bad --mode {mode!r}; allowed: {', '.join(MODES)}")
+    if recurrence is not None and model not in HYBRID_MODELS:
+        raise UserError(f"--recurrence picks the backend of a hybrid model's Gated DeltaNet layers "
+                        f"({', '.join(HYBRID_MODELS)}); --model {model} has none")
     try:
         configured = backend_options.resolve(backend_opt)
         dtype = _one(dtype, "--dtype")
@@ -62,16 +66,49 @@ def build_config(model: str, backends, device: str | None, mode: str, layers, st
             raise UserError(f"--dtype {dtype}: fp8 inputs are for kernel runs (run, verify); models run in fp16, bf16 or fp32")
         names = resolve_backends(common._as_list(backends), None, dev, skip_missing, configured) if backends else \
             DEFAULT_BACKENDS["cpu" if dev == "cpu" else "cuda"]
+        _attention_only(names)
         batch, seq = _one(batch_size, "--batch-size"), _one(seq_len, "--seq-len")
-        return E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
-                         warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
-                         batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
-                         seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed,
-                         kernel_counts=kernel_counts, variants=variants or ModelVariants(), backend_options=configured)
+        cfg = E2EConfig(model=model, backends=tuple(names), device=dev, mode=mode, layers=layers, steps=steps,
+                        warmup=warmup, dtype=normalize_dtype(dtype) if dtype else None,
+                        batch=common.positive_int(batch, "--batch-size") if batch is not None else None,
+                        seq_len=common.positive_int(seq, "--seq-len") if seq is not None else None, seed=seed,
+                        kernel_counts=kernel_counts, variants=variants or ModelVariants(), backend_options=configured,
+                        recurrence=recurrence)
     except UserError:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    check_recurrence(cfg)
+    return cfg
+
+
+def _attention_only(names) -> None:
+    """--backends swaps the attention: a recurrence (or other operator's) backend named there is a mistake."""
+    from attnbench.backends import registry
+    for name in names:
+        operator = registry.get(name).operator
+        if operator != "attention":
+            hint = " (a hybrid model's GDN layers take it through --recurrence)" if operator == "recurrence" else ""
+            raise UserError(f"--backends {name}: a backend of {operator} calls, not of attention{hint}")
+
+
+def check_recurrence(cfg: E2EConfig) -> None:
+    """The recurrence backend of a hybrid model can run its GDN calls here (else every record would be only
+    'unsupported', whatever the attention backend); raises UserError."""
+    if cfg.recurrence is None:
+        return
+    from attnbench.backends import registry
+    from attnbench.cli.run import cannot_run
+    from attnbench.models.footprint import recurrence_spec
+    known = registry.of_operator("recurrence")
+    if cfg.recurrence not in known:
+        what = (f"--recurrence {cfg.recurrence}: a backend of {registry.get(cfg.recurrence).operator} calls, not a "
+                "recurrence" if cfg.recurrence in registry.names() else f"unknown --recurrence {cfg.recurrence!r}")
+        raise UserError(f"{what}; recurrence backends: {', '.join(known)}")
+    if why := cannot_run(cfg.recurrence, cfg.device):
+        raise UserError(f"--recurrence: {why}")
+    if why := registry.get(cfg.recurrence).supports(recurrence_spec(cfg), cfg.device):
+        raise UserError(f"--recurrence {cfg.recurrence} cannot run {cfg.model}'s GDN layers ({cfg.mode}): {why}")
 
 
 def _build(cfg: E2EConfig):
@@ -112,7 +149,7 @@ def e2e_table(records: list[Record], title: str) -> Table:
         if value is None:
             return "-"
         text = _sig(value * scale) if fmt == "sig" else format(value * scale, fmt)
-        if key == "attn_share" and not 0 <= value <= 1:
+        if key in SHARES and not 0 <= value <= 1:
             text += IMPOSSIBLE
         return text + (BUSY if key in TIMED and busy_of(r.info) else "")
 
@@ -120,10 +157,15 @@ def e2e_table(records: list[Record], title: str) -> Table:
         value = r.info.get("e2e", {}).get("kernel_counts", {}).get(key)
         return "-" if value is None or r.status != "ok" else format(value, fmt)
     rate = metrics.rate_unit(r.info.get("e2e", {}).get("attn_tflops") for r in records if r.status == "ok")
-    rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", "sig", 1e-3),
+    hybrid = any(r.info.get("e2e", {}).get("recurrence") for r in records)
+    recurrence = [("GDN (%)", "recurrence_share", ".1%", 1.0), ("GDN (s)", "recurrence_ms", "sig", 1e-3)] \
+        if hybrid else []
+    rows = [("Attn (%)", "attn_share", ".1%", 1.0), ("Attn (s)", "attn_ms", "sig", 1e-3), *recurrence,
             ("Total (s)", "total_ms", "sig", 1e-3), ("Speedup", "speedup", ".2f", 1.0),
             (f"Attn {rate.name}", "attn_tflops", "sig", rate.factor), ("Cosine", "cosine", ".6f", 1.0),
             ("rel-L1", "rel_l1", ".2e", 1.0), ("Attn calls", "calls", ".0f", 1.0)]
+    if hybrid:
+        rows.append(("GDN calls", "recurrence_calls", ".0f", 1.0))
     for label, key, fmt, scale in rows:
         table.add_row(label, *[cell(r, key, fmt, scale) for r in records])
     if any("kernel_counts" in r.info.get("e2e", {}) for r in records):  # one profiled step, as the CogVideoX-2b write-up's rows
@@ -134,7 +176,8 @@ def e2e_table(records: list[Record], title: str) -> Table:
 
 
 BUSY, IMPOSSIBLE = "?", "!"
-TIMED = ("attn_share", "attn_ms", "total_ms", "speedup", "attn_tflops")
+SHARES = ("attn_share", "recurrence_share")
+TIMED = (*SHARES, "attn_ms", "recurrence_ms", "total_ms", "speedup", "attn_tflops")
 """The rows a busy CPU makes unreliable."""
 
 
@@ -149,9 +192,10 @@ def table_notes(records: list[Record]) -> list[str]:
     notes = []
     if any(busy_of(r.info) for r in records):
         notes.append(f"{BUSY} other processes used the CPU during these steps: not the speed of an idle machine")
-    if any(not 0 <= (r.info.get("e2e", {}).get("attn_share") if r.status == "ok" else 0.5) <= 1 for r in records
-           if r.info.get("e2e", {}).get("attn_share") is not None):
-        notes.append(f"{IMPOSSIBLE} not a share: the attention timed longer than its step (clocks disagree)")
+    if any(not 0 <= r.info["e2e"][key] <= 1 for r in records for key in SHARES
+           if r.status == "ok" and r.info.get("e2e", {}).get(key) is not None):
+        notes.append(f"{IMPOSSIBLE} not a share: the attention (or GDN) calls timed longer than their step (clocks "
+                     "disagree)")
     return notes + cpu_notes(records)
 
 
@@ -180,10 +224,15 @@ def e2e(
     sliding_window: Annotated[str | None, typer.Option(
         "--sliding-window", metavar="N", rich_help_panel="Model variants",
         help="Llama models: every other layer, the first included, sees only the last N tokens (gpt-oss: 128).")] = None,
+    recurrence: Annotated[str | None, typer.Option(
+        "--recurrence", metavar="BACKEND", rich_help_panel="Backends",
+        help=f"Hybrid models ({', '.join(HYBRID_MODELS)}): the backend of the Gated DeltaNet layers, the same for "
+             "every attention backend: torch-chunked (default), torch-recurrent, fla-chunk (CUDA).")] = None,
 ) -> None:
     """Run a model end to end with its attention swapped to each backend (first = baseline)."""
     cfg = build_config(model, backends, device, mode, layers, steps, warmup, dtype, batch_size, seq_len, seed,
-                       backend_opt, kernel_counts, skip_missing, model_variants(feature_opts or {}, sliding_window))
+                       backend_opt, kernel_counts, skip_missing, model_variants(feature_opts or {}, sliding_window),
+                       recurrence)
     path = common.check_db_path(Path(db or DEFAULT_DB))
     if output is not None:
         try:
@@ -225,7 +274,8 @@ def e2e(
         common.write_output(records, output, path, run_id)
     if not quiet:
         layers_txt = f", {cfg.layers} layers" if cfg.layers else ""
-        common.console.print(e2e_table(records, f"{cfg.model} {cfg.mode}{layers_txt} on {cfg.device}: "
+        gdn_txt = f", GDN by {cfg.recurrence}" if cfg.recurrence else ""
+        common.console.print(e2e_table(records, f"{cfg.model} {cfg.mode}{layers_txt}{gdn_txt} on {cfg.device}: "
                                                 f"median of {cfg.steps} steps, seconds per step"))
         for note in table_notes(records):
             common.console.print(note, highlight=False, markup=False)

@@ -8,6 +8,11 @@
 
 Each call of a closure returns ``Outputs`` in the reference's layout; with ``fwd_bwd`` the gradients come from
 autograd inside the call, as attention's ``autograd_closure`` does.
+
+``functional(spec)`` is the same computation on a caller's own tensors (a model's layer: ``models/swap.py``):
+``fn(tensors, cu_seqlens=None) -> (out, final_state)``, the inputs by name (``spec.input_names``) in the input
+layout, differentiable. The torch forms cast every input to the case's dtype first, as their cases run; fla takes
+the gates in fp32 and the rest in the case's dtype, as its kernels do.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
 from attnbench.linear import fla
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.linear.torch_forms import chunked, naive_recurrent
+from attnbench.linear.torch_forms import chunked, chunked_form, naive_recurrent, recurrent_form
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
@@ -40,6 +45,17 @@ class _RecurrenceBackend(Backend):
     def judged_exactly(self, spec) -> bool:
         return True
 
+    def functional(self, spec: RecurrenceSpec):
+        """``fn(tensors, cu_seqlens=None) -> (out, final_state)`` on a caller's tensors (module doc)."""
+        raise NotImplementedError
+
+
+def _in_dtype(form, spec: RecurrenceSpec):
+    """A torch form on the inputs cast to the case's dtype (dense: a varlen call's offsets are the spec's)."""
+    def fn(tensors: dict, cu_seqlens=None):
+        return form(spec, {name: x.to(spec.torch_dtype) for name, x in tensors.items()})
+    return fn
+
 
 class TorchRecurrent(_RecurrenceBackend):
     name = "torch-recurrent"
@@ -49,6 +65,9 @@ class TorchRecurrent(_RecurrenceBackend):
         return Prepared(fn=lambda: naive_recurrent(spec, inputs),
                         info={"kernel": "token loop (torch)", "form": "recurrent"})
 
+    def functional(self, spec):
+        return _in_dtype(recurrent_form, spec)
+
 
 class TorchChunked(_RecurrenceBackend):
     name = "torch-chunked"
@@ -57,6 +76,9 @@ class TorchChunked(_RecurrenceBackend):
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=lambda: chunked(spec, inputs), info={"kernel": "chunk form (torch)", "form": "chunked",
                                                                 "chunk": spec.chunk})
+
+    def functional(self, spec):
+        return _in_dtype(chunked_form, spec)
 
 
 class _Fla(_RecurrenceBackend):
@@ -72,6 +94,15 @@ class _Fla(_RecurrenceBackend):
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=fla.prepare(spec, inputs, self.op),
                         info={"kernel": fla.kernel_name(spec, self.op), "form": self.op})
+
+    def functional(self, spec):
+        call = fla.kernel(spec, self.op)
+
+        def fn(tensors: dict, cu_seqlens=None):  # a model's q, k, v are often views of one projection: made whole
+            gates = {"g", "dt", "A", "D", "initial_state"}
+            return call({name: (x.float() if name in gates else x.to(spec.torch_dtype)).contiguous()
+                         for name, x in tensors.items()}, cu_seqlens)
+        return fn
 
 
 class FlaChunk(_Fla):

@@ -92,7 +92,7 @@ def _gated_backward_reason() -> str | None:
 
 
 def kernel_name(spec: RecurrenceSpec, op: str = "chunk") -> str:
-    """The fla function a case calls (``_kernel``)."""
+    """The fla function a case calls (``kernel``)."""
     base = {"gdn": "gated_delta_rule", "kda": "kda"}.get(spec.kind, "simple_gla")
     return f"fla.ops.{'chunk' if op == 'chunk' else 'fused_recurrent'}_{base}"
 
@@ -102,7 +102,7 @@ def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -
     validate(spec, inputs)
     if (why := supports(spec, op)) is not None:
         raise ValueError(why)
-    call = _kernel(spec, op)
+    call = kernel(spec, op)
     grads = spec.pass_ == "fwd_bwd"
 
     def run() -> Outputs:
@@ -119,8 +119,10 @@ def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -
     return run
 
 
-def _kernel(spec: RecurrenceSpec, op: str):
-    """(leaves by name, cu_seqlens) -> (out, final_state) through the fla call of ``spec.kind`` and ``op``."""
+def kernel(spec: RecurrenceSpec, op: str):
+    """(leaves by name, cu_seqlens) -> (out, final_state) through the fla call of ``spec.kind`` and ``op``:
+    differentiable, on any tensors of the case's shapes (``prepare`` closes it over the inputs, a model's layer calls
+    it through ``backends.FlaChunk.functional``)."""
     common = dict(scale=spec.qk_scale, output_final_state=True)
     chunk = dict(chunk_size=spec.chunk) if op == "chunk" else {}
 

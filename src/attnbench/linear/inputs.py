@@ -113,9 +113,7 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
             fields["g"] = F.logsigmoid(fields["a"]) / GLA_NORMALIZER
     else:
         gate_shape = (nb, t, hv, dk) if spec.per_channel else (nb, t, hv)
-        a_log = torch.log(_stratified(A_RANGE, hv, gen, log=False))
-        dt0 = _stratified(DT_RANGE, hv * dk if spec.per_channel else hv, gen, log=True)
-        dt_bias = dt0 + torch.log(-torch.expm1(-dt0))  # softplus⁻¹
+        a_log, dt_bias = decay_parameters(hv, hv * dk if spec.per_channel else hv, gen)
         a = normal(*gate_shape)
         step = F.softplus(a + dt_bias.view(hv, dk) if spec.per_channel else a + dt_bias)
         fields.update(A_log=a_log, dt_bias=dt_bias, a=a)
@@ -139,6 +137,15 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
     tensors = {name: value.to(device=device, dtype=spec.torch_dtype if name in token_dtype else torch.float32)
                for name, value in dict(q=q, k=k, v=v, dout=dout, **fields).items()}
     return RecurrenceInputs(**tensors, cu_seqlens=cu, seed=seed)
+
+
+def decay_parameters(heads: int, biases: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A_log (heads,), dt_bias (biases,)) in fp64 as the layers initialise them (module doc): A = exp(A_log) in
+    A_RANGE and softplus(dt_bias) log-uniform in DT_RANGE, both stratified. The e2e hybrid model's GDN layers take
+    theirs from here too, so that its decays span the same range as the operator's cases."""
+    a_log = torch.log(_stratified(A_RANGE, heads, gen, log=False))
+    dt0 = _stratified(DT_RANGE, biases, gen, log=True)
+    return a_log, dt0 + torch.log(-torch.expm1(-dt0))  # softplus⁻¹
 
 
 def expected_shapes(spec: RecurrenceSpec) -> dict[str, tuple[int, ...]]:

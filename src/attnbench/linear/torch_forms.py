@@ -37,17 +37,31 @@ from attnbench.outputs import Outputs, grad_name
 
 def naive_recurrent(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, dtype: torch.dtype | None = None) -> Outputs:
     """The token loop in ``dtype`` (default the case's): out, final_state and (fwd_bwd) the gradients."""
-    def forward(ops):
-        s = ops["h0"] if ops["h0"] is not None else _zero_state(ops)
-        return recurrence_steps(spec, s, ops["q"], ops["k"], ops["v"], ops["g"], ops["beta"])
-    return _run(spec, inputs, forward, dtype or spec.torch_dtype)
+    return _run(spec, inputs, lambda t: recurrent_form(spec, t), dtype or spec.torch_dtype)
 
 
 def chunked(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, dtype: torch.dtype | None = None,
             chunk: int | None = None) -> Outputs:
     """The chunk form (module doc) in ``dtype`` with ``chunk`` tokens a chunk (default ``spec.chunk``)."""
-    size = chunk or spec.chunk
-    return _run(spec, inputs, lambda ops: chunk_steps(spec, ops, size), dtype or spec.torch_dtype)
+    return _run(spec, inputs, lambda t: chunked_form(spec, t, chunk), dtype or spec.torch_dtype)
+
+
+def recurrent_form(spec: RecurrenceSpec, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token loop on the inputs by name (``spec.input_names``, the input layout), differentiable, in the dtype
+    they come in: (out, final_state). What ``naive_recurrent`` runs, and a model's layer can call on its own
+    tensors (``Backend.functional``)."""
+    ops = operands(spec, t)
+    s = ops["h0"] if ops["h0"] is not None else _zero_state(ops)
+    o, state = recurrence_steps(spec, s, ops["q"], ops["k"], ops["v"], ops["g"], ops["beta"])
+    return finish(spec, o, t), state
+
+
+def chunked_form(spec: RecurrenceSpec, t: dict[str, torch.Tensor], chunk: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk form on the inputs by name, as ``recurrent_form``; ``chunk`` tokens a chunk (default
+    ``spec.chunk``)."""
+    o, state = chunk_steps(spec, operands(spec, t), chunk or spec.chunk)
+    return finish(spec, o, t), state
 
 
 def chunk_steps(spec: RecurrenceSpec, ops: dict, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,13 +135,12 @@ def _zero_state(ops: dict) -> torch.Tensor:
 
 
 def _run(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, dtype: torch.dtype) -> Outputs:
-    """Leaves in ``dtype`` -> forward(operands) -> finish -> Outputs, with autograd's gradients for fwd_bwd."""
+    """Leaves in ``dtype`` -> forward(leaves) = (out, state) -> Outputs, with autograd's gradients for fwd_bwd."""
     validate(spec, inputs)
     grads = spec.pass_ == "fwd_bwd"
     leaves = {name: inputs.tensor(name).detach().to(dtype).requires_grad_(grads) for name in spec.input_names}
     with torch.enable_grad() if grads else torch.no_grad():
-        o, state = forward(operands(spec, leaves))
-        out = finish(spec, o, leaves)
+        out, state = forward(leaves)
     result = Outputs(out=out.detach(), final_state=state.detach())
     if grads:
         ups = (inputs.dout.to(dtype), inputs.dfinal_state.to(dtype))

@@ -3,9 +3,12 @@
 For each backend: warm-up steps, then ``steps`` timed steps (a step = one prefill forward or one
 denoising step; ``train`` adds the loss and backward). Total step time: CUDA events around each step
 (perf_counter on CPU). Attention time: the swap's events around every attention call (forward and,
-in training, backward). Output deviation: cosine and rel-L1 of the step's output against the first
-(default) backend's, in fp32 with fp64 sums. One Record per backend, in the same store as kernel runs: ``spec`` is
-the model's (most frequent) attention call, ``median_ms`` the step, and ``info["e2e"]`` the rest.
+in training, backward). A hybrid model's recurrent layers (Gated DeltaNet) run the one recurrence backend of the
+run (``E2EConfig.recurrence``) for every attention backend, timed apart: ``recurrence_share`` beside
+``attn_share``, each the share of its own calls, so the two add up to less than the step. Output deviation: cosine
+and rel-L1 of the step's output against the first (default) backend's, in fp32 with fp64 sums. One Record per
+backend, in the same store as kernel runs: ``spec`` is the model's (most frequent) attention call, ``median_ms`` the
+step, and ``info["e2e"]`` the rest.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 
 from attnbench import memory, metrics
 from attnbench.backends.base import BackendUnavailable
+from attnbench.linear import metrics as linear_metrics
 from attnbench.models import dit, llama
 from attnbench.models.config import E2EConfig
 from attnbench.models.footprint import attention_spec, estimate
@@ -39,6 +43,8 @@ class Workload:
     expected_calls: int
     """Attention calls per step if every call is routed."""
     dtype: torch.dtype
+    expected_recurrence_calls: int = 0
+    """Recurrence calls (a hybrid model's GDN layers) per step."""
 
 
 def build_workload(cfg: E2EConfig) -> Workload:
@@ -56,7 +62,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
 
         def loss_of(out):
             return torch.nn.functional.cross_entropy(out.float().flatten(0, 1), tokens[:, 1:].flatten())
-        calls = model.cfg.n_layers
+        calls, recurrences = model.cfg.attention_layers, model.cfg.gdn_layers
         dtype = dtype or torch.bfloat16
     else:
         model, inputs = dit.build_dit(cfg.model, layers=cfg.layers, device=cfg.device, dtype=dtype, seed=cfg.seed)
@@ -67,7 +73,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
 
         def loss_of(out):
             return out.float().square().mean()
-        calls = dit.expected_calls(cfg.model, cfg.layers)
+        calls, recurrences = dit.expected_calls(cfg.model, cfg.layers), 0
     model.requires_grad_(train)
 
     def step() -> torch.Tensor:
@@ -78,7 +84,7 @@ def build_workload(cfg: E2EConfig) -> Workload:
         out = forward()
         loss_of(out).backward()
         return out.detach()
-    return Workload(step=step, expected_calls=calls, dtype=dtype)
+    return Workload(step=step, expected_calls=calls, dtype=dtype, expected_recurrence_calls=recurrences)
 
 
 DEVIATION_CHUNK = 1 << 22
@@ -131,7 +137,7 @@ def profile_step(step, device: torch.device) -> dict:
 
 @dataclass
 class Steps:
-    """The timed steps of one backend: per step, its time and the attention inside it (ms)."""
+    """The timed steps of one backend: per step, its time and the attention and recurrences inside it (ms)."""
 
     total_ms: list[float]
     attn_fwd_ms: list[float]
@@ -140,23 +146,35 @@ class Steps:
     """The first timed step's output."""
     cpu: dict | None = None
     """CPU runs: ``cpu_load.Preemptions.info`` of the steps (threads, preempted steps, waits, busy)."""
+    rec_fwd_ms: list[float] | None = None
+    """A hybrid model's recurrence calls per step, forward and backward; None for a model without them."""
+    rec_bwd_ms: list[float] | None = None
 
     def median_step(self) -> dict:
         """Medians over the steps: the step, its attention (forward, backward, both) and the attention's share
-        of its own step, which cannot exceed 1 (a mean attention over a median step reached 133% on a busy CPU)."""
-        attn = [f + b for f, b in zip(self.attn_fwd_ms, self.attn_bwd_ms)]
-        shares = [a / t for a, t in zip(attn, self.total_ms) if t > 0]
+        of its own step, which cannot exceed 1 (a mean attention over a median step reached 133% on a busy CPU);
+        the same for the recurrences of a hybrid model (``recurrence_*``)."""
         med = statistics.median
-        return {"total_ms": med(self.total_ms), "attn_ms": med(attn), "attn_fwd_ms": med(self.attn_fwd_ms),
-                "attn_bwd_ms": med(self.attn_bwd_ms), "attn_share": med(shares) if shares else None}
+        out = {"total_ms": med(self.total_ms)}
+        parts = [("attn", self.attn_fwd_ms, self.attn_bwd_ms)]
+        if self.rec_fwd_ms is not None:
+            parts.append(("recurrence", self.rec_fwd_ms, self.rec_bwd_ms))
+        for name, fwd, bwd in parts:
+            both = [f + b for f, b in zip(fwd, bwd)]
+            shares = [a / t for a, t in zip(both, self.total_ms) if t > 0]
+            out.update({f"{name}_ms": med(both), f"{name}_fwd_ms": med(fwd), f"{name}_bwd_ms": med(bwd),
+                        f"{name}_share": med(shares) if shares else None})
+        return out
 
 
-def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> Steps:
+def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap, recurrences: bool = False) -> Steps:
     cuda = device.type == "cuda"
-    out = Steps(total_ms=[], attn_fwd_ms=[], attn_bwd_ms=[], first=None)
+    out = Steps(total_ms=[], attn_fwd_ms=[], attn_bwd_ms=[], first=None, rec_fwd_ms=[] if recurrences else None,
+                rec_bwd_ms=[] if recurrences else None)
     watch = None if cuda else cpu_load.Preemptions()
     swap.reset()
     seen = (0.0, 0.0)
+    seen_rec = (0.0, 0.0)
     for i in range(steps):
         with nvtx_range(f"step{i}", cuda and swap.nvtx_wanted):
             if cuda:
@@ -176,6 +194,11 @@ def _time_steps(step, steps: int, device: torch.device, swap: AttnSwap) -> Steps
         out.attn_fwd_ms.append(fwd - seen[0])
         out.attn_bwd_ms.append(bwd - seen[1])
         seen = (fwd, bwd)
+        if recurrences:
+            fwd, bwd = swap.recurrence_ms()
+            out.rec_fwd_ms.append(fwd - seen_rec[0])
+            out.rec_bwd_ms.append(bwd - seen_rec[1])
+            seen_rec = (fwd, bwd)
         if out.first is None:
             out.first = result
         del result
@@ -210,9 +233,12 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     pass_ = "fwd_bwd" if cfg.mode == "train" else "fwd"
     base = dict(run_id=run_id, backend=name, timing_mode="e2e", device=str(device), env_id=env_id, seed=cfg.seed)
     e2e: dict = {"model": cfg.model, "mode": cfg.mode, "layers": cfg.layers, "steps": cfg.steps}
+    hybrid = cfg.recurrence is not None
+    recurrence = {"recurrence": cfg.recurrence} if hybrid else {}
+    e2e.update(recurrence)
     swap = None
     try:
-        swap = AttnSwap(name, timed=True, options=cfg.backend_options.get(name))
+        swap = AttnSwap(name, timed=True, options=cfg.backend_options.get(name), **recurrence)
         spec = attention_spec(cfg)
         # what this backend's step adds to what is allocated now (the model, the first backend's output)
         need = memory.workspace_bytes(spec, swap.backend) + estimate(cfg).activations
@@ -225,24 +251,24 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
         with swap:
             for _ in range(cfg.warmup):
                 work.step()
-            timed = _time_steps(work.step, cfg.steps, device, swap)
+            timed = _time_steps(work.step, cfg.steps, device, swap, recurrences=hybrid)
         if cfg.kernel_counts:  # its own swap: the profiled step must not add to the counted calls
-            with AttnSwap(name, timed=False, options=cfg.backend_options.get(name)):
+            with AttnSwap(name, timed=False, options=cfg.backend_options.get(name), **recurrence):
                 e2e["kernel_counts"] = profile_step(work.step, device)
     except BackendUnavailable as exc:
-        return Record(spec=_spec(swap, pass_), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None
+        return Record(spec=_spec(swap, pass_, cfg), status="unsupported", reason=str(exc), info={"e2e": e2e}, **base), None
     except torch.OutOfMemoryError as exc:
-        return Record(spec=_spec(swap, pass_), status="oom", reason=str(exc).splitlines()[0][:400],
+        return Record(spec=_spec(swap, pass_, cfg), status="oom", reason=str(exc).splitlines()[0][:400],
                       info={"e2e": e2e}, **base), None
     except Exception as exc:  # a failing backend is a result, not the end of the comparison
         log.debug("e2e backend %s failed", name, exc_info=True)
         reason = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:400]}"
-        return Record(spec=_spec(swap, pass_), status="error", reason=reason, info={"e2e": e2e}, **base), None
+        return Record(spec=_spec(swap, pass_, cfg), status="error", reason=reason, info={"e2e": e2e}, **base), None
     samples, out = timed.total_ms, timed.first
     stats = summarize(samples)
     total = stats["median_ms"]
     calls = swap.calls / cfg.steps
-    spec = _spec(swap, pass_)
+    spec = _spec(swap, pass_, cfg)
     attn_flop = sum(metrics.flops(s, pass_) * n for s, n in swap.shapes.items()) / cfg.steps
     e2e.update(timed.median_step(), calls=calls, expected_calls=work.expected_calls,
                unrouted=swap.unrouted / cfg.steps, functional=swap.how, shapes=len(swap.shapes))
@@ -251,6 +277,18 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
     if swap.unrouted or calls != work.expected_calls:
         status, reason = "error", (f"{swap.unrouted / cfg.steps:g} attention calls per step bypassed the swap; "
                                    f"{calls:g} routed of {work.expected_calls} expected")
+    if hybrid:
+        rec_calls = swap.recurrence_calls / cfg.steps
+        rec_flop = sum(linear_metrics.flops(s) * n for s, n in swap.recurrence_shapes.items()) / cfg.steps
+        common = swap.recurrence_shapes.most_common(1)
+        e2e.update(recurrence_calls=rec_calls, expected_recurrence_calls=work.expected_recurrence_calls,
+                   recurrence_call=common[0][0].label() if common else None,
+                   recurrence_version=swap.recurrence_backend.version(),
+                   recurrence_tflops=metrics.tflops_per_s(rec_flop, e2e["recurrence_ms"])
+                   if e2e["recurrence_ms"] else None)
+        if rec_calls != work.expected_recurrence_calls and status == "ok":
+            status, reason = "error", (f"{rec_calls:g} recurrence calls per step routed of "
+                                       f"{work.expected_recurrence_calls} expected")
     info = swap.backend.base_info() | {"e2e": e2e} | ({"cpu": timed.cpu} if timed.cpu else {})
     nan = not bool(torch.isfinite(out).all())
     if nan:
@@ -259,10 +297,14 @@ def _run_backend(cfg: E2EConfig, name: str, work: Workload, device: torch.device
                   iters_per_s=1e3 / total if total else None, **base), (None if nan else out)
 
 
-def _spec(swap: AttnSwap | None, pass_: str) -> AttnSpec:
-    """The most frequent attention call of the run (a placeholder spec when nothing was called)."""
+def _spec(swap: AttnSwap | None, pass_: str, cfg: E2EConfig) -> AttnSpec:
+    """The most frequent attention call of the run; when nothing was called (a hybrid model cut to its first GDN
+    layers, a failure before the first call), the call the model would make."""
     if swap is not None and swap.shapes:
         return swap.shapes.most_common(1)[0][0].replace(pass_=pass_)
     if swap is not None and swap.last_spec is not None:
         return swap.last_spec.replace(pass_=pass_)
-    return AttnSpec(batch=1, seqlens_q=(1,), heads_q=1, head_dim=1, dtype="fp32", pass_=pass_)
+    try:
+        return attention_spec(cfg).replace(pass_=pass_)
+    except ValueError:  # a shape no attention call can take
+        return AttnSpec(batch=1, seqlens_q=(1,), heads_q=1, head_dim=1, dtype="fp32", pass_=pass_)

@@ -38,6 +38,37 @@ class ModelVariants:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GdnLayers:
+    """The Gated DeltaNet layers of a hybrid model (Qwen3-Next, Qwen3.5): layer i is full attention when
+    ``i % every == every - 1`` and GDN otherwise, so ``every = 4`` gives three GDN layers, then one attention
+    (Qwen3-Next's ``full_attention_interval: 4``). Shapes as ``attnbench.linear.spec.RecurrenceSpec`` takes them."""
+
+    heads_qk: int
+    """Heads of q and k (``linear_num_key_heads``)."""
+    heads_v: int
+    """Heads of v, the gates, the state and the output, a multiple of ``heads_qk`` (``linear_num_value_heads``)."""
+    d_k: int
+    """Head size of q and k (``linear_key_head_dim``)."""
+    d_v: int
+    """Head size of v and the output (``linear_value_head_dim``)."""
+    conv: int = 4
+    """Kernel of the causal depthwise conv1d on q, k, v (``linear_conv_kernel_dim``)."""
+    every: int = 4
+    """One full-attention layer in this many (``full_attention_interval``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("heads_qk", "heads_v", "d_k", "d_v", "conv", "every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GDN {name} must be a positive integer, got {value!r}")
+        if self.heads_v % self.heads_qk:
+            raise ValueError(f"GDN value heads ({self.heads_v}) must be a multiple of q/k heads ({self.heads_qk})")
+
+    def is_attention(self, layer: int) -> bool:
+        return layer % self.every == self.every - 1
+
+
+@dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
     """Shape of the model."""
 
@@ -46,7 +77,7 @@ class LlamaConfig:
     dim: int
     """Model (residual) width."""
     n_heads: int
-    """Query heads; head size = dim / n_heads."""
+    """Query heads."""
     n_kv_heads: int
     """Key/value heads (GQA when fewer than n_heads)."""
     ffn_dim: int
@@ -61,9 +92,13 @@ class LlamaConfig:
     """Longest sequence the RoPE table covers."""
     variants: ModelVariants = dataclasses.field(default_factory=lambda: ModelVariants())
     """Sinks, softcap, ALiBi and local layers (none by default)."""
+    head_size: int | None = None
+    """Attention head size; None = dim / n_heads (Qwen3-Next's 16 heads of 256 are twice its width of 2048)."""
+    gdn: GdnLayers | None = None
+    """A hybrid model: Gated DeltaNet layers between the attention layers (``GdnLayers``); None = all attention."""
 
     def __post_init__(self) -> None:
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
+        if (self.head_size is None and self.dim % self.n_heads) or self.n_heads % self.n_kv_heads:
             raise ValueError(f"dim ({self.dim}) must divide by n_heads ({self.n_heads}) and n_heads by "
                              f"n_kv_heads ({self.n_kv_heads})")
         if self.n_layers < 1:
@@ -71,14 +106,40 @@ class LlamaConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
+
+    def is_attention(self, layer: int) -> bool:
+        """Layer ``layer`` is full attention (every layer of a model without GDN layers)."""
+        return self.gdn is None or self.gdn.is_attention(layer)
+
+    @property
+    def attention_layers(self) -> int:
+        return sum(self.is_attention(i) for i in range(self.n_layers))
+
+    @property
+    def gdn_layers(self) -> int:
+        return self.n_layers - self.attention_layers
 
 
 LLAMA_CONFIGS: dict[str, LlamaConfig] = {
     "llama3-8b": LlamaConfig(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256),
     "llama-tiny": LlamaConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=257,
                               max_seq_len=1024),
+    # Qwen3-Next-80B-A3B's layers (config.json): 48 of them, one full-attention layer (16 query / 2 KV heads of 256)
+    # in four, the others Gated DeltaNet (16 q/k heads, 32 value heads, 128, conv 4); its MoE (10 routed experts and a
+    # shared one, 512 wide each) stands here as one dense SwiGLU as wide as the experts a token uses, 11 x 512: the
+    # same FLOPs a token, without the routing. Its attention layers are this file's Llama attention (RoPE on the whole
+    # head, no q/k norm; Qwen3-Next rotates a quarter of each head and RMS-normalises q and k): the same call shape
+    "qwen3-next": LlamaConfig(n_layers=48, dim=2048, n_heads=16, n_kv_heads=2, head_size=256, ffn_dim=5632,
+                              vocab_size=151936, rope_theta=10_000_000.0, norm_eps=1e-6,
+                              gdn=GdnLayers(heads_qk=16, heads_v=32, d_k=128, d_v=128)),
+    "qwen3-next-tiny": LlamaConfig(n_layers=4, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=160, vocab_size=257,
+                                   max_seq_len=1024, norm_eps=1e-6, gdn=GdnLayers(heads_qk=2, heads_v=4, d_k=16, d_v=16)),
 }
+HYBRID_MODELS = tuple(name for name, c in LLAMA_CONFIGS.items() if c.gdn is not None)
+"""The models with Gated DeltaNet layers (``--recurrence`` picks their recurrence backend)."""
+DEFAULT_RECURRENCE = "torch-chunked"
+"""The recurrence backend of a hybrid model's GDN layers when none is named (any device)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +200,8 @@ DIT_PRESETS: dict[str, DitPreset] = {
 
 
 MODES = ("prefill", "train")
-LLAMA_DEFAULTS = {"llama3-8b": (1, 8192), "llama-tiny": (2, 64)}  # (batch, sequence length)
+LLAMA_DEFAULTS = {"llama3-8b": (1, 8192), "llama-tiny": (2, 64), "qwen3-next": (1, 8192),
+                  "qwen3-next-tiny": (2, 64)}  # (batch, sequence length)
 
 
 def model_names() -> list[str]:
@@ -189,9 +251,16 @@ class E2EConfig:
     """The features the model's layers use."""
     backend_options: dict = field(default_factory=dict)
     """Backend name -> its constructor options (``--backend-opt``, checked by ``backends.options.resolve``)."""
-    """Sinks, softcap, ALiBi and local layers of a Llama model's attention (none by default)."""
+    recurrence: str | None = None
+    """The recurrence backend of a hybrid model's GDN layers (``--recurrence``); None = DEFAULT_RECURRENCE for a
+    hybrid model, and nothing for the others (they have no recurrence to run)."""
 
     def __post_init__(self) -> None:
+        if self.recurrence is not None and self.model not in HYBRID_MODELS:
+            raise ValueError(f"--recurrence picks the backend of a hybrid model's Gated DeltaNet layers "
+                             f"({', '.join(HYBRID_MODELS)}); {self.model} has none")
+        if self.recurrence is None and self.model in HYBRID_MODELS:
+            object.__setattr__(self, "recurrence", DEFAULT_RECURRENCE)
         if self.variants != ModelVariants() and self.model not in LLAMA_CONFIGS:
             raise ValueError(f"--sinks, --softcap, --alibi and --sliding-window are switches of the Llama models "
                              f"({', '.join(LLAMA_CONFIGS)}), not of {self.model}")

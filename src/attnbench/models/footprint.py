@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench import memory
+from attnbench.linear.spec import RecurrenceSpec
 from attnbench.models import dit, llama
 from attnbench.spec import DTYPES, AttnSpec
 
@@ -70,6 +71,17 @@ def attention_spec(cfg) -> AttnSpec:
     return AttnSpec(batch=preset.batch, seqlens_q=(dit.self_attention_tokens(cfg.model),),
                     heads_q=preset.config["num_attention_heads"], head_dim=preset.config["attention_head_dim"],
                     dtype=cfg.dtype or preset.dtype, pass_=pass_)
+
+
+def recurrence_spec(cfg) -> RecurrenceSpec | None:
+    """A hybrid model's GDN call (``cfg`` an E2EConfig), as the swap will see it; None for a model without one."""
+    c = llama.CONFIGS.get(cfg.model)
+    if c is None or c.gdn is None:
+        return None
+    batch, seq = cfg.llama_shape()
+    return RecurrenceSpec(kind="gdn", batch=batch, seqlens=(seq,), heads_qk=c.gdn.heads_qk, heads_v=c.gdn.heads_v,
+                          d_k=c.gdn.d_k, d_v=c.gdn.d_v, dtype=cfg.dtype or "bf16", l2norm=True,
+                          pass_="fwd_bwd" if cfg.mode == "train" else "fwd")
 
 
 def estimate(cfg) -> Footprint:

@@ -15,6 +15,10 @@ How the function is found, in order:
 3. Any other backend falls back to ``prepare`` on every call (forward only, no gradients): correct,
    but the backend's preparation lands inside the timed attention region; the e2e record says so
    (``info["e2e"]["functional"] == "prepare-per-call"``).
+
+A recurrence backend (``Backend.operator == "recurrence"``, ``attnbench.linear.backends``) has its functional
+form always: ``recurrence_functional`` returns its ``functional(spec)``, ``fn(tensors by name) -> (out,
+final_state)``, for the call ``recurrence_spec`` describes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, BackendUnavailable, expand_kv_heads
 from attnbench.inputs import AttnInputs
+from attnbench.linear.spec import RecurrenceSpec
 from attnbench.spec import AttnSpec, normalize_dtype
 
 # Captured at import, before any swap patches F: the swap's own SDPA kernels must never route to itself.
@@ -47,6 +52,24 @@ def call_spec(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, 
                     head_dim_v=v_bhsd.shape[3], dtype=normalize_dtype(str(q_bhsd.dtype).removeprefix("torch.")),
                     causal=causal, scale=scale, layout="bhsd", pass_="fwd_bwd" if needs_grad else "fwd",
                     **{k: v for k, v in variants.items() if v is not None})
+
+
+def recurrence_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, needs_grad: bool, l2norm: bool,
+                    scale: float | None) -> RecurrenceSpec:
+    """The RecurrenceSpec of one model GDN call on fla's layouts, q, k (B, T, H, d_k) and v (B, T, HV, d_v): a dense
+    case from a zero state."""
+    return RecurrenceSpec(kind="gdn", batch=q.shape[0], seqlens=(q.shape[1],), heads_qk=q.shape[2], heads_v=v.shape[2],
+                          d_k=q.shape[3], d_v=v.shape[3], dtype=normalize_dtype(str(q.dtype).removeprefix("torch.")),
+                          pass_="fwd_bwd" if needs_grad else "fwd", l2norm=l2norm, scale=scale)
+
+
+def recurrence_functional(backend: Backend, spec: RecurrenceSpec, device: str | torch.device):
+    """``fn(tensors by name) -> (out, final_state)``: recurrence backend ``backend``'s computation for calls like
+    ``spec``; BackendUnavailable with the backend's own reason when it cannot run them on ``device``."""
+    reason = backend.supports(spec, device)
+    if reason:
+        raise BackendUnavailable(f"{backend.name}: {reason}")
+    return backend.functional(spec)
 
 
 def functional(backend: str | Backend, spec: AttnSpec, device: str | torch.device) -> tuple[BshdFn, str]:

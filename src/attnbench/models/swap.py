@@ -21,6 +21,12 @@ Calls the swap cannot serve as asked (an explicit ``attn_mask``, dropout) run th
 are counted in ``unrouted``, so a benchmark can prove that every call was routed. Patches are undone
 on exit, also on error. Attention time: CUDA events (perf_counter on CPU) around every forward call
 and, through a pair of autograd markers, around its backward.
+
+A hybrid model's recurrent layers (Gated DeltaNet) call the second swap point, ``recurrence(q, k, v, g, beta)``;
+the swap runs it with its recurrence backend (``AttnSwap(..., recurrence="torch-chunked")``, an attnbench
+backend whose ``operator`` is ``recurrence``), counts it apart (``recurrence_calls``) and times it on clocks of
+its own (``recurrence_ms``), so that the attention's time stays the attention calls' alone. Outside any swap it
+runs the default recurrence backend, untimed.
 """
 
 from __future__ import annotations
@@ -35,10 +41,19 @@ from contextlib import contextmanager
 import torch
 
 from attnbench.backends import registry
-from attnbench.models.functional import ORIGINAL_SDPA, call_spec, functional
+from attnbench.models.config import DEFAULT_RECURRENCE
+from attnbench.models.functional import (
+    ORIGINAL_SDPA,
+    call_spec,
+    functional,
+    recurrence_functional,
+    recurrence_spec,
+)
 
 DEFAULT_SDPA_MODULES = ("diffusers.models.attention_processor",)
 _ACTIVE: list[AttnSwap] = []
+_UNSWAPPED: dict = {}
+"""Recurrence functions of calls made outside any swap, by call signature."""
 
 
 def attention(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, *, causal: bool = False,
@@ -56,6 +71,24 @@ def attention(q_bhsd: torch.Tensor, k_bhsd: torch.Tensor, v_bhsd: torch.Tensor, 
             return swap(q_bhsd, k_bhsd, v_bhsd, causal=causal, scale=scale, **variants)
     gqa = {"enable_gqa": True} if k_bhsd.shape[1] != q_bhsd.shape[1] else {}
     return ORIGINAL_SDPA(q_bhsd, k_bhsd, v_bhsd, is_causal=causal, scale=scale, **gqa)
+
+
+def recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+               l2norm: bool = True, scale: float | None = None) -> torch.Tensor:
+    """Gated DeltaNet's recurrence on fla's layouts: q, k (B, T, H, d_k), v (B, T, HV, d_v), the log-decay g and
+    beta (B, T, HV); returns the output (B, T, HV, d_v) in v's dtype, from a zero state (``attnbench.linear.reference``
+    writes the recurrence out). ``l2norm``: q and k L2-normalised inside the op (fla's ``use_qk_l2norm_in_kernel``,
+    as Qwen3-Next calls it); ``scale``: None = 1/sqrt(d_k).
+
+    Routed to the innermost active AttnSwap's recurrence backend; without one, DEFAULT_RECURRENCE, untimed.
+    """
+    if _ACTIVE:
+        return _ACTIVE[-1].recurrence(q, k, v, g, beta, l2norm=l2norm, scale=scale)
+    spec = recurrence_spec(q, k, v, needs_grad=False, l2norm=l2norm, scale=scale)
+    key = (spec.replace(pass_="fwd"), q.device)
+    if key not in _UNSWAPPED:
+        _UNSWAPPED[key] = recurrence_functional(registry.get(DEFAULT_RECURRENCE), spec, q.device)
+    return _UNSWAPPED[key]({"q": q, "k": k, "v": v, "g": g, "beta": beta})[0].to(v.dtype)
 
 
 @contextmanager
@@ -100,36 +133,58 @@ class _Clock:
         return sum((b - a) * 1e3 for a, b in self.pairs if b is not None)
 
 
+class _Timer:
+    """The forward and backward clocks of one kind of call (attention, recurrence) and its NVTX name."""
+
+    def __init__(self, label: str):
+        self.label = label
+        """NVTX range of a forward call; the backward's adds ``-bwd`` to its first word (``attn-bwd:sdpa-flash``)."""
+        self.nvtx = False
+        self.reset(False)
+
+    def reset(self, cuda: bool) -> None:
+        self.fwd, self.bwd = _Clock(cuda), _Clock(cuda)
+
+    def ms(self) -> tuple[float, float]:
+        return self.fwd.total_ms(), self.bwd.total_ms()
+
+    @property
+    def bwd_label(self) -> str:
+        kind, _, name = self.label.partition(":")
+        return f"{kind}-bwd:{name}"
+
+
 class _BwdStop(torch.autograd.Function):
-    """Identity on q, k, v; its backward runs after the attention backward: stops the bwd clock."""
+    """Identity on a call's inputs; its backward runs after the call's backward (once every input's gradient is
+    in): stops the bwd clock."""
 
     @staticmethod
-    def forward(ctx, swap, box, q, k, v):
-        ctx.swap, ctx.box = swap, box
-        return q.view_as(q), k.view_as(k), v.view_as(v)
+    def forward(ctx, timer, box, *inputs):
+        ctx.timer, ctx.box = timer, box
+        return tuple(x.view_as(x) for x in inputs)
 
     @staticmethod
-    def backward(ctx, dq, dk, dv):
+    def backward(ctx, *grads):
         if ctx.box:
-            ctx.swap._bwd_clock.stop(ctx.box.pop())
-            if ctx.swap.nvtx:
+            ctx.timer.bwd.stop(ctx.box.pop())
+            if ctx.timer.nvtx:
                 torch.cuda.nvtx.range_pop()
-        return None, None, dq, dk, dv
+        return None, None, *grads
 
 
 class _BwdStart(torch.autograd.Function):
     """Identity on the output; its backward runs first: starts the bwd clock."""
 
     @staticmethod
-    def forward(ctx, swap, box, out):
-        ctx.swap, ctx.box = swap, box
+    def forward(ctx, timer, box, out):
+        ctx.timer, ctx.box = timer, box
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, dout):
-        if ctx.swap.nvtx:
-            torch.cuda.nvtx.range_push(f"attn-bwd:{ctx.swap.backend_name}")
-        ctx.box.append(ctx.swap._bwd_clock.start())
+        if ctx.timer.nvtx:
+            torch.cuda.nvtx.range_push(ctx.timer.bwd_label)
+        ctx.box.append(ctx.timer.bwd.start())
         return None, None, dout
 
 
@@ -138,9 +193,17 @@ class AttnSwap:
 
     def __init__(self, backend: str = "sdpa-math", *, timed: bool = False, nvtx: bool = True,
                  sdpa_modules: tuple[str, ...] = DEFAULT_SDPA_MODULES, patch_torch: bool = False,
-                 dispatcher: bool = True, options: dict | None = None):
+                 dispatcher: bool = True, options: dict | None = None, recurrence: str = DEFAULT_RECURRENCE,
+                 recurrence_options: dict | None = None):
         self.backend_name = backend
         self.backend = registry.get(backend, options)  # ``options``: the backend's constructor options
+        self.recurrence_name = recurrence
+        self.recurrence_backend = registry.get(recurrence, recurrence_options)
+        if self.recurrence_backend.operator != "recurrence":
+            raise ValueError(f"{recurrence} runs {self.recurrence_backend.operator} calls, not a recurrence; "
+                             f"the recurrence backends: {', '.join(registry.of_operator('recurrence'))}")
+        self.recurrence_fns: dict[tuple, tuple] = {}
+        """Recurrence function per call signature: (fn, spec)."""
         self.timed, self.nvtx_wanted = timed, nvtx
         self.sdpa_modules, self.patch_torch, self.dispatcher = sdpa_modules, patch_torch, dispatcher
         self.fns: dict[tuple, tuple] = {}
@@ -154,10 +217,12 @@ class AttnSwap:
 
     def reset(self) -> None:
         """Clear counts and clocks (e.g. after warm-up)."""
-        self.calls, self.unrouted = 0, 0
+        self.calls, self.unrouted, self.recurrence_calls = 0, 0, 0
         self.shapes: Counter = Counter()
-        self._fwd_clock = _Clock(False)
-        self._bwd_clock = _Clock(False)
+        self.recurrence_shapes: Counter = Counter()
+        """RecurrenceSpec -> calls."""
+        self._attn = _Timer(f"attn:{self.backend_name}")
+        self._recur = _Timer(f"recurrence:{self.recurrence_name}")
 
     # ---- the routed call ------------------------------------------------------------------------
     def __call__(self, q_bhsd, k_bhsd, v_bhsd, *, causal: bool = False, scale: float | None = None,
@@ -176,30 +241,54 @@ class AttnSwap:
         fn, _, spec = self.fns[key]
         self.calls += 1
         self.shapes[spec] += 1
-        cuda = q_bhsd.is_cuda
-        self.nvtx = self.nvtx_wanted and cuda
-        if self.timed and self._fwd_clock.cuda != cuda:
-            self._fwd_clock, self._bwd_clock = _Clock(cuda), _Clock(cuda)
+        extra = {} if sinks is None else {"sinks": sinks}
+        return self._timed(self._attn, needs_grad, lambda q, k, v: fn(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **extra).transpose(1, 2), q_bhsd, k_bhsd, v_bhsd)
+
+    def recurrence(self, q, k, v, g, beta, *, l2norm: bool = True, scale: float | None = None) -> torch.Tensor:
+        """A recurrent layer's call (module function ``recurrence``) through the recurrence backend, counted and
+        timed apart from the attention."""
+        tensors = (q, k, v, g, beta)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        key = (*(tuple(t.shape) for t in tensors), *(t.dtype for t in tensors), q.device, needs_grad, l2norm, scale)
+        if key not in self.recurrence_fns:
+            spec = recurrence_spec(q, k, v, needs_grad=needs_grad, l2norm=l2norm, scale=scale)
+            self.recurrence_fns[key] = (recurrence_functional(self.recurrence_backend, spec, q.device), spec)
+        fn, spec = self.recurrence_fns[key]
+        self.recurrence_calls += 1
+        self.recurrence_shapes[spec] += 1
+        return self._timed(self._recur, needs_grad, lambda *t: fn(dict(zip(("q", "k", "v", "g", "beta"), t)))[0]
+                           .to(v.dtype), *tensors)
+
+    def _timed(self, timer: _Timer, needs_grad: bool, call, *inputs) -> torch.Tensor:
+        """``call(*inputs)`` inside ``timer``'s NVTX range and forward clock, its backward between the markers."""
+        cuda = inputs[0].is_cuda
+        self.nvtx = timer.nvtx = self.nvtx_wanted and cuda
+        if self.timed and timer.fwd.cuda != cuda:
+            timer.reset(cuda)
         box: list = []
         if needs_grad and self.timed:
-            q_bhsd, k_bhsd, v_bhsd = _BwdStop.apply(self, box, q_bhsd, k_bhsd, v_bhsd)
+            inputs = _BwdStop.apply(timer, box, *inputs)
         self._inside = True
         try:
-            with nvtx_range(f"attn:{self.backend_name}", self.nvtx):
-                pair = self._fwd_clock.start() if self.timed else None
-                extra = {} if sinks is None else {"sinks": sinks}
-                out = fn(q_bhsd.transpose(1, 2), k_bhsd.transpose(1, 2), v_bhsd.transpose(1, 2), **extra).transpose(1, 2)
+            with nvtx_range(timer.label, self.nvtx):
+                pair = timer.fwd.start() if self.timed else None
+                out = call(*inputs)
                 if pair is not None:
-                    self._fwd_clock.stop(pair)
+                    timer.fwd.stop(pair)
         finally:
             self._inside = False
         if needs_grad and self.timed:
-            out = _BwdStart.apply(self, box, out)
+            out = _BwdStart.apply(timer, box, out)
         return out
 
     def attention_ms(self) -> tuple[float, float]:
         """(forward, backward) milliseconds spent in attention since the last reset (synchronizes)."""
-        return self._fwd_clock.total_ms(), self._bwd_clock.total_ms()
+        return self._attn.ms()
+
+    def recurrence_ms(self) -> tuple[float, float]:
+        """(forward, backward) milliseconds spent in recurrences since the last reset (synchronizes)."""
+        return self._recur.ms()
 
     @property
     def how(self) -> str:

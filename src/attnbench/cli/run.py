@@ -15,6 +15,7 @@ from attnbench import features, interrupt, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
+from attnbench.cli.inflight import InFlight, describe, record_abandoned, stop_at_once, watchable
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
@@ -368,25 +369,39 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         raise
     records = []
     progress = _progress(quiet)
+    inflight = InFlight()
 
     def sink(record):
-        store.write(record)
+        with inflight.lock:  # a stop watcher records the case in flight under it: stored once, one way or the other
+            store.write(record)
+            inflight.stored(record)
         records.append(record)
         progress.advance(task)
 
+    def on_case(spec, name):
+        inflight.start(spec, name)
+        progress.update(task, description=describe(spec, name))
+
     runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=store.case_ids(run_id),
                                  checker=checker)
+    runner.on_case = on_case
     cases = runner.cases(plan.specs)
+    task = progress.add_task("measuring", total=len(cases))
+    hint = control.resume_hint(run_id, plan.db)
+    # An isolated run waits for its worker in select(), which a signal interrupts: it stops the usual way, and
+    # kills the worker on the way out.
+    watched = watchable() and not plan.isolate
     status = "interrupted"
     started = time.perf_counter()
     try:
-        with progress, control.stop_on_sigint(runner):
-            task = progress.add_task("measuring", total=len(cases))
-            runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
+        with progress, control.stop_on_sigint(runner, announced=watched), \
+                stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
+                             before_exit=progress.stop):
             runner.run(plan.specs)
         status = "done" if len(records) == len(cases) else "interrupted"
     except KeyboardInterrupt:
-        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False,
+        words = record_abandoned(inflight, runner, interrupt.first(), plan.db, run_id)
+        common.err_console.print(f"attnbench: aborted{words}; {hint}", markup=False,
                                  soft_wrap=True)  # one line: the command in it stays whole
         raise
     finally:
@@ -398,7 +413,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         common.err_console.print(compiled, markup=False, highlight=False, soft_wrap=True)  # one line in a log
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
-                                 f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
+                                 f"(wall time {format_breakdown(phases)}); {hint}",
                                  markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     return run_id, records, phases
@@ -434,6 +449,9 @@ class _LogLines:
 
     def advance(self, task) -> None:
         self.done += 1
+
+    def stop(self) -> None:
+        """Nothing to take down (a live bar's ``stop`` clears it)."""
 
 
 def _progress(quiet: bool):

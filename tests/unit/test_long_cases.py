@@ -1,5 +1,5 @@
-"""Long CPU cases: SIGTERM ends a run within a second even inside a long native call (the case in flight
-recorded as abandoned, run again by --resume)."""
+"""Long CPU cases: a sweep of minutes is announced before it starts, and SIGTERM ends a run within a second even
+inside a long native call (the case in flight recorded as abandoned, run again by --resume)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,74 @@ from attnbench.cli import inflight
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore, record_stop
 from attnbench.spec import AttnSpec
+from attnbench.timing import estimate
+from attnbench.timing.config import TimingConfig
+from attnbench.timing.cpu import time_cpu
 
+RATES = estimate.Rates(flops={"bf16": 100e9}, fresh_bytes=2e9, threads=1)
 SPEC = AttnSpec(seqlens_q=(1024,), heads_q=8, head_dim=128, dtype="bf16")
+
+
+# ---- the estimate ------------------------------------------------------------------------------------------------
+def test_a_long_call_is_made_14_times_and_a_short_one_until_the_time_cap():
+    timing = TimingConfig()  # 10 warm-up calls, 100 samples, 100 ms to 1 s of samples on a CPU
+    assert estimate.calls(2.0, timing, check=True) == 14  # checked, 1 warm-up, 10 samples, 2 after the timing
+    assert estimate.calls(2.0, timing, check=False) == 12
+    assert estimate.calls(0.001, timing, check=True) == 1 + 10 + 100 + 2  # the repeat count
+    assert estimate.calls(0.02, timing, check=True) == 1 + 10 + 50 + 2  # the 1 s cap
+
+
+def test_the_calls_counted_are_those_the_cpu_timing_makes():
+    timing = TimingConfig(max_time_ms=200.0)
+    made = []
+
+    def call():
+        made.append(1)
+        time.sleep(0.02)
+    time_cpu(call, timing)
+    expected = estimate.calls(0.02, timing, check=False) - 1  # less the call prepare checks
+    assert abs(len(made) - expected) <= 2, (len(made), expected)
+
+
+def test_a_call_takes_the_longer_of_its_flops_and_the_bytes_plain_math_writes():
+    prefill = AttnSpec(seqlens_q=(1024,), heads_q=8, head_dim=128, dtype="bf16")
+    flops_s = 4 * 8 * 1024**2 * 128 / 100e9
+    assert estimate.call_seconds(prefill, RATES) == pytest.approx(flops_s)
+    decode = AttnSpec(batch=4, seqlens_q=(1,), seqlens_k=(1024,), heads_q=128, heads_kv=1, head_dim=576,
+                      head_dim_v=512, dtype="bf16", mla=True)  # DeepSeek-V3's: one latent KV head for 128
+    repeated = 2 * 4 * 128 * 1024 * (576 + 512 + 2) * 2  # keys, values and scores of every head, written and read
+    assert estimate.call_seconds(decode, RATES) == pytest.approx(repeated / 2e9)
+    assert estimate.call_seconds(decode.replace(dtype="fp16"), RATES) is None  # a dtype not probed
+    assert estimate.call_seconds(prefill.replace(pass_="fwd_bwd"), RATES) == pytest.approx(3.5 * flops_s)
+
+
+def test_only_a_sweep_of_minutes_is_announced_with_what_the_estimate_rests_on():
+    short = estimate.sweep([AttnSpec(seqlens_q=(1024,), heads_q=8, head_dim=128, dtype="bf16")] * 3, RATES,
+                           TimingConfig(), check=True)
+    assert short.cases == 3 and estimate.warning(short) is None
+    long = estimate.sweep([AttnSpec(seqlens_q=(16384,), heads_q=8, head_dim=128, dtype="bf16")] * 3, RATES,
+                          TimingConfig(), check=True)
+    line = estimate.warning(long)
+    per_call = 4 * 8 * 16384**2 * 128 / 100e9
+    assert long.seconds == pytest.approx(3 * 14 * per_call)
+    assert line.startswith(f"attnbench: this sweep may take {estimate.span(long.seconds, 4 * long.seconds)} on this "
+                           "CPU: 3 cases, ~42 calls")
+    for words in ("bf16 100 GFLOP/s", "fresh memory 2 GB/s", "1 thread", "up to 4x slower", "--seq-lens",
+                  "Ctrl-C stops it"):
+        assert words in line
+
+
+@pytest.mark.parametrize(("low", "high", "shown"), [(0.2, 0.8, "up to 1 s"), (2, 8, "2–8 s"), (30, 120, "30 s–2 min"),
+                                                    (60, 240, "1–4 min"), (5000, 20000, "1.4–5.6 h")])
+def test_ranges_read_in_one_unit(low, high, shown):
+    assert estimate.span(low, high) == shown
+
+
+def test_the_probe_times_each_dtype_with_the_run_threads_and_skips_one_the_cpu_cannot_compute():
+    import torch
+    rates = estimate.probe(["fp32", "fp8"])
+    assert set(rates.flops) == {"fp32"} and rates.flops["fp32"] > 0 and rates.fresh_bytes > 0
+    assert rates.threads == torch.get_num_threads()
 
 
 # ---- the stop ----------------------------------------------------------------------------------------------------

@@ -394,6 +394,8 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     status = "interrupted"
     started = time.perf_counter()
     try:
+        if not quiet and runner.device.type == "cpu":
+            announce(cases, plan, runner.device, check=checker is not None)
         with progress, control.stop_on_sigint(runner, announced=watched), \
                 stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
                              before_exit=progress.stop):
@@ -452,6 +454,18 @@ class _LogLines:
 
     def stop(self) -> None:
         """Nothing to take down (a live bar's ``stop`` clears it)."""
+
+
+def announce(cases: list, plan: RunPlan, device, check: bool) -> None:
+    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates)."""
+    from attnbench.timing import estimate
+    specs = [spec for spec, backend in cases if backend.supports(spec, device) is None]
+    if not specs:
+        return
+    rates = estimate.probe({spec.dtype for spec in specs if isinstance(spec, AttnSpec)})
+    line = estimate.warning(estimate.sweep(specs, rates, plan.options.timing, check))
+    if line:
+        common.err_console.print(line, markup=False, highlight=False)
 
 
 def _progress(quiet: bool):

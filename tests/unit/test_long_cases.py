@@ -1,17 +1,21 @@
-"""Long CPU cases: a sweep of minutes is announced before it starts, and SIGTERM ends a run within a second even
-inside a long native call (the case in flight recorded as abandoned, run again by --resume)."""
+"""Long CPU cases: a sweep of minutes is announced before it starts, a long case shows its progress while it runs,
+and SIGTERM ends a run within a second even inside a long native call (the case in flight recorded as abandoned,
+run again by --resume)."""
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 import time
 
 import pytest
 from reliability_helpers import TINY, attnbench, popen, query
+from rich.console import Console
 
 from attnbench import interrupt
-from attnbench.cli import inflight
+from attnbench.cli import common, inflight
+from attnbench.cli.run import _LogLines
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore, record_stop
 from attnbench.spec import AttnSpec
@@ -83,6 +87,40 @@ def test_the_probe_times_each_dtype_with_the_run_threads_and_skips_one_the_cpu_c
     rates = estimate.probe(["fp32", "fp8"])
     assert set(rates.flops) == {"fp32"} and rates.flops["fp32"] > 0 and rates.fresh_bytes > 0
     assert rates.threads == torch.get_num_threads()
+
+
+# ---- progress while a case runs ----------------------------------------------------------------------------------
+def test_a_case_in_flight_beats_with_its_time_and_estimate_then_the_pace_of_the_run():
+    flight = inflight.InFlight(expected_s=lambda spec: 10.0)
+    beats = []
+    with inflight.heartbeat(flight, lambda *beat: beats.append(beat), after_s=0.05, tick_s=0.01):
+        time.sleep(0.1)
+        assert beats == []  # no case in flight
+        flight.start(SPEC, "naive")
+        deadline = time.time() + 30
+        while not beats and time.time() < deadline:
+            time.sleep(0.01)
+    what, elapsed, expected = beats[0]
+    assert what == "naive b1 s1024 h8 d128 bf16 fwd" and elapsed >= 0.05 and expected == "10–40 s"
+    flight.started -= 20  # the case took 20 s against its 10 estimated: the run's pace is twice the estimate
+    flight.stored(Record(run_id="r", backend="naive", spec=SPEC, n=10))
+    assert flight.running() is None and flight.expected(SPEC) == "~20 s"
+    assert inflight.InFlight().expected(SPEC) is None  # no estimate (a GPU run): the elapsed time alone
+
+
+def test_a_log_gets_a_still_running_line_every_5_s(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=100))
+    lines = _LogLines(quiet=False)
+    lines.add_task("measuring", total=3)
+    lines.update(0, description="naive b1 s1024 h8 d128 bf16 fwd")
+    lines.still_running("naive b1 s1024 h8 d128 bf16 fwd", 6.2, "10–40 s")  # a line 5 s after the last only
+    lines.last -= 5
+    lines.still_running("naive b1 s1024 h8 d128 bf16 fwd", 11.4, "10–40 s")
+    log = out.getvalue().splitlines()
+    assert len(log) == 2
+    assert log[1].startswith("attnbench: [0/3] ") and log[1].endswith(
+        "s still running naive b1 s1024 h8 d128 bf16 fwd (11 s, est. 10–40 s)")
 
 
 # ---- the stop ----------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""The case in flight in `attnbench run`, and a stop at once however long it runs.
+"""The case in flight in `attnbench run`: progress while it runs long, and a stop at once however long it runs.
 
 A CPU case can spend minutes inside one native call (a bf16 matmul on a CPU without bf16 instructions). Python
-runs a signal handler only between bytecodes, so SIGTERM then waited for the call to end (55-60 s). The stop is
-watched from a thread here: torch releases the interpreter lock inside its calls, so a thread runs while the main
-thread waits in one.
+runs a signal handler only between bytecodes, so SIGTERM then waited for the call to end (55-60 s), and a log
+showed no progress meanwhile. Both come from threads here: torch releases the interpreter lock inside its
+calls, so a thread runs while the main thread waits in one.
 
+- ``heartbeat``: once a case has run ``AFTER_S``, its elapsed time and estimate every second to the progress
+  (a log line every 5 s, or the live bar's description).
 - ``stop_at_once``: the C-level signal handler writes each signal's number to a pipe (``signal.set_wakeup_fd``)
   at once, wherever the main thread is; a watcher thread blocked on the pipe sees SIGTERM, SIGHUP or a second
   Ctrl-C and gives the main thread ``GRACE_S`` to stop the usual way (its handler raises KeyboardInterrupt,
@@ -31,7 +33,10 @@ from attnbench.cli import control
 from attnbench.results.record import ABANDONED, Record
 from attnbench.results.store import record_stop
 from attnbench.spec import AttnSpec
+from attnbench.timing import estimate
 
+AFTER_S = 5.0
+"""A case running this long gets progress of its own (``heartbeat``): the log's line every 5 s."""
 GRACE_S = 0.5
 """How long the main thread gets to stop the usual way after a stop signal before the watcher stops the run."""
 
@@ -42,27 +47,68 @@ def describe(spec: AttnSpec, backend: str) -> str:
 
 
 class InFlight:
-    """The case the runner is on, from ``Runner.on_case`` until its record is stored (``stored``). ``lock`` is held
-    while a record is stored and while the watcher records a stop, so a case is stored once, as measured or as
-    abandoned."""
+    """The case the runner is on, from ``Runner.on_case`` until its record is stored (``stored``), and how long
+    it should take. ``lock`` is held while a record is stored and while the watcher records a stop, so a case is
+    stored once, as measured or as abandoned."""
 
-    def __init__(self):
+    def __init__(self, expected_s: Callable[[AttnSpec], float | None] | None = None):
         self.lock = threading.Lock()
+        self.expected_s = expected_s or (lambda spec: None)
+        """The estimate of a case's seconds (``timing.estimate.case_seconds``), None where there is none."""
         self.case: tuple[AttnSpec, str] | None = None
         self.started = 0.0
+        self._spent = self._expected = 0.0  # over the cases timed so far: seconds taken, seconds estimated
 
     def start(self, spec: AttnSpec, backend: str) -> None:
         with self.lock:
             self.case, self.started = (spec, backend), time.perf_counter()
 
     def stored(self, record: Record) -> None:
-        """The case's record is stored (call under ``lock``)."""
+        """The case's record is stored (call under ``lock``); a timed case teaches the run's pace."""
+        if self.case is not None and record.n:
+            expected = self.expected_s(self.case[0])
+            if expected:
+                self._spent += time.perf_counter() - self.started
+                self._expected += expected
         self.case = None
 
     def running(self) -> tuple[AttnSpec, str, float] | None:
         """(spec, backend, seconds it has run) of the case in flight, or None."""
         case, started = self.case, self.started
         return None if case is None else (*case, time.perf_counter() - started)
+
+    def expected(self, spec: AttnSpec) -> str | None:
+        """How long ``spec`` should take: '~40 s' at the pace of the cases timed so far, '10–40 s' before any
+        (``estimate.SLOWER``), None without an estimate."""
+        seconds = self.expected_s(spec)
+        if not seconds:
+            return None
+        if self._expected:
+            return "~" + estimate.duration(seconds * self._spent / self._expected)
+        return estimate.span(seconds, seconds * estimate.SLOWER)
+
+
+@contextmanager
+def heartbeat(inflight: InFlight, show: Callable[[str, float, str | None], None], after_s: float = AFTER_S,
+              tick_s: float = 1.0):
+    """Call ``show(what, elapsed_s, expected)`` every ``tick_s`` while a case has been in flight ``after_s`` or
+    more (from a thread of its own)."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(tick_s):
+            running = inflight.running()
+            if running is not None and running[2] >= after_s:
+                spec, backend, elapsed = running
+                show(describe(spec, backend), elapsed, inflight.expected(spec))
+
+    thread = threading.Thread(target=beat, name="attnbench-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def abandoned(running: tuple[AttnSpec, str, float], runner, signum: int) -> Record:

@@ -15,7 +15,7 @@ from attnbench import features, interrupt, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
-from attnbench.cli.inflight import InFlight, describe, record_abandoned, stop_at_once, watchable
+from attnbench.cli.inflight import InFlight, describe, heartbeat, record_abandoned, stop_at_once, watchable
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
@@ -395,10 +395,11 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     started = time.perf_counter()
     try:
         if not quiet and runner.device.type == "cpu":
-            announce(cases, plan, runner.device, check=checker is not None)
+            inflight.expected_s = announce(cases, plan, runner.device, check=checker is not None)
         with progress, control.stop_on_sigint(runner, announced=watched), \
                 stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
-                             before_exit=progress.stop):
+                             before_exit=progress.stop), \
+                heartbeat(inflight, _still_running(progress, task)):
             runner.run(plan.specs)
         status = "done" if len(records) == len(cases) else "interrupted"
     except KeyboardInterrupt:
@@ -452,20 +453,43 @@ class _LogLines:
     def advance(self, task) -> None:
         self.done += 1
 
+    def still_running(self, what: str, elapsed_s: float, expected: str | None) -> None:
+        """The heartbeat of a long case: a line when none was printed for ``EVERY_S``."""
+        now = time.perf_counter()
+        if not self.quiet and now - self.last >= self.EVERY_S:
+            self.last = now
+            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s still running "
+                                     f"{what} {_so_far(elapsed_s, expected)}", markup=False, highlight=False,
+                                     soft_wrap=True)
+
     def stop(self) -> None:
         """Nothing to take down (a live bar's ``stop`` clears it)."""
 
 
-def announce(cases: list, plan: RunPlan, device, check: bool) -> None:
-    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates)."""
+def _so_far(elapsed_s: float, expected: str | None) -> str:
+    """'(35 s, est. 10–40 s)': how long a case has run, and should."""
+    return f"({elapsed_s:.0f} s" + (f", est. {expected})" if expected else ")")
+
+
+def _still_running(progress, task):
+    """What the heartbeat calls: a log line, or the live bar's description with the case's time so far."""
+    if isinstance(progress, _LogLines):
+        return progress.still_running
+    return lambda what, elapsed_s, expected: progress.update(task, description=f"{what} {_so_far(elapsed_s, expected)}")
+
+
+def announce(cases: list, plan: RunPlan, device, check: bool):
+    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates),
+    and return the estimate of a case's seconds for the progress."""
     from attnbench.timing import estimate
     specs = [spec for spec, backend in cases if backend.supports(spec, device) is None]
     if not specs:
-        return
+        return lambda spec: None
     rates = estimate.probe({spec.dtype for spec in specs if isinstance(spec, AttnSpec)})
     line = estimate.warning(estimate.sweep(specs, rates, plan.options.timing, check))
     if line:
         common.err_console.print(line, markup=False, highlight=False)
+    return lambda spec: estimate.case_seconds(spec, rates, plan.options.timing, check)
 
 
 def _progress(quiet: bool):

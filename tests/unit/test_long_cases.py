@@ -105,6 +105,10 @@ def test_a_case_in_flight_beats_with_its_time_and_estimate_then_the_pace_of_the_
     flight.started -= 20  # the case took 20 s against its 10 estimated: the run's pace is twice the estimate
     flight.stored(Record(run_id="r", backend="naive", spec=SPEC, n=10))
     assert flight.running() is None and flight.expected(SPEC) == "~20 s"
+    quick = inflight.InFlight(expected_s=lambda spec: 0.01)
+    quick.start(SPEC, "naive")
+    quick.stored(Record(run_id="r", backend="naive", spec=SPEC, n=10))
+    assert quick.expected(SPEC) == "<1 s"  # not '~<1 s'
     assert inflight.InFlight().expected(SPEC) is None  # no estimate (a GPU run): the elapsed time alone
 
 

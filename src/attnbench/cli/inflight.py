@@ -84,7 +84,8 @@ class InFlight:
         if not seconds:
             return None
         if self._expected:
-            return "~" + estimate.duration(seconds * self._spent / self._expected)
+            paced = estimate.duration(seconds * self._spent / self._expected)
+            return paced if paced.startswith("<") else "~" + paced
         return estimate.span(seconds, seconds * estimate.SLOWER)
 
 

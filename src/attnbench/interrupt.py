@@ -26,12 +26,16 @@ def check() -> None:
         raise KeyboardInterrupt
 
 
+def first() -> int:
+    """The signal that stopped the command: SIGINT where none was recorded (a run's second Ctrl-C)."""
+    return received[0] if received else signal.SIGINT
+
+
 def exit_status() -> int:
-    return 128 + (received[0] if received else signal.SIGINT)
+    return 128 + first()
 
 
-def stopped() -> str:
-    """How the command was stopped, for its last line."""
-    if not received or received[0] == signal.SIGINT:
-        return "interrupted"
-    return f"stopped by {signal.Signals(received[0]).name}"
+def stopped(signum: int | None = None) -> str:
+    """How the command was stopped (by ``signum``, default the first signal received), for its last line."""
+    signum = first() if signum is None else signum
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"

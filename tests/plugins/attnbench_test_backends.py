@@ -92,6 +92,40 @@ class Sleep(WrapsNaive):
         return call
 
 
+NATIVE_S = float(os.environ.get("ATTNBENCH_TEST_NATIVE_S", "60"))
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def native_wait(seconds: float) -> None:
+    """Spend ``seconds`` in one native call, as a long bf16 matmul on a CPU does: without the interpreter lock,
+    and not returning for a signal (a Python handler waits for it). ``pthread_mutex_timedlock`` on a mutex this
+    thread holds waits out its deadline (glibc restarts the wait after a signal), using no CPU meanwhile."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER (pthread_mutex_t is 40 bytes)
+    libc.pthread_mutex_lock(mutex)
+    deadline = time.time() + seconds
+    libc.pthread_mutex_timedlock(mutex, ctypes.byref(_Timespec(int(deadline), int(deadline % 1 * 1e9))))
+
+
+class NativeWait(WrapsNaive):
+    """Spends $ATTNBENCH_TEST_NATIVE_S seconds (default 60) in one native call (``native_wait``), then computes
+    naive attention; creates the file $ATTNBENCH_TEST_NATIVE_MARK, if set, as it enters the call."""
+
+    name = "test-native-wait"
+    description = "test: one long native call, then naive attention"
+
+    def wrap(self, inner):
+        def call():
+            if os.environ.get("ATTNBENCH_TEST_NATIVE_MARK"):
+                open(os.environ["ATTNBENCH_TEST_NATIVE_MARK"], "a").close()
+            native_wait(NATIVE_S)
+            return inner()
+        return call
+
+
 class ContextLoss(Backend):
     """Fails the way an illegal memory access does on a GPU; ``LOST`` then says the process's context is gone."""
 
@@ -376,7 +410,7 @@ BUG_CLASSES = [DropsTailKeys, UpperLeftCausal, GqaModulo, VarlenLeak]
 WRONG = [_scaled(t, 0.99) for t in ("out", "dq", "dk", "dv")] + [_scaled("dk", 1.01), LseShift, SoftmaxScale, SoftmaxScaleNoLse,
                                                                         BlockBias]
 
-for cls in (Segfault, NullRead, Abort, Hang, Sleep, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, StaleInPlace, Jitter, MaskedMath,
+for cls in (Segfault, NullRead, Abort, Hang, Sleep, NativeWait, ContextLoss, Fp32Kernel, *WRONG, Cached, Stale, StaleInPlace, Jitter, MaskedMath,
             *BUG_CLASSES, NoMaxSubtraction):
     registry.register(cls.name, cls)
 

@@ -53,8 +53,10 @@ def test_second_sigint_aborts_a_hung_case(tmp_path):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert query(db, "SELECT status FROM runs") == [("interrupted",)]
-    assert query(db, "SELECT backend, status FROM records") == [("naive", "ok")]
-    assert "--resume" in err and "Traceback" not in err
+    rows = query(db, "SELECT backend, status, reason FROM records")
+    assert rows[0] == ("naive", "ok", None)
+    assert rows[1][:2] == ("test-hang", "error") and rows[1][2].startswith("abandoned: Ctrl-C twice after")
+    assert "--resume" in err and "test-hang b1 s17 h1 d8 fp32 fwd abandoned after" in err and "Traceback" not in err
 
 
 def test_a_killed_run_is_marked_interrupted_on_the_next_open_and_resume_completes_it(tmp_path):

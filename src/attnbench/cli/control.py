@@ -90,19 +90,26 @@ def resume_hint(run_id: str, db: Path) -> str:
     return f"resume with: attnbench run --resume {run_id} --db {shlex.quote(str(db))}"
 
 
+STOPPING = b"\nattnbench: stopping after the case in flight (Ctrl-C again to abort)\n"
+
+
 @contextmanager
-def stop_on_sigint(runner):
-    """First Ctrl-C: ``runner.stop_requested`` (the case in flight finishes); second: KeyboardInterrupt."""
+def stop_on_sigint(runner, announced: bool = False):
+    """First Ctrl-C: ``runner.stop_requested`` (the case in flight finishes); second: KeyboardInterrupt.
+    ``announced``: the stop watcher (``inflight.stop_at_once``) prints the first one's line, at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    presses = 0
 
     def handler(signum, frame):
-        if runner.stop_requested:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
             raise KeyboardInterrupt
         runner.stop_requested = True
-        # os.write: safe inside a signal handler, whatever the progress bar is doing.
-        os.write(2, b"\nattnbench: stopping after the case in flight (Ctrl-C again to abort)\n")
+        if not announced:  # os.write: safe inside a signal handler, whatever the progress bar is doing
+            os.write(2, STOPPING)
 
     previous = signal.signal(signal.SIGINT, handler)
     try:

@@ -15,6 +15,7 @@ from attnbench import features, interrupt, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
+from attnbench.cli.inflight import InFlight, describe, heartbeat, record_abandoned, stop_at_once, watchable
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
@@ -374,26 +375,43 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         raise
     records = []
     progress = _progress(quiet)
+    inflight = InFlight()
 
     def sink(record):
-        store.write(record)
+        with inflight.lock:  # a stop watcher records the case in flight under it: stored once, one way or the other
+            store.write(record)
+            inflight.stored(record)
         records.append(record)
         progress.advance(task)
 
+    def on_case(spec, name):
+        inflight.start(spec, name)
+        progress.update(task, description=describe(spec, name))
+
     before = store.case_ids(run_id)
     runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
+    runner.on_case = on_case
     cases = runner.cases(plan.specs)
+    task = progress.add_task("measuring", total=len(cases))
+    hint = control.resume_hint(run_id, plan.db)
+    # An isolated run waits for its worker in select(), which a signal interrupts: it stops the usual way, and
+    # kills the worker on the way out.
+    watched = watchable() and not plan.isolate
     status = "interrupted"
     started = time.perf_counter()
     full, failing = None, True
     try:
-        with progress, control.stop_on_sigint(runner):
-            task = progress.add_task("measuring", total=len(cases))
-            runner.on_case = lambda spec, name: progress.update(task, description=f"{name} {spec.label()} {spec.pass_}")
+        if not quiet and runner.device.type == "cpu":
+            inflight.expected_s = announce(cases, plan, runner.device, check=checker is not None)
+        with progress, control.stop_on_sigint(runner, announced=watched), \
+                stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
+                             before_exit=progress.stop), \
+                heartbeat(inflight, _still_running(progress, task)):
             runner.run(plan.specs)
         status, failing = "done" if len(records) == len(cases) else "interrupted", False
     except KeyboardInterrupt:
-        common.err_console.print(f"attnbench: aborted; {control.resume_hint(run_id, plan.db)}", markup=False,
+        words = record_abandoned(inflight, runner, interrupt.first(), plan.db, run_id)
+        common.err_console.print(f"attnbench: aborted{words}; {hint}", markup=False,
                                  soft_wrap=True)  # one line: the command in it stays whole
         raise
     except StoreFull as exc:  # the disk filled up: stop at once, the records before kept
@@ -414,7 +432,7 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         common.err_console.print(compiled, markup=False, highlight=False, soft_wrap=True)  # one line in a log
     if status == "interrupted":  # first Ctrl-C: the case in flight finished and is stored
         common.err_console.print(f"attnbench: interrupted after {len(records)} of {len(cases)} cases "
-                                 f"(wall time {format_breakdown(phases)}); {control.resume_hint(run_id, plan.db)}",
+                                 f"(wall time {format_breakdown(phases)}); {hint}",
                                  markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     return run_id, records, phases
@@ -460,6 +478,44 @@ class _LogLines:
 
     def advance(self, task) -> None:
         self.done += 1
+
+    def still_running(self, what: str, elapsed_s: float, expected: str | None) -> None:
+        """The heartbeat of a long case: a line when none was printed for ``EVERY_S``."""
+        now = time.perf_counter()
+        if not self.quiet and now - self.last >= self.EVERY_S:
+            self.last = now
+            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s still running "
+                                     f"{what} {_so_far(elapsed_s, expected)}", markup=False, highlight=False,
+                                     soft_wrap=True)
+
+    def stop(self) -> None:
+        """Nothing to take down (a live bar's ``stop`` clears it)."""
+
+
+def _so_far(elapsed_s: float, expected: str | None) -> str:
+    """'(35 s, est. 10–40 s)': how long a case has run, and should."""
+    return f"({elapsed_s:.0f} s" + (f", est. {expected})" if expected else ")")
+
+
+def _still_running(progress, task):
+    """What the heartbeat calls: a log line, or the live bar's description with the case's time so far."""
+    if isinstance(progress, _LogLines):
+        return progress.still_running
+    return lambda what, elapsed_s, expected: progress.update(task, description=f"{what} {_so_far(elapsed_s, expected)}")
+
+
+def announce(cases: list, plan: RunPlan, device, check: bool):
+    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates),
+    and return the estimate of a case's seconds for the progress."""
+    from attnbench.timing import estimate
+    specs = [spec for spec, backend in cases if backend.supports(spec, device) is None]
+    if not specs:
+        return lambda spec: None
+    rates = estimate.probe({spec.dtype for spec in specs if isinstance(spec, AttnSpec)})
+    line = estimate.warning(estimate.sweep(specs, rates, plan.options.timing, check))
+    if line:
+        common.err_console.print(line, markup=False, highlight=False)
+    return lambda spec: estimate.case_seconds(spec, rates, plan.options.timing, check)
 
 
 def _progress(quiet: bool):

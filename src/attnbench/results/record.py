@@ -12,6 +12,10 @@ from attnbench.spec import AttnSpec
 
 SCHEMA_VERSION = 4
 STATUSES = ("ok", "unsupported", "oom", "error", "nan", "mismatch", "implausible")
+ABANDONED = "abandoned: "
+"""How the reason of an "error" record begins when its case was in flight as the run was stopped (SIGTERM, SIGHUP,
+a second Ctrl-C: ``cli/inflight.py``): it says nothing of the kernel, so a resumed run drops it and runs the case
+again."""
 
 
 @dataclass(kw_only=True)

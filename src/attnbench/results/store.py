@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnbench.results import files, scratch
 from attnbench.results.integrity import REQUIRED_TABLES, file_stamp, foreign_tables, integrity_problem
-from attnbench.results.record import COLUMNS, SCHEMA_VERSION, Record
+from attnbench.results.record import ABANDONED, COLUMNS, SCHEMA_VERSION, Record
 from attnbench.results.scratch import process_alive, process_started
 
 DEFAULT_DB = Path("attnbench-results") / "attnbench.db"
@@ -82,6 +82,28 @@ def duplicate_cases(conn: sqlite3.Connection) -> int:
     """How many (run, case) pairs hold more than one record."""
     return conn.execute("SELECT COUNT(*) FROM (SELECT 1 FROM records GROUP BY run_id, case_id "
                         "HAVING COUNT(*) > 1)").fetchone()[0]
+
+
+def _insert(conn: sqlite3.Connection, record: Record, verb: str = "INSERT") -> int:
+    """Insert ``record``'s row; the rows inserted (0 when ``verb`` is INSERT OR IGNORE and the case has one)."""
+    row = record.to_row()
+    names = list(COLUMNS)
+    return conn.execute(f"{verb} INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) "
+                        f"VALUES ({', '.join('?' * len(names))})", [row[n] for n in names]).rowcount
+
+
+def record_stop(path: Path, run_id: str, abandoned: Record | None = None) -> bool:
+    """Mark run ``run_id`` interrupted and store ``abandoned``, the record of the case in flight when it was stopped,
+    unless the case's own record was stored meanwhile (False then), on a connection of its own: a stop watcher's
+    thread cannot use the run's (SQLite connections stay in their thread). Waits at most 2 s for a writer."""
+    conn = sqlite3.connect(path, timeout=2.0)
+    try:
+        with conn:
+            stored = abandoned is not None and _insert(conn, abandoned, "INSERT OR IGNORE") == 1
+            conn.execute("UPDATE runs SET finished_at=?, status='interrupted' WHERE run_id=?", (time.time(), run_id))
+    finally:
+        conn.close()
+    return stored
 
 
 class StoreError(Exception):
@@ -624,6 +646,9 @@ class ResultStore:
                 "pid_started=excluded.pid_started",
                 (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version,
                  host, pid, process_started(pid)))
+            if resume:  # the cases a stop abandoned in flight run again
+                self.conn.execute("DELETE FROM records WHERE run_id=? AND status='error' AND reason LIKE ?",
+                                  (run_id, ABANDONED + "%"))
             self.conn.commit()
         except BaseException:
             self.conn.rollback()
@@ -637,12 +662,9 @@ class ResultStore:
         """Insert one record in its own transaction (durable before the next case starts). A second record
         of one case of one run is refused by the store (RunClaimed names the case); a full disk is StoreFull,
         the records before this one kept."""
-        row = record.to_row()
-        names = list(COLUMNS)
-        sql = f"INSERT INTO records ({', '.join(chr(34) + n + chr(34) for n in names)}) VALUES ({', '.join('?' * len(names))})"
         try:
             with self._writing(record.run_id), self.conn:
-                self.conn.execute(sql, [row[n] for n in names])
+                _insert(self.conn, record)
         except sqlite3.IntegrityError as exc:
             raise RunClaimed(f"run {record.run_id} already has a record of {record.backend} {record.spec.label()} "
                              f"{record.spec.pass_}: another process writes this run") from exc

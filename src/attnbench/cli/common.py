@@ -432,7 +432,7 @@ ATTENTION_ONLY = ("kv_heads", "emb_dim", "causal_mode", "window", "softmax_scale
 """Options that shape attention cases alone: refused with another --op (they would be silently ignored)."""
 
 
-def operator_specs(opts: dict, op: str) -> list:
+def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
     """The cases of a run of another operator than attention (``--op gdn``, ``--op sparse-mla``): the shared axes
     parsed here, the product taken by the operator (``sweep``)."""
     from attnbench import operators
@@ -469,7 +469,8 @@ def operator_specs(opts: dict, op: str) -> list:
             extra = (parse_int(parts[0], "--extra-cache rows"), parse_int(parts[1], "--extra-cache top-k"))
         options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
                    "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
-                   "topk_length": option_bool(opts, "topk_lengths"), "extra": extra}
+                   "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
+                   "small": not device.startswith("cuda")}  # a CPU's default case is a small one
         return operators.get(OPS[op]).sweep(axes, options)
     except UserError:
         raise

@@ -324,7 +324,7 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
         convention = text(opts, "flops_convention") or "exact"
         if convention not in metrics.CONVENTIONS:
             raise ValueError(f"bad --flops-convention {convention!r}; allowed: {', '.join(metrics.CONVENTIONS)}")
-        specs = sweep.specs() if sweep is not None else common.operator_specs(opts, op)
+        specs = sweep.specs() if sweep is not None else common.operator_specs(opts, op, device)
         from attnbench.backends import options as backend_options
         configured = backend_options.resolve(common._as_list(opts.get("backend_opt")))
     except ValueError as exc:

@@ -99,13 +99,19 @@ class SparseMla:
                         label=f"{dtype} {device.type}, exactly the selected rows of {what}")
 
     def sweep(self, axes: dict, options: dict) -> list[SparseSpec]:
-        decode = bool(options.get("decode"))
-        seqs = [s[0] if len(s) == 1 else _one(s) for s in axes.get("seq_lens") or []] or [2 if decode else 4096]
+        """The cases of a run; what is not given is DeepSeek-V3.2's prefill (4096 queries over 8192 rows, 128 heads,
+        top-k 2048) or decode (2 queries), or on a CPU (``options["small"]``) a case of seconds: 128 queries over
+        1024 rows, 16 heads, top-k 256."""
+        decode, small = bool(options.get("decode")), bool(options.get("small"))
+        seqs = [s[0] if len(s) == 1 else _one(s) for s in axes.get("seq_lens") or []] or [
+            2 if decode else 128 if small else 4096]
+        rows = 1024 if small else 8192
         specs = []
         for batch, s_q, s_kv, heads, topk, dtype, pass_ in itertools.product(
-                axes.get("batch_sizes") or [1], seqs, axes.get("kv_seq_lens") or [None], axes.get("q_heads") or [128],
-                axes.get("topks") or [2048], axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
-            fields = dict(batch=batch, s_q=s_q, s_kv=s_kv or max(8192, s_q), heads=heads, topk=topk, dtype=dtype,
+                axes.get("batch_sizes") or [1], seqs, axes.get("kv_seq_lens") or [None],
+                axes.get("q_heads") or [16 if small else 128], axes.get("topks") or [256 if small else 2048],
+                axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
+            fields = dict(batch=batch, s_q=s_q, s_kv=s_kv or max(rows, s_q), heads=heads, topk=topk, dtype=dtype,
                           pass_=pass_, decode=decode)
             for name, axis in (("d_qk", "head_sizes"), ("d_v", "head_sizes_v")):
                 if axes.get(axis):

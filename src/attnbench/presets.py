@@ -65,20 +65,21 @@ def describe(name: str) -> str:
     lead = f"{model}: " if model else ""
     if opts.get("op") in ("gdn", "kda", "mamba2", "linear"):
         v = opts.get("v_heads", opts["q_heads"])[0]
-        return f"{lead}{opts['op']}, {opts['q_heads'][0]} q/k heads, {v} value heads, " \
+        return f"{lead}--op {opts['op']}, {opts['q_heads'][0]} q/k and {v} value heads, " \
                f"d{opts['head_size'][0]}" + (f"/{opts['head_size_v']}" if "head_size_v" in opts else "")
     if opts.get("op") == "sparse-mla":
-        parts = [f"{opts.get('batch_size', ['1'])[0]} x {opts['seq_lens'][0]} queries over {opts['kv_seq_lens'][0]} rows",
-                 f"{opts['q_heads'][0]} heads", f"top-k {opts['topk'][0]}"]
-        parts += [word for key, word in (("decode", "FP8 rows"), ("sink", "sink")) if opts.get(key)]
+        rows = ("FP8 " if opts.get("decode") else "") + "rows" + (f" of {opts['head_size'][0]}" if "head_size" in opts
+                                                                 else "")
+        parts = [f"{opts.get('batch_size', ['1'])[0]} x {opts['seq_lens'][0]} q over {opts['kv_seq_lens'][0]} {rows}",
+                 f"h{opts['q_heads'][0]}", f"top-k {opts['topk'][0]}"]
         if "extra_cache" in opts:
             parts.append(f"extra cache {opts['extra_cache']}")
-        if "head_size" in opts:
-            parts.append(f"rows of {opts['head_size'][0]}")
+        if opts.get("sink"):
+            parts.append("sink")
         return lead + ", ".join(parts)
     if opts.get("op") == "indexer":
-        return f"{lead}{opts['seq_lens'][0]} queries over {opts['kv_seq_lens'][0]} keys, {opts['q_heads'][0]} heads " \
-               f"of {opts['head_size'][0]}, FP8, top-k {opts['topk'][0]}"
+        return f"{lead}{opts['seq_lens'][0]} q over {opts['kv_seq_lens'][0]} keys, h{opts['q_heads'][0]} " \
+               f"d{opts['head_size'][0]} FP8, top-k {opts['topk'][0]}"
     if opts.get("mla"):
         return f"{lead}{opts['q_heads'][0]}/1 heads, d576/512 (latent + rope), " \
                f"scale {float(opts['softmax_scale']):.3g}"

@@ -290,7 +290,7 @@ def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "traces").is_dir() and any((tmp_path / "traces").iterdir())  # run --trace traces/
     assert (tmp_path / "cmp.svg").is_file() and (tmp_path / "sweep-1.db").is_file()  # plot -o; shard 1 of 4 (0-based)
     kinds = [c.split()[1] for _, c in _runs(tmp_path)]
-    assert kinds.count("run") == 4 and kinds.count("verify") == 2 and kinds.count("e2e") == 2
+    assert kinds.count("run") == 4 and kinds.count("verify") == 2 and kinds.count("e2e") == 3
 
 
 def test_the_shipped_trace_takes_the_readmes_shared_prefix():

@@ -5,7 +5,6 @@ import sqlite3
 import pytest
 from results_fixtures import attnbench, cli
 
-from attnbench import runner as runnermod
 from attnbench.backends import registry
 from attnbench.backends.base import Backend, Capabilities
 from attnbench.runner import Runner, RunOptions
@@ -20,8 +19,9 @@ def test_inputs_are_built_only_for_shapes_a_backend_takes(monkeypatch):
     """A paged serving step on a CPU (no CPU kernel reads pages) made its inputs for nothing: 50 s for
     2q2k_128q1kv2k. Now a shape is built when its first case that a backend takes comes, and never otherwise."""
     built = []
-    make = runnermod.make_inputs
-    monkeypatch.setattr(runnermod, "make_inputs", lambda spec, *a, **k: built.append(spec) or make(spec, *a, **k))
+    import attnbench.inputs as inputs_mod  # what the attention operator calls (attnbench.operators)
+    make = inputs_mod.make_inputs
+    monkeypatch.setattr(inputs_mod, "make_inputs", lambda spec, *a, **k: built.append(spec) or make(spec, *a, **k))
     paged = AttnSpec(seqlens_q=(4, 1), seqlens_k=(4, 40), heads_q=2, head_dim=8, dtype="fp32", causal=True,
                      page_size=16)
     plain = paged.replace(page_size=None)

@@ -105,7 +105,8 @@ def presets() -> None:
     from attnbench import presets as presets_mod
     width = max(map(len, presets_mod.PRESETS)) + 1
     for name in presets_mod.PRESETS:
-        common.console.print(f"{name:<{width}} {presets_mod.describe(name)}", highlight=False, markup=False)
+        common.console.print(f"{name:<{width}} {presets_mod.describe(name)}", highlight=False, markup=False,
+                             soft_wrap=True)  # one line a preset, whatever the width (the terminal folds it)
 
 
 def env(

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from attnbench.backends.base import Backend, BackendUnavailable, Capabilities, Prepared, device_type
@@ -134,7 +136,7 @@ class FlexSparse(_SparseBackend):
 
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        from attnbench.backends.flex import compiled_flex
+        from attnbench.backends.flex import compiled_flex, flex_with_lse
         device = inputs.q.device
         compiled = self.compile if self.compile is not None else device.type == "cuda"
         b, sq = spec.batch, spec.s_q
@@ -164,7 +166,9 @@ class FlexSparse(_SparseBackend):
         grads = spec.pass_ == "fwd_bwd"
 
         def forward(q, k, v, sink):
-            out, lse = fn(q, k, v, block_mask=mask, scale=spec.scale, enable_gqa=True, return_lse=True)
+            with warnings.catch_warnings():  # eager by choice (the CPU): torch's advice to compile is not news
+                warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+                out, lse = flex_with_lse(fn, q, k, v, dict(block_mask=mask, scale=spec.scale, enable_gqa=True))
             if sink is not None:  # a query with no valid slot keeps its 0 output (lse -inf: the sigmoid gives 0)
                 out = out * torch.sigmoid(lse - sink[None, :, None]).to(out.dtype)[..., None]
             return out, lse

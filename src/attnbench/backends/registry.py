@@ -74,6 +74,8 @@ BUILTIN: dict[str, str] = {
     "torch-chunked": "attnbench.linear.backends:TorchChunked",
     "fla-chunk": "attnbench.linear.backends:FlaChunk",
     "fla-recurrent": "attnbench.linear.backends:FlaRecurrent",
+    "flashinfer-gdn": "attnbench.linear.backends:FlashInferGdn",
+    "flashinfer-gdn-decode": "attnbench.linear.backends:FlashInferGdnDecode",
     # index-selected MLA cases
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",

@@ -81,6 +81,7 @@ BUILTIN: dict[str, str] = {
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",
     "flashmla-sparse-fp8": "attnbench.sparse.backends:FlashMlaSparseFp8",
     "flex-sparse-mla": "attnbench.sparse.backends:FlexSparse",
+    "flashinfer-sparse-mla": "attnbench.sparse.backends:FlashInferSparseMla",
     "indexer-torch": "attnbench.sparse.indexer_op:IndexerTorch",
     "indexer-fla": "attnbench.sparse.indexer_op:IndexerFla",
 }

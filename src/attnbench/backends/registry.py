@@ -74,11 +74,14 @@ BUILTIN: dict[str, str] = {
     "torch-chunked": "attnbench.linear.backends:TorchChunked",
     "fla-chunk": "attnbench.linear.backends:FlaChunk",
     "fla-recurrent": "attnbench.linear.backends:FlaRecurrent",
+    "flashinfer-gdn": "attnbench.linear.backends:FlashInferGdn",
+    "flashinfer-gdn-decode": "attnbench.linear.backends:FlashInferGdnDecode",
     # index-selected MLA cases
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",
     "flashmla-sparse-fp8": "attnbench.sparse.backends:FlashMlaSparseFp8",
     "flex-sparse-mla": "attnbench.sparse.backends:FlexSparse",
+    "flashinfer-sparse-mla": "attnbench.sparse.backends:FlashInferSparseMla",
     "indexer-torch": "attnbench.sparse.indexer_op:IndexerTorch",
     "indexer-fla": "attnbench.sparse.indexer_op:IndexerFla",
 }

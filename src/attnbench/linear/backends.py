@@ -5,6 +5,8 @@
 - ``torch-chunked``: the chunk form a user writes in PyTorch (``torch_forms.chunked``); any device.
 - ``fla-chunk`` / ``fla-recurrent``: fla-core's ``chunk_*`` and ``fused_recurrent_*`` kernels (``linear.fla``;
   Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
+- ``flashinfer-gdn`` / ``flashinfer-gdn-decode``: FlashInfer 0.7.2.post1's GDN chunked prefill and decode
+  (``linear.flashinfer``; CuTe DSL, forward only; written against its source, untested on hardware).
 
 Each call of a closure returns ``Outputs`` in the reference's layout; with ``fwd_bwd`` the gradients come from
 autograd inside the call, as attention's ``autograd_closure`` does.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
 from attnbench.linear import fla
+from attnbench.linear import flashinfer as fi
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.linear.torch_forms import chunked, chunked_form, naive_recurrent, recurrent_form
 
@@ -114,3 +117,31 @@ class FlaRecurrent(_Fla):
     name = "fla-recurrent"
     description = "fla-core's fused_recurrent_* Triton kernels (one token at a time; forward only for gdn, kda)"
     op = "recurrent"
+
+
+class _FlashInferGdn(_RecurrenceBackend):
+    package = "flashinfer"
+    distribution = "flashinfer-python"
+    install = "pip install flashinfer-python==0.7.2.post1"
+    capabilities = Capabilities(dtypes=("fp16", "bf16"), varlen=True, backward=False, devices=("cuda",))
+    op = "prefill"
+
+    def extra_reason(self, spec, device) -> str | None:
+        return fi.supports(spec, self.op)
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=fi.prepare(spec, inputs, self.op), info={"kernel": fi.kernel_name(self.op),
+                                                                    "form": "chunk" if self.op == "prefill" else
+                                                                    "recurrent"})
+
+
+class FlashInferGdn(_FlashInferGdn):
+    name = "flashinfer-gdn"
+    description = "FlashInfer's GDN chunked prefill, chunk_gated_delta_rule (d 128, fp16/bf16, sm90/sm100/sm120)"
+
+
+class FlashInferGdnDecode(_FlashInferGdn):
+    name = "flashinfer-gdn-decode"
+    description = "FlashInfer's GDN decode, gated_delta_rule_decode (one token, K-major state, bf16, sm90)"
+    capabilities = Capabilities(dtypes=("bf16",), varlen=True, backward=False, devices=("cuda",))
+    op = "decode"

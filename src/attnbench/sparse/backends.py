@@ -7,6 +7,9 @@
 - ``flashmla-sparse-fp8``: FlashMLA's sparse FP8 decode, ``flash_mla_with_kvcache(indices=...,
   is_fp8_kvcache=True)`` over V3.2's 656-byte rows, paged (``flashmla.sparse_decode``); on Hopper this layout
   takes a sink but neither an extra cache nor lengths.
+- ``flashinfer-sparse-mla``: FlashInfer 0.7.2.post1's ``dsa_sparse_attention`` (bf16, 64 heads, lengths, forward
+  and backward; no sink, no extra cache; sm100/sm103/sm107 only) (``sparse/flashinfer.py``; written against its
+  source, untested on hardware).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from attnbench.backends.base import Backend, BackendUnavailable, Capabilities, Prepared, device_type
 from attnbench.outputs import Outputs
+from attnbench.sparse import flashinfer as fi
 from attnbench.sparse import flashmla
 from attnbench.sparse.baseline import baseline_sparse
 from attnbench.sparse.spec import SparseSpec
@@ -200,3 +204,18 @@ class FlexSparse(_SparseBackend):
         first = (time.perf_counter() - started) * 1e3
         return Prepared(fn=call, info={"kernel": "flex_attention (block mask of the index set)",
                                        "compiled": compiled, ("compile_ms" if compiled else "first_call_ms"): first})
+
+
+class FlashInferSparseMla(_SparseBackend):
+    name = "flashinfer-sparse-mla"
+    description = "FlashInfer's DSA sparse attention, dsa_sparse_attention (bf16, 64 heads, sm100/sm103/sm107)"
+    package = "flashinfer"
+    distribution = "flashinfer-python"
+    install = "pip install flashinfer-python==0.7.2.post1"
+    capabilities = Capabilities(dtypes=("bf16",), backward=True, devices=("cuda",))
+
+    def extra_reason(self, spec, device) -> str | None:
+        return fi.supports(spec)
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=fi.prepare(spec, inputs), info={"kernel": fi.KERNEL})

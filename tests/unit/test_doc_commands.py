@@ -57,6 +57,9 @@ CLASSES: dict[str, tuple[str, str]] = {
     "attnbench run --batch-trace examples/serving-trace.jsonl --shared-prefix 1k --kv-dtype same fp8": (
         PLAN, "40 steps of ~200 requests: on a CPU over 20 GB of keys written out per step"),
     "attnbench run --preset deepseek-v3 --batch 128q1kv1k..32k": (PLAN, "128 decodes over up to 32k keys, 128 heads"),
+    "attnbench run --preset deepseek-v3.2-sparse-prefill": (PLAN, "4096 queries, 128 heads, top-k 2048: a GPU's work"),
+    "attnbench run --preset qwen3.5-gdn --seq-lens 4k 32k": (PLAN, "32k tokens of 64 value heads: a GPU's work"),
+    "attnbench e2e --model qwen3-next-tiny --device cpu": (CPU, ""),
     "attnbench run --baseline sdpa-flash": (CPU, ""),
     "attnbench verify": (CPU, ""),
     "attnbench runs; attnbench show --run ID": (CPU, ""),
@@ -290,7 +293,7 @@ def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "traces").is_dir() and any((tmp_path / "traces").iterdir())  # run --trace traces/
     assert (tmp_path / "cmp.svg").is_file() and (tmp_path / "sweep-1.db").is_file()  # plot -o; shard 1 of 4 (0-based)
     kinds = [c.split()[1] for _, c in _runs(tmp_path)]
-    assert kinds.count("run") == 4 and kinds.count("verify") == 2 and kinds.count("e2e") == 3
+    assert kinds.count("run") == 4 and kinds.count("verify") == 2 and kinds.count("e2e") == 4
 
 
 def test_the_shipped_trace_takes_the_readmes_shared_prefix():

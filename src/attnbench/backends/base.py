@@ -139,6 +139,19 @@ def sync(device: str | torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_operator_capabilities(caps: Capabilities, spec, device: str | torch.device) -> str | None:
+    """The capabilities that apply to a case of another operator than attention (``attnbench.operators``): the
+    device type, the dtype and a backward; the rest of its limits are the backend's ``extra_reason``."""
+    dev = device_type(device)
+    if dev not in caps.devices:
+        return f"runs on {'/'.join(caps.devices)}, not {dev}"
+    if spec.dtype not in caps.dtypes:
+        return f"{spec.dtype} not supported (takes {', '.join(caps.dtypes)})"
+    if spec.pass_ != "fwd" and not caps.backward:
+        return "forward only (no backward kernel)"
+    return None
+
+
 def check_capabilities(caps: Capabilities, spec: AttnSpec, device: str | torch.device) -> str | None:
     """The first capability the spec needs that the backend lacks, as a reason; None if all are there."""
     dev = device_type(device)
@@ -249,8 +262,8 @@ class Backend:
         theirs = getattr(spec, "operator", "attention")
         if theirs != self.operator:
             return f"runs {self.operator} cases, not {theirs}"
-        return (self.unavailable_reason() or check_capabilities(self.capabilities, spec, device)
-                or self.extra_reason(spec, device))
+        check = check_capabilities if theirs == "attention" else check_operator_capabilities
+        return self.unavailable_reason() or check(self.capabilities, spec, device) or self.extra_reason(spec, device)
 
     def describe(self, device: str | torch.device) -> str:
         """The ``attnbench backends`` line: the description, naming the kernel that runs on ``device``."""
@@ -273,7 +286,7 @@ class Backend:
     def judged_exactly(self, spec: AttnSpec) -> bool:
         """Whether ``spec``'s result is held to exactness: not for approximate backends (``exact=False``)
         nor for fp8 inputs, which every kernel rounds by design (the verdict and the plausibility ceiling)."""
-        return self.capabilities.exact and not spec.quantized
+        return self.capabilities.exact and not getattr(spec, "quantized", False)  # other operators: no fp8 inputs
 
     def base_info(self) -> dict:
         return {"backend": self.name, "package": self.package or "torch", "version": self.version(),

@@ -19,7 +19,7 @@ the gates in fp32 and the rest in the case's dtype, as its kernels do.
 
 from __future__ import annotations
 
-from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
+from attnbench.backends.base import Backend, Capabilities, Prepared
 from attnbench.linear import fla
 from attnbench.linear import flashinfer as fi
 from attnbench.linear.spec import RecurrenceSpec
@@ -31,22 +31,6 @@ DTYPES = ("fp16", "bf16", "fp32", "fp64")
 class _RecurrenceBackend(Backend):
     operator = "recurrence"
     capabilities = Capabilities(dtypes=DTYPES, varlen=True, backward=True)
-
-    def supports(self, spec: RecurrenceSpec, device) -> str | None:
-        why = super().supports(spec, device) if getattr(spec, "operator", None) != "recurrence" else None
-        if why:
-            return why
-        if (why := self.unavailable_reason()) is not None:
-            return why
-        dev = device_type(device)
-        if dev not in self.capabilities.devices:
-            return f"runs on {'/'.join(self.capabilities.devices)}, not {dev}"
-        if spec.dtype not in self.capabilities.dtypes:
-            return f"{spec.dtype} not supported (takes {', '.join(self.capabilities.dtypes)})"
-        return self.extra_reason(spec, device)
-
-    def judged_exactly(self, spec) -> bool:
-        return True
 
     def functional(self, spec: RecurrenceSpec):
         """``fn(tensors, cu_seqlens=None) -> (out, final_state)`` on a caller's tensors (module doc)."""

@@ -23,29 +23,11 @@ from attnbench.outputs import Outputs
 from attnbench.sparse import flashinfer as fi
 from attnbench.sparse import flashmla
 from attnbench.sparse.baseline import baseline_sparse
-from attnbench.sparse.spec import SparseSpec
 
 
 class _SparseBackend(Backend):
     operator = "sparse-mla"
     capabilities = Capabilities(dtypes=("fp16", "bf16", "fp32"), backward=True)
-
-    def supports(self, spec: SparseSpec, device) -> str | None:
-        if getattr(spec, "operator", None) != self.operator:
-            return super().supports(spec, device)
-        if (why := self.unavailable_reason()) is not None:
-            return why
-        dev = device_type(device)
-        if dev not in self.capabilities.devices:
-            return f"runs on {'/'.join(self.capabilities.devices)}, not {dev}"
-        if spec.dtype not in self.capabilities.dtypes:
-            return f"{spec.dtype} not supported (takes {', '.join(self.capabilities.dtypes)})"
-        if spec.pass_ != "fwd" and not self.capabilities.backward:
-            return "forward only (no backward kernel)"
-        return self.extra_reason(spec, device)
-
-    def judged_exactly(self, spec) -> bool:
-        return True
 
 
 class SparseTorch(_SparseBackend):

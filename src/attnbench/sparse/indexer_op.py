@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import torch
 
-from attnbench.backends.base import Backend, Capabilities, Prepared, device_type
+from attnbench.backends.base import Backend, Capabilities, Prepared
 from attnbench.outputs import Outputs
 from attnbench.sparse.indexer import (
     INDEX_DIM,
@@ -183,18 +183,6 @@ class Indexer:
 class _IndexerBackend(Backend):
     operator = "indexer"
     capabilities = Capabilities(dtypes=("fp8",), backward=False)
-
-    def supports(self, spec, device) -> str | None:
-        if getattr(spec, "operator", None) != self.operator:
-            return super().supports(spec, device)
-        if (why := self.unavailable_reason()) is not None:
-            return why
-        if device_type(device) not in self.capabilities.devices:
-            return f"runs on {'/'.join(self.capabilities.devices)}, not {device_type(device)}"
-        return self.extra_reason(spec, device)
-
-    def judged_exactly(self, spec) -> bool:
-        return True
 
 
 class IndexerTorch(_IndexerBackend):

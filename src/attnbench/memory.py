@@ -164,11 +164,14 @@ def guard(spec: AttnSpec, backend, device: str | torch.device, *, inputs_allocat
 
     With ``inputs_allocated`` the inputs already sit on the device, so only the rest must fit.
     """
-    free = available_bytes(device)
-    if free is None:
-        return None
     est = estimate(spec, backend)
-    need = est.beyond_inputs if inputs_allocated else est.total
-    if need <= free:
+    return too_big(est.beyond_inputs if inputs_allocated else est.total, device)
+
+
+def too_big(need: float, device: str | torch.device, *, rough: bool = False) -> str | None:
+    """The "oom" reason of a case estimated to need ``need`` bytes when ``device`` has less free (None when it
+    fits or the free memory is unknown); ``rough``: an estimate by a rule of thumb ("needs about")."""
+    free = available_bytes(device)
+    if free is None or need <= free:
         return None
-    return f"needs {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+    return f"needs {'about ' * rough}{format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"

@@ -51,14 +51,8 @@ class Recurrence:
     def memory_guard(self, spec: RecurrenceSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
         """The inputs and outputs (and gradients) at their sizes, plus the fp64 copies the check makes on the
         device: about four times the bytes a call moves (estimated, as ``memory.guard``)."""
-        from attnbench.memory import available_bytes, format_bytes
-        free = available_bytes(device)
-        if free is None:
-            return None
-        need = 4 * self.bytes_moved(spec)
-        if need <= free:
-            return None
-        return f"needs about {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+        from attnbench.memory import too_big
+        return too_big(4 * self.bytes_moved(spec), device, rough=True)
 
     def columns(self, spec: RecurrenceSpec) -> dict:
         return dict(batch=spec.batch, seq_len=max(spec.seqlens), seq_len_k=max(spec.seqlens),

@@ -129,12 +129,8 @@ class Indexer:
         return {}
 
     def memory_guard(self, spec: IndexerSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
-        from attnbench.memory import available_bytes, format_bytes
-        free = available_bytes(device)
-        if free is None:
-            return None
-        need = 4.0 * spec.s_q * spec.s_kv * (spec.heads + 2)  # the plain form's (T, Hi, S) product
-        return None if need <= free else f"needs about {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+        from attnbench.memory import too_big
+        return too_big(4.0 * spec.s_q * spec.s_kv * (spec.heads + 2), device, rough=True)  # the plain (T, Hi, S) product
 
     def columns(self, spec: IndexerSpec) -> dict:
         return dict(batch=1, seq_len=spec.s_q, seq_len_k=spec.s_kv, num_seqs=1, total_q=spec.s_q, heads_q=spec.heads,

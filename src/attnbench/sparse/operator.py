@@ -59,12 +59,8 @@ class SparseMla:
                 "dense_bytes": c.dense_bytes}
 
     def memory_guard(self, spec: SparseSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
-        from attnbench.memory import available_bytes, format_bytes
-        free = available_bytes(device)
-        if free is None:
-            return None
-        need = 4 * self.bytes_moved(spec)
-        return None if need <= free else f"needs about {format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+        from attnbench.memory import too_big
+        return too_big(4 * self.bytes_moved(spec), device, rough=True)
 
     def columns(self, spec: SparseSpec) -> dict:
         return dict(batch=spec.batch, seq_len=spec.s_q, seq_len_k=spec.s_kv, num_seqs=spec.batch,

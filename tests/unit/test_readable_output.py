@@ -220,6 +220,25 @@ def test_dist_tables_fit_100_columns_and_mark_a_busy_cpus_numbers(capsys):
     assert lines[-1] == dist.BUSY_NOTE
 
 
+def test_dist_tables_say_the_mask_when_a_run_has_both_settings(capsys):
+    from attnbench.cli import dist
+    from attnbench.distributed.bench import CaseResult
+
+    def result(causal: bool) -> CaseResult:
+        spec = AttnSpec(seqlens_q=(256,), heads_q=4, head_dim=16, dtype="fp32", causal=causal, pass_="fwd_bwd")
+        return CaseResult(spec=spec, method="ring", kernel="sdpa-math", stats={"median_ms": 4.68},
+                          tflops_per_device=0.00094, info={})
+
+    dist._print_tables([result(True), result(False)], 2)
+    out = capsys.readouterr().out
+    titles = [line for line in out.splitlines() if line.startswith("### ")]
+    assert titles == ["### cp-ring:sdpa-math on 2 ranks, causal", "### cp-ring:sdpa-math on 2 ranks, not causal"]
+    assert out.count("| batch | seq_len | heads | head_size | fwd_only | iters/s |") == 2  # the write-up's columns
+    dist._print_tables([result(True)], 2)  # one setting: one table, its title as before
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("### ")] == [
+        "### cp-ring:sdpa-math on 2 ranks"]
+
+
 def test_the_grouped_case_note_counts_the_backends_that_skip_every_grouped_case():
     from attnbench.report.footnotes import grouped_note
     group = AttnSpec(seqlens_q=(64, 96), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")

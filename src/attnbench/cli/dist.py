@@ -376,16 +376,20 @@ def _print_timeline(res: bench.CaseResult) -> None:
 
 
 def _print_tables(results: list[bench.CaseResult], world: int) -> None:
-    """A markdown table per method (seed 001's columns): the rate in ``metrics.rate_unit`` of the results (GFLOP/s
-    on CPU), a busy CPU's numbers marked as ``run`` marks them."""
+    """A markdown table per method in the FA2 write-up's columns (one per mask when the run has causal and
+    non-causal cases: the columns do not say it): the rate in ``metrics.rate_unit`` of the results (GFLOP/s on
+    CPU), a busy CPU's numbers marked as ``run`` marks them."""
     from attnbench import metrics
     unit = metrics.rate_unit(r.tflops_per_device for r in results if r.stats is not None)
     columns = (*TABLE_COLUMNS, unit.name)
+    both = len({r.spec.causal for r in results}) > 1
     groups: dict[str, list[bench.CaseResult]] = {}
     for res in results:
-        groups.setdefault(_backend_name(res), []).append(res)
+        mask = (", causal" if res.spec.causal else ", not causal") if both else ""
+        groups.setdefault(_backend_name(res) + mask, []).append(res)
     for name, rows in groups.items():
-        lines = [f"\n### {name} on {world} ranks", "| " + " | ".join(columns) + " |",
+        name, _, mask = name.partition(",")
+        lines = [f"\n### {name} on {world} ranks{',' + mask if mask else ''}", "| " + " | ".join(columns) + " |",
                  "| " + " | ".join(":---:" for _ in columns) + " |"]
         for r in rows:
             s = r.spec
@@ -401,6 +405,6 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
             lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
-        common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # seed 001's format
+        common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # the write-up's format
         if any(busy_of(r.info) for r in rows if r.stats is not None):
             common.console.print(BUSY_NOTE, highlight=False, markup=False)

@@ -40,16 +40,19 @@ def _worker(rank: int, world: int, port: int, cases: list, queue) -> None:
     try:
         ctx = bench.init_distributed("cpu", timeout_s=60)
         for name, method, kernel, dtype, causal, hq, hkv, seq, extra in cases:
-            spec = AttnSpec(batch=extra.get("batch", 1), seqlens_q=(seq,), heads_q=hq, heads_kv=hkv,
+            lengths = extra.get("docs", (seq,))  # several: packed documents of these lengths
+            spec = AttnSpec(batch=extra.get("batch", 1), seqlens_q=lengths, heads_q=hq, heads_kv=hkv,
                             head_dim=extra.get("head_dim", 16), dtype=dtype, causal=causal, pass_="fwd_bwd")
-            try:
-                m = bench.build_method(method, kernel, spec, ctx, ulysses_degree=extra.get("ulysses_degree"),
-                                       comm=extra.get("comm", "p2p"), ulysses_chunks=extra.get("ulysses_chunks", 1))
+            dense = bench.dense_inputs_spec(spec)
+            try:  # "ignore_docs": a method blind to the documents, checked against the documents' result
+                m = bench.build_method(method, kernel, dense if extra.get("ignore_docs") else spec, ctx,
+                                       ulysses_degree=extra.get("ulysses_degree"), comm=extra.get("comm", "p2p"),
+                                       ulysses_chunks=extra.get("ulysses_chunks", 1))
             except ValueError as exc:
                 results[name] = {"error": str(exc)}
                 continue
-            idx = lay.positions(seq, m.layout, ctx.rank, ctx.world, m.ulysses_degree)
-            mine = bench.check_rank(m, bench.kernel_for(kernel, spec, ctx.device), spec, make_inputs(spec), idx)
+            idx = lay.positions(sum(lengths), m.layout, ctx.rank, ctx.world, m.ulysses_degree)
+            mine = bench.check_rank(m, bench.kernel_for(kernel, spec, ctx.device), spec, make_inputs(dense), idx)
             gathered = [None] * world
             dist.all_gather_object(gathered, mine)
             results[name] = {"per_rank": gathered, "layout": m.layout}

@@ -191,3 +191,39 @@ def test_under_torchrun_a_wrong_kernel_is_one_line_from_rank_0_and_no_traceback_
     # torchrun's own report names rank 0, which said why, as the root cause
     root = res.stderr[res.stderr.index("Root Cause"):]
     assert "rank      : 0" in root and "exitcode  : 2" in root
+
+
+def test_packed_documents_run_checked_and_their_table_says_how_many(tmp_path):
+    db = tmp_path / "d.db"
+    cmd = [sys.executable, "-m", "attnbench", "dist", "--nproc", "2", "--method", "zigzag,ulysses", "--kernel", "math",
+           "--device", "cpu", "--batch-size", "1", "--q-heads", "4", "--head-size", "16", "--dtype", "fp32", "--seq-lens", "256",
+           "--documents", "32", "--causal", "--pass", "fwd_bwd", "--repeat", "1", "--warmup", "0", "--db", str(db)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("verdict: pass") == 2
+    from attnbench.distributed.documents import long_tailed
+    count = len(long_tailed(256, 32, 0))
+    assert res.stdout.count(f"| 1 | 256 ({count} docs) | 4 | 16 | False |") == 2
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT spec, info, flops FROM records").fetchall()
+    spec, info, flops = json.loads(rows[0][0]), json.loads(rows[0][1]), rows[0][2]
+    assert sum(spec["seqlens_q"]) == 256 and len(spec["seqlens_q"]) == count
+    assert info["documents"]["count"] == count
+    assert flops < 4 * 256 * 256 * 4 * 16 / 2  # within documents: fewer pairs than one causal sequence
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--method", "usp", "--documents", "32"], "packed documents (a group of --seq-lens, or --documents) run on ring, "
+                                                "zigzag, ulysses, not usp"),
+    (["--method", "ring", "--documents", "32", "--batch-size", "2"], "give --batch-size 1"),
+    (["--method", "ring", "--documents", "1k"], "--documents 1k: a mean document length must be in 1..256"),
+    (["--method", "ring", "--documents", "8,16"], "--documents takes one mean length"),
+])
+def test_packed_documents_refuse_what_they_cannot_run_in_one_line(tmp_path, args, needle):
+    cmd = [sys.executable, "-m", "attnbench", "dist", "--nproc", "2", "--kernel", "math", "--device", "cpu", "--q-heads", "4",
+           "--head-size", "16", "--dtype", "fp32", "--seq-lens", "256", *args, "--db", str(tmp_path / "w.db")]
+    if "--batch-size" not in args:
+        cmd += ["--batch-size", "1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.splitlines() == [res.stderr.strip()] and needle in res.stderr, res.stderr

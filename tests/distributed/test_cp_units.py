@@ -251,3 +251,45 @@ def test_ulysses_pipeline_chunks_divide_the_heads_each_rank_holds():
     assert pipeline_chunks(32, 32, 4, 2) == 2
     with pytest.raises(ValueError, match="must divide the heads each rank holds"):
         pipeline_chunks(12, 12, 2, 4)
+
+
+def test_long_tailed_documents_fill_the_batch_seeded_with_a_long_tail():
+    from attnbench.distributed.documents import long_tailed
+    lengths = long_tailed(1 << 20, 8192, seed=0)
+    assert sum(lengths) == 1 << 20 and min(lengths) >= 1
+    assert lengths == long_tailed(1 << 20, 8192, seed=0) != long_tailed(1 << 20, 8192, seed=1)
+    body = sorted(lengths)[:-1]  # the last document is cut to fit
+    assert max(body) > 4 * sorted(body)[len(body) // 2]  # a long tail: the longest far above the median
+    with pytest.raises(ValueError, match="mean document length must be in 1..100"):
+        long_tailed(100, 101)
+
+
+def test_document_pieces_follow_the_rows_a_block_holds():
+    from attnbench.distributed.documents import Documents, back, front, shard_ranges
+    docs = Documents((10, 230, 16))  # the middle document crosses every zigzag chunk of 4 ranks
+    rows0 = shard_ranges(256, "zigzag", 0, 4)
+    assert rows0 == ((0, 32), (224, 256))
+    assert front(rows0, 32) == ((0, 32),) and back(rows0, 32) == ((224, 256),)
+    assert front(((0, 10), (20, 30)), 15) == ((0, 10), (20, 25)) and back(((0, 10), (20, 30)), 15) == ((5, 10), (20, 30))
+    # rank 0's diagonal block: doc 0 in rows 0-10, doc 1 in rows 10-48 (the end of one chunk and the start of
+    # the other, next to each other in storage), doc 2 in the last 16 rows
+    assert docs.pieces(rows0, rows0) == [((0, 10), (0, 10)), ((10, 48), (10, 48)), ((48, 64), (48, 64))]
+    # rank 3's queries against rank 0's keys share only the middle document
+    assert docs.pieces(shard_ranges(256, "zigzag", 3, 4), rows0) == [((0, 64), (10, 48))]
+    assert Documents((40, 200, 16)).pieces(((32, 40), (224, 256)), rows0)[0] == ((0, 8), (0, 32))
+    assert Documents((128, 128)).pieces(((0, 64),), ((128, 192),)) == []  # no document in common: skipped
+
+
+def test_per_document_kernel_matches_the_exact_packed_result():
+    from attnbench.distributed.documents import Documents, exact, whole
+    docs = Documents((5, 17, 2, 8))
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 32, 2, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    kernel = whole(get_kernel("sdpa-math", "cpu"), docs)
+    out, lse = kernel.fwd(q, k, v, True, 0.3)
+    dq, dk, dv = kernel.bwd(dout, q, k, v, out, lse, True, 0.3)
+    ref = exact(q, k, v, dout, docs, causal=True, scale=0.3)
+    for name, got in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(got, ref[name].to(got.dtype), rtol=1e-9, atol=1e-9)
+    plain = exact_attention(q, k, v, dout, causal=True, scale=0.3)  # the mask matters for these inputs
+    assert (plain["out"] - ref["out"]).abs().max() > 0.1

@@ -12,6 +12,7 @@ from cp_workers import run_cases
 
 TENSORS = ("out", "dq", "dk", "dv")
 
+DOCS = (13, 70, 5, 40)  # packed documents: a short one, one across the middle of the sequence
 # name: (method, kernel, dtype, causal, heads_q, heads_kv, seq_len, extra)
 CASES_2 = {
     "ring-fp32": ("ring", "sdpa-math", "fp32", False, 4, 4, 64, {"batch": 2}),
@@ -27,7 +28,15 @@ CASES_2 = {
     "zigzag-bf16-causal-gqa": ("zigzag", "sdpa-math", "bf16", True, 4, 2, 128, {}),
     "ring-cpuflash-fp32-causal": ("ring", "sdpa-flash", "fp32", True, 4, 4, 64, {}),
     "zigzag-cpuflash-bf16-causal": ("zigzag", "sdpa-flash", "bf16", True, 4, 4, 128, {}),
+    "ring-docs-fp32-causal": ("ring", "sdpa-math", "fp32", True, 4, 4, 128, {"docs": DOCS}),
+    "zigzag-docs-fp32-causal-gqa": ("zigzag", "sdpa-math", "fp32", True, 4, 2, 128, {"docs": DOCS}),
+    "zigzag-docs-bf16-causal": ("zigzag", "sdpa-math", "bf16", True, 4, 4, 128, {"docs": DOCS}),
+    "ulysses-docs-fp32-causal-gqa": ("ulysses", "sdpa-math", "fp32", True, 4, 2, 128, {"docs": DOCS}),
+    "ulysses-docs-fp32-2-chunks": ("ulysses", "sdpa-math", "fp32", False, 8, 4, 128, {"docs": DOCS,
+                                                                                       "ulysses_chunks": 2}),
     "reject-zigzag-length": ("zigzag", "sdpa-math", "fp32", True, 4, 4, 66, {}),
+    "reject-usp-docs": ("usp", "sdpa-math", "fp32", True, 4, 4, 128, {"docs": DOCS}),
+    "blind-zigzag-docs": ("zigzag", "sdpa-math", "bf16", True, 4, 4, 128, {"docs": DOCS, "ignore_docs": True}),
     "reject-ulysses-heads": ("ulysses", "sdpa-math", "fp32", False, 3, 3, 64, {}),
 }
 CASES_4 = {
@@ -37,6 +46,9 @@ CASES_4 = {
     "ulysses-fp32": ("ulysses", "sdpa-math", "fp32", False, 4, 4, 64, {}),
     "usp2x2-fp32-causal-gqa": ("usp", "sdpa-math", "fp32", True, 4, 2, 64, {"ulysses_degree": 2}),
     "usp2x2-bf16": ("usp", "sdpa-math", "bf16", False, 4, 2, 128, {"ulysses_degree": 2}),
+    # one document over every zigzag chunk: rank 0's diagonal block holds it in two runs
+    "zigzag-docs-fp32-causal-across": ("zigzag", "sdpa-math", "fp32", True, 4, 2, 256, {"docs": (10, 230, 16)}),
+    "ring-docs-bf16": ("ring", "sdpa-math", "bf16", False, 4, 4, 256, {"docs": (100, 3, 1, 152)}),
 }
 
 
@@ -66,7 +78,7 @@ def _assert_case(res: dict, name: str, dtype: str, world: int) -> None:
             assert e["mean"] <= e["max"]
 
 
-@pytest.mark.parametrize("name", [n for n in CASES_2 if not n.startswith("reject")])
+@pytest.mark.parametrize("name", [n for n in CASES_2 if not n.startswith(("reject", "blind"))])
 def test_two_ranks(results2, name):
     _assert_case(results2[name], name, CASES_2[name][2], 2)
 
@@ -97,3 +109,14 @@ def test_rejects_length_not_divisible(results2):
 def test_rejects_heads_not_divisible(results2):
     msg = results2["reject-ulysses-heads"]["error"]
     assert "q-heads (3)" in msg and "kv-heads (3)" in msg and "multiple of 2" in msg
+
+
+def test_a_method_blind_to_packed_documents_fails_the_check(results2):
+    per_rank = results2["blind-zigzag-docs"]["per_rank"]
+    assert not all(t["pass"] for errs in per_rank for t in errs.values())
+    assert all(not errs["out"]["pass"] for errs in per_rank)  # every rank holds queries of a cut document
+
+
+def test_packed_documents_take_ring_zigzag_and_ulysses_only(results2):
+    assert results2["reject-usp-docs"]["error"] == ("packed documents (a group of lengths) run on ring, zigzag, "
+                                                   "ulysses; usp does not take them")

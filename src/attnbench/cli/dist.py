@@ -55,8 +55,14 @@ def _names(values, allowed, what) -> list[str]:
 def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chunks: int | str = "auto") -> None:
     """Reject what cannot run before any process group exists: the same answer on every rank."""
     for spec in specs:
-        if spec.is_varlen:
-            raise UserError("dist takes dense sequences only: give --seq-lens as single lengths (the total length)")
+        if spec.is_varlen:  # packed documents
+            from attnbench.distributed.documents import METHODS as DOC_METHODS
+            other = [m for m in methods if m not in DOC_METHODS]
+            if other:
+                raise UserError(f"packed documents (a group of --seq-lens, or --documents) run on "
+                                f"{', '.join(DOC_METHODS)}, not {', '.join(other)}")
+            if spec.batch != 1 or spec.seqlens_q != spec.seqlens_k:
+                raise UserError("packed documents are one sequence: give --batch-size 1 and no --kv-seq-lens")
         if spec.has_window:
             raise UserError("dist does not support sliding windows")
         if spec.pass_ == "bwd":
@@ -70,7 +76,7 @@ def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -
     from attnbench.distributed import layout as lay
     from attnbench.distributed.ulysses import check_heads, pipeline_chunks
 
-    seq, causal = spec.seqlens_q[0], spec.causal
+    seq, causal = sum(spec.seqlens_q), spec.causal
     try:
         if method == "ulysses":
             check_heads(spec.heads_q, spec.heads_kv, world)
@@ -106,6 +112,9 @@ def dist(
         "default 1 = one all-to-all: on 4 H200s the pipeline hid the all-to-alls but lost as much to the smaller "
         "kernels).")] = "1",
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda if available).")] = None,
+    documents: Annotated[str | None, typer.Option(
+        "--documents", metavar="MEAN", help="Pack each --seq-lens total with documents of seeded long-tailed "
+        "lengths (log-normal, mean MEAN tokens, e.g. 8k), each attended within itself (ring, zigzag, ulysses).")] = None,
     batch_size: common.BatchSize = None,
     seq_lens: common.SeqLens = None,
     q_heads: common.QHeads = None,
@@ -215,6 +224,8 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
     opts.setdefault("pass_", None)
     opts["pass_"] = opts["pass_"] or ["fwd", "fwd_bwd"]
     specs = common.build_sweep(opts, dev).specs()
+    if opts.get("documents") is not None:
+        specs = _packed(specs, opts["documents"], opts.get("seed") or 0)
     world = world or common.env_int("WORLD_SIZE", 1, low=1)
     validate(specs, methods, world, opts.get("ulysses_degree"), opts["ulysses_chunks"])
     cpu = dev == "cpu"
@@ -240,6 +251,25 @@ def _plan(ctx: typer.Context, world: int | None = None) -> dict:
         files.check_output(Path(opts["output"]), "--output", stores=(db,))
     ResultStore.check_writable(db)  # before any process group exists: every rank gives the same answer
     return {"opts": opts, "device": dev, "methods": methods, "specs": specs, "timing": timing}
+
+
+def _packed(specs, mean, seed: int) -> list:
+    """Each dense spec's total length as seeded long-tailed documents (``documents.long_tailed``)."""
+    from attnbench.distributed.documents import long_tailed
+    from attnbench.sweep import parse_int_list
+    try:
+        values = parse_int_list(str(mean), "--documents")
+        if len(values) != 1:
+            raise ValueError(f"--documents takes one mean length, got {mean!r}")
+        out = []
+        for spec in specs:
+            if spec.is_varlen:
+                raise ValueError("--documents packs one total length: give --seq-lens single lengths with it")
+            lengths = long_tailed(spec.seqlens_q[0], values[0], seed)
+            out.append(spec.replace(seqlens_q=lengths, seqlens_k=lengths))
+        return out
+    except ValueError as exc:
+        raise UserError(str(exc) if str(exc).startswith("--documents") else f"--documents {mean}: {exc}") from None
 
 
 def _execute(plan: dict) -> None:
@@ -402,7 +432,8 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
                 mark = f" {BUSY}" if busy_of(r.info) else ""
                 cells = [f"{1e3 / med:.3f}{mark}", f"{med:.3f}{mark}", mem,
                          (f"{rate:.1f}" if rate >= 10 else f"{rate:#.3g}") + mark, ""]
-            lines.append("| " + " | ".join([str(s.batch), str(s.seqlens_q[0]), str(s.heads_q), str(s.head_dim),
+            seq = f"{sum(s.seqlens_q)} ({len(s.seqlens_q)} docs)" if s.is_varlen else str(s.seqlens_q[0])
+            lines.append("| " + " | ".join([str(s.batch), seq, str(s.heads_q), str(s.head_dim),
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
         common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # the write-up's format

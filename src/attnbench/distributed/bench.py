@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from attnbench import metrics
+from attnbench.distributed import documents, peers, timeline
 from attnbench.distributed import layout as lay
-from attnbench.distributed import peers, timeline
 from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
 from attnbench.distributed.names import canonical
@@ -132,7 +132,11 @@ def init_distributed(device: str | None = None, timeout_s: float = 600.0) -> Dis
 def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, *, ulysses_degree: int | None,
                  comm: str = "p2p", ulysses_chunks: int | str = 1) -> Method:
     """The method ``name`` for this case; ValueError for a bad case, MethodUnavailable for a missing peer."""
-    causal, scale, seq = spec.causal, spec.softmax_scale, spec.seqlens_q[0]
+    causal, scale, seq = spec.causal, spec.softmax_scale, sum(spec.seqlens_q)
+    docs = packed_documents(spec)
+    if docs is not None and name not in documents.METHODS:
+        raise ValueError(f"packed documents (a group of lengths) run on {', '.join(documents.METHODS)}; "
+                         f"{name} does not take them")
     if name in OWN_COLLECTIVES and ctx.ranks_per_device > 1:
         raise MethodUnavailable(f"{name} moves CUDA tensors with its own collectives, which need one GPU per rank "
                                 f"(NCCL); here {ctx.ranks_per_device} ranks share each GPU")
@@ -143,14 +147,15 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
             return _peer(name, peers.ring_flash_attn, layout, zigzag=layout == "zigzag", causal=causal, scale=scale,
                          device=ctx.device)
         kernel = get_kernel(kernel_name, ctx.device)
-        fn = _wrap(ring_attention, kernel=kernel, causal=causal, scale=scale, layout=layout, comm=comm)
+        fn = _wrap(ring_attention, kernel=kernel, causal=causal, scale=scale, layout=layout, comm=comm, docs=docs)
         return Method(name=name, fn=fn, layout=layout, info={"ring_comm": comm})
     if name == "ulysses":
         check_heads(spec.heads_q, spec.heads_kv, ctx.world)
         lay.check_seq_len(seq, "contiguous", ctx.world, what="ulysses: world size")
         chunks = pipeline_chunks(spec.heads_q, spec.heads_kv, ctx.world, ulysses_chunks)
-        fn = _wrap(ulysses_attention, kernel=get_kernel(kernel_name, ctx.device), causal=causal, scale=scale,
-                   chunks=chunks)
+        kernel = get_kernel(kernel_name, ctx.device)
+        fn = _wrap(ulysses_attention, kernel=kernel if docs is None else documents.whole(kernel, docs), causal=causal,
+                   scale=scale, chunks=chunks)
         return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1, info={"ulysses_chunks": chunks})
     if name in ("usp", "yunchang"):
         u = ulysses_degree or _default_ulysses(ctx.world, spec)
@@ -172,6 +177,17 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
                                        seq_len=seq, device=ctx.device, world=ctx.world)
         return Method(name=name, fn=fn, layout=layout, context=context, info=info)
     raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHODS)}")
+
+
+def packed_documents(spec: AttnSpec) -> documents.Documents | None:
+    """A grouped spec's sequences as packed documents (documents.py); None for one dense sequence."""
+    return documents.Documents(tuple(spec.seqlens_q)) if spec.is_varlen else None
+
+
+def dense_inputs_spec(spec: AttnSpec) -> AttnSpec:
+    """The one dense sequence a case's inputs are drawn for: the packed documents end to end."""
+    total = sum(spec.seqlens_q)
+    return spec.replace(seqlens_q=(total,), seqlens_k=(total,)) if spec.is_varlen else spec
 
 
 def _wrap(attn, **kwargs):
@@ -227,9 +243,14 @@ def check_rank(method: Method, kernel: LocalKernel | None, spec: AttnSpec, input
     with torch.no_grad():  # the timed forward runs without gradients, on a path of its own (pipelined Ulysses)
         forward_only = method.fn(q, k, v)
     full = (inputs.q, inputs.k, inputs.v, inputs.dout)
-    exact = exact_attention(*full, causal=spec.causal, scale=spec.softmax_scale)
+    docs = packed_documents(spec)
+    if docs is None:
+        exact = exact_attention(*full, causal=spec.causal, scale=spec.softmax_scale)
+    else:
+        exact = documents.exact(*full, docs, causal=spec.causal, scale=spec.softmax_scale)
     if kernel is not None:
-        ref = single_device(*full, kernel=kernel, causal=spec.causal, scale=spec.softmax_scale)
+        ref = single_device(*full, kernel=kernel if docs is None else documents.whole(kernel, docs),
+                            causal=spec.causal, scale=spec.softmax_scale)
     else:  # a peer with its own kernel: compare with the exact result rounded to the dtype
         ref = {n: t.to(spec.torch_dtype) for n, t in exact.items()}
     eps = torch.finfo(spec.torch_dtype).eps
@@ -351,10 +372,13 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
         return result
     result.info = {"method": method_name, "kernel": kernel_name, "world_size": ctx.world, "layout": method.layout,
                    "backend": ctx.backend, **method.info}
-    idx = lay.positions(spec.seqlens_q[0], method.layout, ctx.rank, ctx.world, method.ulysses_degree)
+    if spec.is_varlen:
+        lengths = spec.seqlens_q
+        result.info["documents"] = {"count": len(lengths), "longest": max(lengths), "shortest": min(lengths)}
+    idx = lay.positions(sum(spec.seqlens_q), method.layout, ctx.rank, ctx.world, method.ulysses_degree)
     wall = {}  # seconds per phase on this rank, recorded so a slow job shows where its time went
     t0 = time.perf_counter()
-    inputs = make_inputs(spec, ctx.device, seed)
+    inputs = make_inputs(dense_inputs_spec(spec), ctx.device, seed)
     with method.context() if method.context else contextlib.nullcontext():
         if check:
             mine = check_rank(method, kernel, spec, inputs, idx)

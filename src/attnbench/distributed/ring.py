@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnbench.distributed import comm as xfer
-from attnbench.distributed import timeline
+from attnbench.distributed import documents, timeline
 from attnbench.distributed.kernels import LocalKernel
 from attnbench.distributed.layout import zigzag_shard, zigzag_unshard  # noqa: F401  (public helpers)
 
@@ -88,22 +88,48 @@ def merge(out, lse, block_out, block_lse):
     return out, lse
 
 
-def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
+def _kfwd(kernel: LocalKernel, q, k, v, causal, scale, where):
+    """The kernel's (out, lse) of one block; under packed documents (``where`` = docs, query rows, key rows) the
+    document mask's, or None when the block shares no document."""
+    if where is None:
+        return kernel.fwd(q, k, v, causal, scale)
+    return documents.fwd(kernel, where[0], q, k, v, causal, scale, where[1], where[2])
+
+
+def _kbwd(kernel: LocalKernel, dout, q, k, v, out, lse, causal, scale, where):
+    if where is None:
+        return kernel.bwd(dout, q, k, v, out, lse, causal, scale)
+    return documents.bwd(kernel, where[0], dout, q, k, v, out, lse, causal, scale, where[1], where[2])
+
+
+def _q_back(where, n):
+    return None if where is None else (where[0], documents.back(where[1], n), where[2])
+
+
+def _kv_front(where, n):
+    return None if where is None else (where[0], where[1], documents.front(where[2], n))
+
+
+def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale, where=None):
     """Run one block and merge it into ``state`` = [out, lse] (in place on the list)."""
     if kind == SKIP:
         return
     if kind == Q_BACK:
         h = q.shape[1] // 2
-        bo, bl = kernel.fwd(q[:, h:], k, v, False, scale)
+        res = _kfwd(kernel, q[:, h:], k, v, False, scale, _q_back(where, q.shape[1] - h))
         timeline.mark("kernel")
-        merge(state[0][:, h:], state[1][:, h:], bo, bl)
-        timeline.mark("merge")
+        if res is not None:
+            merge(state[0][:, h:], state[1][:, h:], *res)
+            timeline.mark("merge")
         return
     if kind == KV_FRONT:
         h = k.shape[1] // 2
-        k, v = k[:, :h], v[:, :h]
-    bo, bl = kernel.fwd(q, k, v, kind == DIAG, scale)
+        k, v, where = k[:, :h], v[:, :h], _kv_front(where, h)
+    res = _kfwd(kernel, q, k, v, kind == DIAG, scale, where)
     timeline.mark("kernel")
+    if res is None:
+        return
+    bo, bl = res
     if state[0] is None:  # the first block (always the local one) starts the accumulators
         acc = _acc_dtype(q.dtype)
         state[0], state[1] = bo.to(acc), bl.transpose(1, 2).unsqueeze(-1).to(acc)
@@ -112,7 +138,7 @@ def _fwd_block(kernel: LocalKernel, kind: str, q, k, v, state, scale):
     timeline.mark("merge")
 
 
-def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dkv) -> None:
+def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, dq, dkv, where=None) -> None:
     """Add one block's gradients into the fp32 accumulators dq (local) and dK, dV (travelling).
 
     ``dkv()`` returns the dK, dV accumulators; it is called only after the block's kernel is launched,
@@ -122,8 +148,12 @@ def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, d
         return
     if kind == Q_BACK:
         h = q.shape[1] // 2
-        bdq, bdk, bdv = kernel.bwd(dout[:, h:], q[:, h:], k, v, out[:, h:], lse[:, :, h:], False, scale)
+        res = _kbwd(kernel, dout[:, h:], q[:, h:], k, v, out[:, h:], lse[:, :, h:], False, scale,
+                    _q_back(where, q.shape[1] - h))
         timeline.mark("kernel")
+        if res is None:
+            return
+        bdq, bdk, bdv = res
         dq[:, h:] += bdq
         timeline.mark("merge")
         dk, dv = dkv()
@@ -132,8 +162,12 @@ def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, d
         timeline.mark("merge")
         return
     n = k.shape[1] // 2 if kind == KV_FRONT else k.shape[1]
-    bdq, bdk, bdv = kernel.bwd(dout, q, k[:, :n], v[:, :n], out, lse, kind == DIAG, scale)
+    res = _kbwd(kernel, dout, q, k[:, :n], v[:, :n], out, lse, kind == DIAG, scale,
+                _kv_front(where, n) if kind == KV_FRONT else where)
     timeline.mark("kernel")
+    if res is None:
+        return
+    bdq, bdk, bdv = res
     dq += bdq
     timeline.mark("merge")
     dk, dv = dkv()
@@ -142,7 +176,16 @@ def _bwd_block(kernel: LocalKernel, kind: str, dout, q, k, v, out, lse, scale, d
     timeline.mark("merge")
 
 
-def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
+def _where(docs, comm: RingComm, src: int, zigzag: bool, local_len: int):
+    """(docs, this rank's rows, rank ``src``'s rows) under packed documents, else None."""
+    if docs is None:
+        return None
+    layout, total = ("zigzag" if zigzag else "contiguous"), local_len * comm.world
+    return (docs, documents.shard_ranges(total, layout, comm.rank, comm.world),
+            documents.shard_ranges(total, layout, src, comm.world))
+
+
+def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool, docs=None):
     """Local (out (B,S,H,D) in q's dtype, lse (B,H,S) fp32) after a full turn of K/V."""
     state = [None, None]
     kv = (k, v)
@@ -151,7 +194,8 @@ def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
             nxt, reqs = comm.exchange(kv)
         timeline.begin_step("fwd", step)
         src = (comm.rank - step) % comm.world
-        _fwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), q, kv[0], kv[1], state, scale)
+        _fwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), q, kv[0], kv[1], state, scale,
+                   _where(docs, comm, src, zigzag, q.shape[1]))
         if step + 1 < comm.world:
             _wait(reqs)
             kv = tuple(nxt)
@@ -160,7 +204,7 @@ def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
     return out.to(q.dtype), lse.squeeze(-1).transpose(1, 2).contiguous()
 
 
-def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm, zigzag: bool):
+def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm, zigzag: bool, docs=None):
     """(dq, dk, dv) of the local shard; dk/dv accumulate in fp32 while travelling with their K/V.
 
     The accumulators of a step's K/V block arrive from the previous rank while this rank's kernel for
@@ -184,7 +228,7 @@ def ring_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm
         timeline.begin_step("bwd", step)
         src = (comm.rank - step) % comm.world
         _bwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), dout, q, kv[0], kv[1], out, lse, scale, dq,
-                   arrived)
+                   arrived, _where(docs, comm, src, zigzag, q.shape[1]))
         if comm.world > 1:
             arrived()  # a skipped block still hands on what it received
             dkv, dkv_reqs = comm.exchange(dkv)
@@ -201,17 +245,18 @@ def _gather(t: torch.Tensor, comm: RingComm) -> list[torch.Tensor]:
     return xfer.all_gather(t, comm.world, comm.group)
 
 
-def allgather_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool):
+def allgather_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool, docs=None):
     """Like ``ring_forward`` but with every K/V shard gathered up front."""
     ks, vs = _gather(k, comm), _gather(v, comm)
     state = [None, None]
     for step in range(comm.world):
         src = (comm.rank - step) % comm.world
-        _fwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), q, ks[src], vs[src], state, scale)
+        _fwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), q, ks[src], vs[src], state, scale,
+                   _where(docs, comm, src, zigzag, q.shape[1]))
     return state[0].to(q.dtype), state[1].squeeze(-1).transpose(1, 2).contiguous()
 
 
-def allgather_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm, zigzag: bool):
+def allgather_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: RingComm, zigzag: bool, docs=None):
     """K/V gathered again (not kept from the forward, to save memory); dK/dV reduced to their owners."""
     acc = _acc_dtype(q.dtype)
     ks, vs = _gather(k, comm), _gather(v, comm)
@@ -221,7 +266,7 @@ def allgather_backward(kernel, dout, q, k, v, out, lse, causal, scale, comm: Rin
     for step in range(comm.world):
         src = (comm.rank - step) % comm.world
         _bwd_block(kernel, block_kind(comm.rank, src, causal, zigzag), dout, q, ks[src], vs[src], out, lse,
-                   scale, dq, lambda src=src: (dk[src], dv[src]))
+                   scale, dq, lambda src=src: (dk[src], dv[src]), _where(docs, comm, src, zigzag, q.shape[1]))
     dk, dv = _reduce_to_owners(dk, comm), _reduce_to_owners(dv, comm)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
@@ -240,31 +285,32 @@ class RingAttention(torch.autograd.Function):
     """Differentiable ring attention of local bshd shards."""
 
     @staticmethod
-    def forward(ctx, q, k, v, kernel, causal, scale, group, zigzag, comm_kind):
+    def forward(ctx, q, k, v, kernel, causal, scale, group, zigzag, comm_kind, docs):
         comm = RingComm(group)
         fwd = allgather_forward if comm_kind == "allgather" else ring_forward
-        out, lse = fwd(kernel, q, k, v, causal, scale, comm, zigzag)
+        out, lse = fwd(kernel, q, k, v, causal, scale, comm, zigzag, docs)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (kernel, causal, scale, comm, zigzag)
+        ctx.args = (kernel, causal, scale, comm, zigzag, docs)
         ctx.comm_kind = comm_kind
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        kernel, causal, scale, comm, zigzag = ctx.args
+        kernel, causal, scale, comm, zigzag, docs = ctx.args
         bwd = allgather_backward if ctx.comm_kind == "allgather" else ring_backward
-        dq, dk, dv = bwd(kernel, dout.contiguous(), q, k, v, out, lse, causal, scale, comm, zigzag)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = bwd(kernel, dout.contiguous(), q, k, v, out, lse, causal, scale, comm, zigzag, docs)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def ring_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: float,
                    group: dist.ProcessGroup | None = None, layout: str = "contiguous",
-                   comm: str = "p2p") -> torch.Tensor:
+                   comm: str = "p2p", docs: documents.Documents | None = None) -> torch.Tensor:
     """Attention of the local shards q (B, S/N, Hq, D), k, v (B, S/N, Hkv, D) over ``group``.
 
     ``layout`` says how the sequence was sharded (``contiguous`` or ``zigzag``, see layout.py); the
-    output is the local shard of the full attention output in the same layout.
+    output is the local shard of the full attention output in the same layout. ``docs``: the sequence is
+    packed documents (documents.py), attended each within itself.
     """
     if comm not in COMMS:
         raise ValueError(f"unknown ring communication {comm!r}; allowed: {', '.join(COMMS)}")
@@ -272,5 +318,7 @@ def ring_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: float,
         raise ValueError(f"unknown layout {layout!r}; allowed: contiguous, zigzag")
     if layout == "zigzag" and q.shape[1] % 2:
         raise ValueError(f"zigzag shards hold two equal chunks; local length {q.shape[1]} is odd")
+    if docs is not None and (q.shape[0] != 1 or q.shape[1] * dist.get_world_size(group) != docs.total):
+        raise ValueError(f"packed documents of {docs.total} tokens need one sequence of that length over the ranks")
     return RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), kernel, causal, scale, group,
-                               layout == "zigzag", comm)
+                               layout == "zigzag", comm, docs)

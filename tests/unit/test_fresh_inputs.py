@@ -196,3 +196,74 @@ def test_a_failed_fresh_check_becomes_the_verdict_of_a_case_that_had_passed():
     assert passed["fresh_inputs"]["last_call"] == {"verdict": "fail", "reason": "out max_abs 1 > 1e-6", "set": 0}
     failed = fresh.check(checker, {"verdict": "fail", "reason": "the first call"})
     assert failed["reason"] == "the first call" and failed["fresh_inputs"]["last_call"]["verdict"] == "fail"
+
+
+def _address_cached(base):
+    """``base`` (a backend of another operator) behind a cache keyed by its inputs' ``q.data_ptr()``."""
+    class Cached(base):
+        name = f"test-cached-{base.name}"
+        cache: dict = {}
+
+        def prepare(self, spec, inputs):
+            inner = super().prepare(spec, inputs).fn
+
+            def call():
+                key = (inputs.q.data_ptr(), spec.pass_)
+                if key not in Cached.cache:
+                    Cached.cache[key] = inner()
+                return Cached.cache[key]
+            return Prepared(fn=call)
+    return Cached
+
+
+@pytest.mark.parametrize("op_spec, base", [
+    ("sparse-mla", "attnbench.sparse.backends:SparseTorch"),
+    ("indexer", "attnbench.sparse.indexer_op:IndexerTorch"),
+    ("recurrence", "attnbench.linear.backends:TorchChunked"),
+])
+def test_fresh_inputs_run_every_operator_and_catch_its_caching_kernel(op_spec, base):
+    import importlib
+
+    from attnbench.linear.spec import RecurrenceSpec
+    from attnbench.sparse.indexer_op import IndexerSpec
+    from attnbench.sparse.spec import SparseSpec
+    module, cls = base.split(":")
+    base_cls = getattr(importlib.import_module(module), cls)
+    cached = _address_cached(base_cls)
+    spec = {"sparse-mla": SparseSpec(batch=1, s_q=4, s_kv=40, heads=4, topk=16, indices="random", dtype="fp32"),
+            "indexer": IndexerSpec(s_q=16, s_kv=64, heads=2, dim=16, topk=8),
+            "recurrence": RecurrenceSpec(kind="gdn", batch=1, seqlens=(32,), heads_qk=1, heads_v=2, d_k=16,
+                                         dtype="fp32")}[op_spec]
+    registry.register(cached.name, cached)
+    try:
+        same = run(spec, [base_cls.name, cached.name], fresh=False)
+        assert all(r.status == "ok" for r in same.values())  # the same inputs call after call: the cache passes
+        cached.cache.clear()
+        fresh = run(spec, [base_cls.name, cached.name], fresh=True)
+    finally:
+        registry.unregister(cached.name)
+    right, wrong = fresh[base_cls.name], fresh[cached.name]
+    assert right.status == "ok", right.reason
+    assert right.accuracy["fresh_inputs"]["new_values"]["verdict"] == "pass"
+    assert wrong.status == "mismatch" and "fresh inputs" in wrong.reason, (wrong.status, wrong.reason)
+
+
+def test_graph_copies_of_another_operators_inputs_have_storage_of_their_own():
+    from attnbench import operators
+    from attnbench.sparse.spec import SparseSpec
+    from attnbench.timing.graphs import clone_inputs, tensor_bytes
+    spec = SparseSpec(batch=1, s_q=4, s_kv=40, heads=4, topk=16, indices="random", dtype="fp32")
+    inputs = operators.of(spec).make_inputs(spec, "cpu", 0, None)
+    copy = clone_inputs(inputs)
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            return [x]
+        if dataclasses.is_dataclass(x):
+            return [t for f in dataclasses.fields(x) for t in tensors(getattr(x, f.name))]
+        return []
+    old, new = tensors(inputs), tensors(copy)
+    assert len(old) == len(new) >= 4  # q, kv, dout and the selection's index lists
+    assert all(a.data_ptr() != b.data_ptr() and torch.equal(a, b) for a, b in zip(old, new))
+    assert tensor_bytes(inputs) == tensor_bytes(copy) == sum(t.untyped_storage().nbytes() for t in
+                                                             {t.untyped_storage().data_ptr(): t for t in old}.values())

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnbench import metrics
+from attnbench import operators
 from attnbench.timing import cpu_load, measure_detailed, streams
 from attnbench.timing.clocks import ClockMonitor, clock_dropped
 from attnbench.timing.config import RETIME_CI_PCT, TimingConfig
@@ -52,12 +52,13 @@ def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext, fresh=None
     """The prepared closure plus closures prepared over fresh input copies, enough to keep inputs cold; with
     ``fresh`` (``timing.fresh.FreshInputs``) the copies are its input sets, of values of their own."""
     from attnbench.timing.events import l2_bytes
-    from attnbench.timing.graphs import clone_inputs, copies_for
-    copy_bytes = sum(t.numel() * t.element_size() for t in (inputs.q, inputs.k, inputs.v, inputs.dout))
+    from attnbench.timing.graphs import clone_inputs, copies_for, tensor_bytes
+    copy_bytes = tensor_bytes(inputs)
     free, _ = torch.cuda.mem_get_info(ctx.device)
     l2 = l2_bytes(ctx.device)
-    copies, cold = copies_for(metrics.bytes_moved(spec), l2, max_copies=ctx.config.graph_max_copies,
-                              copy_bytes=copy_bytes, free_bytes=free)
+    per_call = operators.of(spec).bytes_moved(spec, inputs=inputs)
+    copies, cold = copies_for(per_call, l2, max_copies=ctx.config.graph_max_copies, copy_bytes=copy_bytes,
+                              free_bytes=free)
     if fresh is not None:
         fresh.extend(copies)
         fns = fresh.closures()
@@ -65,7 +66,7 @@ def graph_closures(spec, backend, inputs, prepared, ctx: CaseContext, fresh=None
         fns = [prepared.fn] + [backend.prepare_case(spec, clone_inputs(inputs)).fn for _ in range(copies - 1)]
     info = {"graph_cold": cold}
     if not cold:
-        info["graph_note"] = (f"{copies} input copies x {metrics.bytes_moved(spec) / 2**20:.1f} MiB per call do not "
+        info["graph_note"] = (f"{copies} input copies x {per_call / 2**20:.1f} MiB per call do not "
                               f"evict a {l2 / 2**20:.0f} MiB L2: inputs may be partly L2-resident")
     return fns, info
 

@@ -42,7 +42,8 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.inputs import AttnInputs, InputDist, make_inputs
+from attnbench import operators
+from attnbench.inputs import InputDist
 
 FRESH_SETS = 4
 """Input sets the timed calls rotate over (the case's own among them) outside graph mode."""
@@ -52,7 +53,7 @@ FAILING = ("fail", "approx-fail")
 class FreshInputs:
     """The input sets of one case and closures over them; remembers the last call's set and outputs."""
 
-    def __init__(self, spec, backend, inputs: AttnInputs, prepared, *, seed: int, dist: InputDist | None = None):
+    def __init__(self, spec, backend, inputs, prepared, *, seed: int, dist: InputDist | None = None):
         self.spec, self.backend, self.seed, self.dist = spec, backend, seed, dist
         self.sets = [(inputs, prepared)]
         """(inputs, Prepared) per set; the first is the case's own."""
@@ -63,7 +64,7 @@ class FreshInputs:
         """Draw and prepare sets until there are ``count``."""
         device = self.sets[0][0].q.device
         while len(self.sets) < count:
-            drawn = make_inputs(self.spec, device, self._seed(len(self.sets)), self.dist)
+            drawn = operators.of(self.spec).make_inputs(self.spec, device, self._seed(len(self.sets)), self.dist)
             self.sets.append((drawn, self.backend.prepare_case(self.spec, drawn)))
 
     def _seed(self, offset: int) -> int:
@@ -139,12 +140,16 @@ def _fail_with(accuracy: dict, other: dict, what: str) -> dict:
 
 
 def overwrite(dst, src) -> None:
-    """Write ``src``'s values into ``dst``'s tensors in place (AttnInputs, tensors, tuples, dicts of them)."""
+    """Write ``src``'s values into ``dst``'s tensors in place (any operator's inputs: dataclasses, tensors, tuples,
+    dicts of them). ValueError when a tensor's shape differs (index lists of another length)."""
     if isinstance(dst, torch.Tensor):
         if dst is not src:
+            if dst.shape != src.shape:
+                raise ValueError(f"cannot write values of shape {tuple(src.shape)} into a tensor of shape "
+                                 f"{tuple(dst.shape)}")
             with torch.no_grad():
                 dst.copy_(src)
-    elif isinstance(dst, AttnInputs):
+    elif dataclasses.is_dataclass(dst):
         for f in dataclasses.fields(dst):
             overwrite(getattr(dst, f.name), getattr(src, f.name))
     elif isinstance(dst, (tuple, list)):

@@ -43,9 +43,42 @@ def copies_for(bytes_per_call: float, l2_bytes: int, *, max_copies: int, copy_by
 
 
 def clone_inputs(inputs):
-    """A copy of AttnInputs with fresh storage for q, k, v and dout (strides kept)."""
-    return dataclasses.replace(inputs, q=inputs.q.clone(), k=inputs.k.clone(), v=inputs.v.clone(),
-                               dout=inputs.dout.clone())
+    """A copy of a case's inputs (any operator's: dataclasses, tuples, dicts of tensors) with fresh storage for
+    every tensor (strides kept)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.clone()
+    if dataclasses.is_dataclass(inputs):
+        return dataclasses.replace(inputs, **{f.name: clone_inputs(getattr(inputs, f.name))
+                                              for f in dataclasses.fields(inputs) if f.init})
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(clone_inputs(x) for x in inputs)
+    if isinstance(inputs, dict):
+        return {k: clone_inputs(v) for k, v in inputs.items()}
+    return inputs
+
+
+def tensor_bytes(inputs) -> int:
+    """Bytes of every tensor in a case's inputs (each storage once)."""
+    seen, total = set(), 0
+
+    def walk(x):
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            key = (x.untyped_storage().data_ptr(), x.device)
+            if key not in seen:
+                seen.add(key)
+                total += x.untyped_storage().nbytes()
+        elif dataclasses.is_dataclass(x):
+            for f in dataclasses.fields(x):
+                walk(getattr(x, f.name))
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+    walk(inputs)
+    return total
 
 
 def _warm_on_side_stream(fns: Sequence[Callable[[], object]], rounds: int, device: torch.device) -> None:

@@ -286,3 +286,25 @@ def test_verify_bad_input_is_exit_2_and_writes_nothing(tmp_path, capsys):
         main(["verify", "--device", "cpu", "--dtype", "int8", "--db", str(db)])
     assert exc.value.code == 2 and "unknown dtype 'int8'" in capsys.readouterr().err
     assert not db.exists()
+
+
+def test_the_baseline_keeps_gqa_heads_uncopied_above_the_size_limit(monkeypatch):
+    """Past EXPAND_MAX_BYTES the yardstick stacks each group's query rows on its one K/V head instead of copying
+    K/V per query head (an MLA decode batch would need a terabyte): the same output and dQ, dK/dV within the
+    dtype's rounding of a sum over the group."""
+    from attnbench.accuracy import baseline
+    from attnbench.backends.naive import NaiveBackend
+    from attnbench.inputs import make_inputs
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(seqlens_q=(48,), heads_q=8, heads_kv=2, head_dim=16, dtype="bf16", causal=True, pass_="fwd_bwd")
+    inputs = make_inputs(spec, "cpu")
+    naive = NaiveBackend().prepare(spec, inputs).fn().tensors()
+    assert all(torch.equal(baseline.math_baseline(spec, inputs)[n], naive[n]) for n in ("out", "dq", "dk", "dv"))
+    copies = []
+    monkeypatch.setattr(baseline, "expand_kv_heads", lambda t, g: copies.append(g) or t.repeat_interleave(g, 2))
+    monkeypatch.setattr(baseline, "EXPAND_MAX_BYTES", 0)
+    stacked = baseline.math_baseline(spec, inputs)
+    assert copies == []  # no copy per query head
+    assert torch.equal(stacked["out"], naive["out"]) and torch.equal(stacked["dq"], naive["dq"])
+    for name in ("dk", "dv"):
+        assert (stacked[name].float() - naive[name].float()).abs().max() <= 4 * 2 ** -8 * naive[name].abs().max()

@@ -5,7 +5,9 @@ input dtype, gradients through autograd — so its error against the exact refer
 user gets from writing attention by hand in that dtype. To keep memory bounded on long sequences
 the query rows are processed in blocks (each block sees every key); dQ of a block is exact for that
 block, and the dK/dV contributions of the blocks are summed in fp32 (fp64 for fp64) and rounded to the dtype once at
-the end. With a single block (short sequences) the result is the naive backend's, bit for bit. The features of
+the end. With a single block (short sequences) the result is the naive backend's, bit for bit. K/V heads shared
+by several query heads are copied per query head, as the naive backend does, unless the copies would pass
+``EXPAND_MAX_BYTES`` (then dK/dV are summed over the group in fp32). The features of
 the case (``attnbench.features``) are applied in their plain forms, as the naive backend applies them; a per-head
 input (a row feature's logits) enters the scores in the dtype, as a model's parameter of that dtype does, and its
 gradient (of the fp32 input) is summed over blocks in fp32.
@@ -25,16 +27,26 @@ from attnbench.spec import AttnSpec
 
 MAX_SCORE_ELEMS = 2 ** 27
 """Cap on one (B, Hq, rows, Sk) score block; autograd keeps about four such tensors alive."""
+EXPAND_MAX_BYTES = 2 ** 32
+"""K and V copied once per query head (as the naive backend does for GQA) up to this size; above it (an MLA
+cache of 576-wide rows under 128 heads, a long GQA batch) each K/V head multiplies its group's query rows stacked
+instead, and dK/dV are summed over the group inside the matmul (in fp32) rather than per head in the dtype."""
 
 
 def _math_rows(q_blk, k, v, keep, scale: float, mods=(), rows=None, row_feature=None):
     """naive attention of query rows ``q_blk`` (B, rows, Hq, D) against all keys; returns (out bshd, lse bhs).
     ``mods``: the score features' plain forms; ``row_feature``: (feature, its input in the dtype) or None."""
-    groups = q_blk.shape[2] // k.shape[2]
-    qh = q_blk.transpose(1, 2)
-    kh = expand_kv_heads(k, groups).transpose(1, 2)
-    vh = expand_kv_heads(v, groups).transpose(1, 2)
-    scores = torch.matmul(qh, kh.transpose(-2, -1)) * scale
+    bsz, n, hq, _ = q_blk.shape
+    hkv = k.shape[2]
+    groups = hq // hkv
+    stacked = groups > 1 and bsz * hq * k.shape[1] * (k.shape[3] + v.shape[3]) * k.element_size() > EXPAND_MAX_BYTES
+    if stacked:  # each K/V head multiplies its group's query rows stacked, never copied per query head
+        qh = q_blk.reshape(bsz, n, hkv, groups, -1).permute(0, 2, 3, 1, 4).reshape(bsz, hkv, groups * n, -1)
+        scores = (torch.matmul(qh, k.transpose(1, 2).transpose(-2, -1)) * scale).view(bsz, hq, n, -1)
+    else:
+        qh = q_blk.transpose(1, 2)
+        kh = expand_kv_heads(k, groups).transpose(1, 2)
+        scores = torch.matmul(qh, kh.transpose(-2, -1)) * scale
     for mod in mods:
         scores = mod(scores, rows)
     if keep is not None:
@@ -46,7 +58,10 @@ def _math_rows(q_blk, k, v, keep, scale: float, mods=(), rows=None, row_feature=
         probs = torch.softmax(scores, dim=-1)
         if keep is not None and not bool(keep.any(dim=1).all()):
             probs = probs.masked_fill(~keep.any(dim=1, keepdim=True), 0.0)  # rows with no key: 0, not NaN
-    return torch.matmul(probs, vh).transpose(1, 2), lse
+    if stacked:
+        out = torch.matmul(probs.reshape(bsz, hkv, groups * n, -1), v.transpose(1, 2)).view(bsz, hq, n, -1)
+        return out.transpose(1, 2), lse
+    return torch.matmul(probs, expand_kv_heads(v, groups).transpose(1, 2)).transpose(1, 2), lse
 
 
 def _dense(spec: AttnSpec, q, k, v, dout, grads: bool, max_elems: int, extra: dict) -> dict[str, torch.Tensor]:

@@ -1,17 +1,20 @@
-"""The seed write-ups' own output formats, from runs in an attnbench store.
+"""The write-ups' own output formats, from runs in an attnbench store.
 
-    python3 benchmarks/seeds/tables.py seed000 --db DB --run RUN [RUN ...]      # benchmark_attn.py's series, side by side
-    python3 benchmarks/seed_tables.py seed001 --db DB --run RUN [RUN ...]      # seed 001's performance table
-    python3 benchmarks/seed_tables.py seed003 --db DB --run RUN [RUN ...] -o FILE.json   # seed 003's results
+    python3 benchmarks/seeds/tables.py benchmark-attn --db DB --run RUN [RUN ...]  # benchmark_attn.py's series
+    python3 benchmarks/seeds/tables.py fa2-writeup --db DB --run RUN [RUN ...]     # the FA2 write-up's table
+    python3 benchmarks/seeds/tables.py naive-vs-fa2 --db DB --run RUN [RUN ...] -o FILE.json  # naive vs FA2 rows
 
-seed001: one Markdown table per backend (and causal setting) with the seed's exact columns (batch_size | seq_len | nheads |
-head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | peak memory(MB/device) |
-speed(TFLOPS)), rows in the seed's order (fwd_only True first, then False; batch, then seq_len).
+benchmark-attn: benchmark_attn.py's series (CUDA events, ncu, nsys), a table per kernel and sequence kind, and a
+summary of each profiler's times over the events times.
+
+fa2-writeup: one Markdown table per backend (and causal setting) with the FA2 write-up's exact columns (batch_size |
+seq_len | nheads | head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | peak memory(MB/device) |
+speed(TFLOPS)), rows in the write-up's order (fwd_only True first, then False; batch, then seq_len).
 On one GPU "per device" is that GPU; `attnbench dist` prints the same table for N ranks.
 
-seed003: the seed's result rows as JSON, one object per (impl, causal, axis value): impl is
-"Pytorch" (naive) or "Flash2" (fa2) and other backends under their own names; times in seconds, FLOPS
-in TFLOP/s, peak memory in MB, as the seed's table prints them.
+naive-vs-fa2: the rows of naive PyTorch against flash-attn 2 as JSON, one object per (impl, causal, axis value):
+impl is "Pytorch" (naive) or "Flash2" (fa2) and other backends under their own names; times in seconds, FLOPS
+in TFLOP/s, peak memory in MB, as that write-up's table prints them.
 """
 
 from __future__ import annotations
@@ -27,8 +30,13 @@ from attnbench.cli.dist import TABLE_COLUMNS
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore
 
-SEED003_NAMES = {"naive": "Pytorch", "fa2": "Flash2"}
-SEED003_PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward_backward"}
+FORMATS = ("benchmark-attn", "fa2-writeup", "naive-vs-fa2")
+OLD_NAMES = {"seed000": "benchmark-attn", "seed001": "fa2-writeup", "seed003": "naive-vs-fa2"}
+"""The formats' first names, still accepted (older commands and notes use them) but no longer shown."""
+RUN_PREFIXES = ("benchmark-attn-", "seed000-")
+"""benchmark_attn.sh's run ids start with the first; runs stored before its rename, with the second."""
+NAIVE_VS_FA2_NAMES = {"naive": "Pytorch", "fa2": "Flash2"}
+NAIVE_VS_FA2_PASSES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward_backward"}
 
 
 def _records(db: Path, runs: list[str]) -> list[Record]:
@@ -36,8 +44,8 @@ def _records(db: Path, runs: list[str]) -> list[Record]:
         return [r for run in runs for r in store.records(run)]
 
 
-def seed001_tables(records: list[Record]) -> str:
-    """Seed 001's table per backend (dense, non-causal fwd / fwd_bwd cases)."""
+def fa2_writeup_tables(records: list[Record]) -> str:
+    """The FA2 write-up's table per backend (dense, non-causal fwd / fwd_bwd cases)."""
     by_backend: dict[str, list[tuple[int, Record]]] = defaultdict(list)
     runs = list(dict.fromkeys(r.run_id for r in records))
     for r in records:
@@ -64,9 +72,9 @@ def seed001_tables(records: list[Record]) -> str:
 
 
 def _series(run_id: str) -> tuple[str, str]:
-    """seed000.sh's run id -> (series, sequences): seed000-single -> (events, single), seed000-ncu-grouped -> (ncu,
-    grouped)."""
-    name = run_id.removeprefix("seed000-")
+    """benchmark_attn.sh's run id -> (series, sequences): benchmark-attn-single -> (events, single),
+    benchmark-attn-ncu-grouped -> (ncu, grouped)."""
+    name = next((run_id.removeprefix(p) for p in RUN_PREFIXES if run_id.startswith(p)), run_id)
     kind = "grouped" if name.endswith("grouped") else "single"
     name = name.removesuffix("-grouped").removesuffix("grouped")
     return (name if name not in ("", "single") else "events"), kind
@@ -79,7 +87,7 @@ def _ratio_cell(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if len(ratios) > 1 else "")
 
 
-def seed000_tables(records: list[Record]) -> str:
+def benchmark_attn_tables(records: list[Record]) -> str:
     """benchmark_attn.py's series (CUDA events, ncu, nsys) side by side. First a summary: per kernel and sequence
     kind, each profiler's median over the events median (the median of those ratios over the lengths both timed, and
     their range). Then per kernel and sequence kind, a row per sequence length (single) or number of 128-token
@@ -120,16 +128,17 @@ def seed000_tables(records: list[Record]) -> str:
     return "\n".join(out)
 
 
-def seed003_rows(records: list[Record]) -> list[dict]:
-    """Seed 003's rows: per backend, causal setting and shape, the three passes side by side."""
+def naive_vs_fa2_rows(records: list[Record]) -> list[dict]:
+    """The rows of naive PyTorch against flash-attn 2: per backend, causal setting and shape, the three passes side
+    by side."""
     rows: dict[tuple, dict] = {}
     for r in records:
         s = r.spec
         key = (r.backend, s.causal, s.batch, s.seqlens_q[0], s.heads_q, s.head_dim)
-        row = rows.setdefault(key, {"impl": SEED003_NAMES.get(r.backend, r.backend), "causal": s.causal,
+        row = rows.setdefault(key, {"impl": NAIVE_VS_FA2_NAMES.get(r.backend, r.backend), "causal": s.causal,
                                     "batch_size": s.batch, "seq_len": s.seqlens_q[0], "num_heads": s.heads_q,
                                     "emb_dim": s.heads_q * s.head_dim, "head_size": s.head_dim})
-        name = SEED003_PASSES[s.pass_]
+        name = NAIVE_VS_FA2_PASSES[s.pass_]
         ok = r.status == "ok" and r.median_ms is not None
         row[f"{name}_time"] = r.median_ms / 1e3 if ok else None
         row[f"{name}_FLOPS"] = r.tflops if ok else None
@@ -143,24 +152,25 @@ def seed003_rows(records: list[Record]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("format", choices=("seed000", "seed001", "seed003"))
+    # an old name is read as its new one before the choices are checked, so help and errors show the new ones only
+    parser.add_argument("format", type=lambda name: OLD_NAMES.get(name, name), choices=FORMATS)
     parser.add_argument("--db", type=Path, required=True)
     parser.add_argument("--run", nargs="+", required=True)
     parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
     args = parser.parse_args(argv)
     if not args.db.exists():
-        print(f"seed_tables: no such database: {args.db}", file=sys.stderr)
+        print(f"tables.py: no such database: {args.db}", file=sys.stderr)
         return 2
     records = _records(args.db, args.run)
     if not records:
-        print(f"seed_tables: no records for run(s) {', '.join(args.run)} in {args.db}", file=sys.stderr)
+        print(f"tables.py: no records for run(s) {', '.join(args.run)} in {args.db}", file=sys.stderr)
         return 2
-    if args.format == "seed000":
-        text = seed000_tables(records)
-    elif args.format == "seed001":
-        text = seed001_tables(records)
+    if args.format == "benchmark-attn":
+        text = benchmark_attn_tables(records)
+    elif args.format == "fa2-writeup":
+        text = fa2_writeup_tables(records)
     else:
-        text = json.dumps(seed003_rows(records), indent=1)
+        text = json.dumps(naive_vs_fa2_rows(records), indent=1)
     if args.output:
         args.output.write_text(text + "\n")
     else:

@@ -106,11 +106,11 @@ CLASSES: dict[str, tuple[str, str]] = {
     "attnbench export --format csv|json|parquet": (SKIP, "a synopsis of the options, not a command "
                                                          "(exports: tests/unit/test_results_views.py)"),
     "attnbench run --backends fa2,sdpa-flash --q-heads 32": (GPU, "flash-attn 2"),
-    "attnbench plot --run seed000-single": (GPU, "draws the flash-attn 2 run above"),
+    "attnbench plot --run benchmark-attn-single": (GPU, "draws the flash-attn 2 run above"),
     "attnbench run --backends fa2 --q-heads 32": (GPU, "flash-attn 2"),
-    "attnbench plot --run seed000-grouped": (GPU, "draws the flash-attn 2 run above"),
+    "attnbench plot --run benchmark-attn-grouped": (GPU, "draws the flash-attn 2 run above"),
     "attnbench run --impl Pytorch --backends fa2": (GPU, "flash-attn 2"),
-    "attnbench plot --run seed003-": (GPU, "draws the flash-attn 2 runs above"),
+    "attnbench plot --run naive-vs-fa2-": (GPU, "draws the flash-attn 2 runs above"),
     "for s in 0.25 0.5 0.75 0.9": (GPU, "runs at 8k and 16k tokens"),
     "attnbench plot --run sparse-0.25": (GPU, "draws the sparsity runs above"),
     "attnbench merge sweep.db sweep.rank*.db": (SKIP, "merges the files of the torchrun sweep above "

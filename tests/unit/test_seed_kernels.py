@@ -170,7 +170,7 @@ def test_call_with_reads_the_signature_behind_a_custom_op():
     torch.testing.assert_close(got, 2 * x)
 
 
-# ---- seed 002's kernel rows -------------------------------------------------------------------------------
+# ---- the CogVideoX-2b table's kernel rows -----------------------------------------------------------------
 def test_kernel_tally_counts_copies_and_adds():
     from attnbench.models.bench import tally_kernels
     kernels = [("void at::native::elementwise_kernel<128, 4, at::native::direct_copy_kernel_cuda(...)>", 0.5),

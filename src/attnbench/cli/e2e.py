@@ -129,13 +129,13 @@ def _build(cfg: E2EConfig):
 KERNEL_ROWS = (("direct_copy_kernel_cuda (times)", "copy_kernels", ",d"), ("direct_copy_kernel_cuda (ms)", "copy_ms", ".1f"),
                ("CUDAFunctor_add (times)", "add_kernels", ",d"), ("CUDAFunctor_add (ms)", "add_ms", ".1f"),
                ("Kernels (times)", "kernels", ",d"))
-"""Seed 002's kernel rows, per profiled step (``--kernel-counts``)."""
+"""The CogVideoX-2b table's kernel rows, per profiled step (``--kernel-counts``)."""
 
 
 def e2e_table(records: list[Record], title: str) -> Table:
-    """Seed 002's layout: one column per backend, one row per metric (times per step). A step timed while
-    other processes kept the CPU busy is marked ``?``; an attention share outside 0-100% (its clocks
-    disagree with the step's) is marked ``!``, never printed as if it were a share."""
+    """The CogVideoX-2b table's layout: one column per backend, one row per metric (times per step). A step
+    timed while other processes kept the CPU busy is marked ``?``; an attention share outside 0-100% (its
+    clocks disagree with the step's) is marked ``!``, never printed as if it were a share."""
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
                   min_width=min(len(title), 100))  # the title on one line, not folded to a narrow table's width
     table.add_column("Metrics")

@@ -27,7 +27,7 @@ from attnbench.version import __version__
 if TYPE_CHECKING:
     from attnbench.runner import RunOptions
 
-# Seed 003's --impl names.
+# The --impl names of naive PyTorch against flash-attn 2 (its "Pytorch" and "Flash2").
 IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 

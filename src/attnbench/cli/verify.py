@@ -162,7 +162,7 @@ def print_record(record: Record) -> None:
         " (fp8 inputs, judged approximately)" if record.spec.quantized else " (approximate backend)"
     out.print(f"[bold]{escape(head)}[/]: [{VERDICT_STYLE.get(verdict, 'white')}]{verdict.upper()}[/]{kind}")
     tensors = acc.get("tensors", {})
-    # Seed 001's order: Output max, Output mean, dQ/dK/dV max, dQ/dK/dV mean (then LSE).
+    # The FA2 write-up's order: Output max, Output mean, dQ/dK/dV max, dQ/dK/dV mean (then LSE).
     order = [("out", "max_abs"), ("out", "mean_abs"), *((n, "max_abs") for n in ("dq", "dk", "dv")),
              *((n, "mean_abs") for n in ("dq", "dk", "dv")), ("lse", "max_abs"), ("lse", "mean_abs")]
     for name, stat in order:

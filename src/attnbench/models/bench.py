@@ -109,7 +109,7 @@ def deviation(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 
 KERNEL_TALLIES = {"copy": "direct_copy_kernel_cuda", "add": "CUDAFunctor_add"}
-"""Seed 002's rows: kernels whose names contain these (data copies and elementwise adds)."""
+"""The CogVideoX-2b table's rows: kernels whose names contain these (data copies and elementwise adds)."""
 
 
 def tally_kernels(kernels: list[tuple[str, float]]) -> dict:

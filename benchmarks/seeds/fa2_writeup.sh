@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Seed 001 (flash-attn 2 accuracy and performance):
+# The FA2 write-up (flash-attn 2 accuracy and performance):
 #  1. flash_attn_func, flash_attn_qkvpacked_func and flash_attn_varlen_qkvpacked_func (fa2, fa2-qkvpacked,
-#     fa2-varlen-qkvpacked) against the exact reference, printed in the seed's format
+#     fa2-varlen-qkvpacked) against the exact reference, printed in the write-up's format
 #     (Output/dQ/dK/dV max and mean diff) -> OUT/check.txt
 #  2. the distributed check with FA2 as the local kernel (ring and zigzag over all GPUs of this host,
-#     per rank, forward and backward, in the seed's format) -> OUT/dist_check.txt; needs >= 2 GPUs
-#  3. the seed's performance table (batch 2..128 at 4k, 8k..64k at batch 2; 16 heads, head size 128,
+#     per rank, forward and backward, in the write-up's format) -> OUT/dist_check.txt; needs >= 2 GPUs
+#  3. the write-up's performance table (batch 2..128 at 4k, 8k..64k at batch 2; 16 heads, head size 128,
 #     bf16, fwd_only True/False, causal and not) for FA2 qkvpacked on 1 GPU, with fa3 and sdpa-cudnn beside it
 #     -> OUT/table_1gpu.md; and for FA2 as the local kernel of ring/zigzag on all GPUs -> OUT/table_Ngpu.md
 #
-#   bash benchmarks/seeds/seed001.sh OUT [BACKENDS]     # BACKENDS for the table; default fa2-qkvpacked,fa3,sdpa-cudnn
+#   bash benchmarks/seeds/fa2_writeup.sh OUT [BACKENDS]   # BACKENDS for the table; default fa2-qkvpacked,fa3,sdpa-cudnn
 # SEED_QUICK=1 shrinks every axis (a smoke test of the script, e.g. on CPU with BACKENDS=naive).
 # SEED_PARTS picks parts: "check table dist" (default, all), e.g. SEED_PARTS=dist on a multi-GPU machine
 # when the one-GPU parts have been run already.
@@ -17,7 +17,7 @@ set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
 out=${1:?output directory}; backends=${2:-fa2-qkvpacked,fa3,sdpa-cudnn}
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"; db="$out/seed001.db"
+mkdir -p "$out"; db="$out/fa2_writeup.db"
 ab() { python3 -m attnbench "$@"; }
 quick=${SEED_QUICK:-0}
 if [ "$quick" = 1 ]; then
@@ -39,15 +39,15 @@ if part check; then
   echo "check: exit $? (0 = every exact backend passed; see check.txt)"
 fi
 
-# The seed's TFLOPS are 2*B*H*S^2*D / latency, the FLOPs of a causal call (its benchmark ran causal):
+# The write-up's TFLOPS are 2*B*H*S^2*D / latency, the FLOPs of a causal call (its benchmark ran causal):
 # both settings are measured (attnbench counts causal FLOPs exactly, non-causal ones in full).
 run=(run --db "$db" --quiet --causal both --pass fwd fwd_bwd "${table[@]}" --skip-missing --backends "$backends")
 if part table; then
-  ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id seed001-batch > "$out/table_batch.txt" 2>&1 \
+  ab "${run[@]}" --batch-size "${batches[@]}" --seq-lens "$base" --run-id fa2-writeup-batch > "$out/table_batch.txt" 2>&1 \
     || echo "batch sweep ended with status $? (see table_batch.txt)"
-  ab "${run[@]}" --batch-size 2 --seq-lens "${seqs[@]}" --run-id seed001-seq > "$out/table_seq.txt" 2>&1 \
+  ab "${run[@]}" --batch-size 2 --seq-lens "${seqs[@]}" --run-id fa2-writeup-seq > "$out/table_seq.txt" 2>&1 \
     || echo "sequence sweep ended with status $? (see table_seq.txt)"
-  python3 "$here/tables.py" seed001 --db "$db" --run seed001-batch seed001-seq -o "$out/table_1gpu.md" && cat "$out/table_1gpu.md"
+  python3 "$here/tables.py" fa2-writeup --db "$db" --run fa2-writeup-batch fa2-writeup-seq -o "$out/table_1gpu.md" && cat "$out/table_1gpu.md"
 fi
 
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Seed 003 (naive PyTorch "Pytorch" vs flash-attn 2 "Flash2"): forward, backward and forward+backward time,
-# FLOP/s and peak memory against seq_len (8 ... 512, then on to 16k; batch 32, 32 heads, emb_dim 2048;
-# causal and not), against emb_dim (32 ... 2048 at seq_len 1024, causal) and against num_heads (1 ... 16 at
-# emb_dim 32, seq_len 1024, causal), repeats 30, fp16; the seed's JSON and its plots.
+# Naive PyTorch against flash-attn 2 (the write-up's "Pytorch" and "Flash2"): forward, backward and
+# forward+backward time, FLOP/s and peak memory against seq_len (8 ... 512, then on to 16k; batch 32, 32 heads,
+# emb_dim 2048; causal and not), against emb_dim (32 ... 2048 at seq_len 1024, causal) and against num_heads
+# (1 ... 16 at emb_dim 32, seq_len 1024, causal), repeats 30, fp16; the write-up's JSON and its plots.
 #
-#   bash benchmarks/seeds/seed003.sh OUT [BACKENDS]     # default: --impl Pytorch plus fa2 (falls back to sdpa-flash)
+#   bash benchmarks/seeds/naive_vs_fa2.sh OUT [BACKENDS]   # default: --impl Pytorch plus fa2 (falls back to sdpa-flash)
 #
-# Writes OUT/seed003.db, OUT/benchmark_result.json (the seed's rows), OUT/{time,flops,memory}_vs_*.png.
+# Writes OUT/naive_vs_fa2.db, OUT/benchmark_result.json (the write-up's rows), OUT/{time,flops,memory}_vs_*.png.
 # Cases that cannot fit (naive's score matrix at long lengths) are recorded as oom, not run.
 # SEED_QUICK=1 shrinks every axis (a smoke test of the script, e.g. on CPU with BACKENDS=sdpa-math).
 set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
 out=${1:?output directory}
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"; db="$out/seed003.db"
+mkdir -p "$out"; db="$out/naive_vs_fa2.db"
 flash=$(python3 -c "from attnbench.backends import registry
 print(next(b for b in ('fa2', 'sdpa-flash', 'sdpa-math') if b in registry.available('cuda')))" 2>/dev/null || echo sdpa-math)
 backends=${2:-$flash}
@@ -40,19 +40,19 @@ ab() {
   esac
 }
 
-ab "${run[@]}" --num_heads "$big" --emb_dim "$seq_emb" --seq_len "${seq[@]}" --causal both --run-id seed003-seq \
+ab "${run[@]}" --num_heads "$big" --emb_dim "$seq_emb" --seq_len "${seq[@]}" --causal both --run-id naive-vs-fa2-seq \
   >> "$out/seq.txt" 2>&1 || echo "seq_len sweep ended with status $? (see seq.txt)"
-ab "${run[@]}" --num_heads "$big" --emb_dim "${emb[@]}" --seq_len "$emb_seq" --causal --run-id seed003-emb \
+ab "${run[@]}" --num_heads "$big" --emb_dim "${emb[@]}" --seq_len "$emb_seq" --causal --run-id naive-vs-fa2-emb \
   >> "$out/emb.txt" 2>&1 || echo "emb_dim sweep ended with status $? (see emb.txt)"
-ab "${run[@]}" --num_heads "${heads[@]}" --emb_dim 32 --seq_len "$emb_seq" --causal --run-id seed003-heads \
+ab "${run[@]}" --num_heads "${heads[@]}" --emb_dim 32 --seq_len "$emb_seq" --causal --run-id naive-vs-fa2-heads \
   >> "$out/heads.txt" 2>&1 || echo "num_heads sweep ended with status $? (see heads.txt)"
 
-python3 "$here/tables.py" seed003 --db "$db" --run seed003-seq seed003-emb seed003-heads -o "$out/benchmark_result.json"
+python3 "$here/tables.py" naive-vs-fa2 --db "$db" --run naive-vs-fa2-seq naive-vs-fa2-emb naive-vs-fa2-heads -o "$out/benchmark_result.json"
 for axis in seq_len:seq emb_dim:emb heads:heads; do
   for fig in time:ms flops:tflops memory:mem; do
-    ab plot --db "$db" --run "seed003-${axis#*:}" --x "${axis%%:*}" --y "${fig#*:}" --logy \
+    ab plot --db "$db" --run "naive-vs-fa2-${axis#*:}" --x "${axis%%:*}" --y "${fig#*:}" --logy \
       -o "$out/${fig%%:*}_vs_${axis%%:*}.png" > /dev/null 2>&1 || echo "no ${fig%%:*} plot against ${axis%%:*} (see plot)"
   done
 done
-ab report --db "$db" --run seed003-seq seed003-emb seed003-heads -o "$out/report.html" > /dev/null
+ab report --db "$db" --run naive-vs-fa2-seq naive-vs-fa2-emb naive-vs-fa2-heads -o "$out/report.html" > /dev/null
 ls "$out"

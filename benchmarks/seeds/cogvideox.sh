@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed 002 (CogVideoX-2b with SDPA / FA2 / SageAttention2 / SpargeAttn):
+# CogVideoX-2b end to end (the CogVideoX-2b table: SDPA / FA2 / SageAttention2 / SpargeAttn swapped into CogVideoX-2b):
 #  1. the end-to-end table: CogVideoX-2b (random weights from its config, 49 frames 480x720, batch 2, fp16,
 #     one denoising step) with attention swapped to each backend; Attn (%), Attn (s), Total (s) and the
 #     direct_copy_kernel_cuda / CUDAFunctor_add counts of one profiled step -> OUT/e2e.txt
@@ -8,7 +8,7 @@
 #  3. the sparsity sweep at S = 32k: SpargeAttn top-k from 1.0 down to 0.1, time and dense-equivalent TFLOP/s
 #     against the sparsity the kernel reports -> OUT/sparsity_*.png
 #
-#   bash benchmarks/seeds/seed002.sh OUT
+#   bash benchmarks/seeds/cogvideox.sh OUT
 #
 # Backends: sdpa-flash (baseline), fa2, fa3, sage (sageattn's own choice: on Hopper the SageAttention2
 # fp8 sm90 kernel), sage2-fp8-sm90, SpargeAttn FP16-PV (sparge-fp16*) and FP8-PV (sparge*); those not
@@ -17,7 +17,7 @@
 set -uo pipefail
 export COLUMNS=${COLUMNS:-220}  # wide tables in the logs (rich folds to 80 columns without a terminal)
 out=${1:?output directory}
-mkdir -p "$out"; db="$out/seed002.db"
+mkdir -p "$out"; db="$out/cogvideox.db"
 ab() { python3 -m attnbench "$@"; }
 quick=${SEED_QUICK:-0}
 if [ "$quick" = 1 ]; then
@@ -36,14 +36,14 @@ knobs() { [ "$quick" = 1 ] || echo "--backend-opt sparge.topk=$1 --backend-opt s
 ab e2e "${e2e[@]}" --db "$db" --output "$out/e2e.json" > "$out/e2e.txt" 2>&1; echo "e2e: exit $?"; cat "$out/e2e.txt"
 
 run=(run --db "$db" --quiet --pass fwd --causal both "${shape[@]}")
-ab "${run[@]}" --skip-missing --backends "$dense" --seq-lens "${seqs[@]}" --run-id seed002-dense > "$out/seqlen_dense.txt" 2>&1 \
+ab "${run[@]}" --skip-missing --backends "$dense" --seq-lens "${seqs[@]}" --run-id cogvideox-dense > "$out/seqlen_dense.txt" 2>&1 \
   || echo "dense sweep ended with status $? (see seqlen_dense.txt)"
 for pair in 0:1.0 30:0.7; do
   # shellcheck disable=SC2046  # knobs expands to separate words
-  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "${pair#*:}") --seq-lens "${seqs[@]}" --run-id "seed002-sparsity${pair%%:*}" \
+  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "${pair#*:}") --seq-lens "${seqs[@]}" --run-id "cogvideox-sparsity${pair%%:*}" \
     > "$out/seqlen_sparse${pair%%:*}.txt" 2>&1 || echo "sparse sweep ${pair%%:*}% ended with status $?"
   for y in ms tflops; do
-    ab plot --db "$db" --run seed002-dense "seed002-sparsity${pair%%:*}" --x seq_len --y $y --logy \
+    ab plot --db "$db" --run cogvideox-dense "cogvideox-sparsity${pair%%:*}" --x seq_len --y $y --logy \
       -o "$out/seqlen_sparsity${pair%%:*}_$y.png" > /dev/null
   done
 done
@@ -51,12 +51,12 @@ done
 sweep=()
 for t in "${topks[@]}"; do
   # shellcheck disable=SC2046
-  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "$t") --seq-lens "$long" --no-check --run-id "seed002-topk$t" \
-    > "$out/sparsity_topk$t.txt" 2>&1 && sweep+=("seed002-topk$t")
+  ab "${run[@]}" --skip-missing --backends "$sparse" $(knobs "$t") --seq-lens "$long" --no-check --run-id "cogvideox-topk$t" \
+    > "$out/sparsity_topk$t.txt" 2>&1 && sweep+=("cogvideox-topk$t")
 done
 for y in ms tflops; do
   ab plot --db "$db" --run "${sweep[@]}" --x sparsity --y $y -o "$out/sparsity_$y.png" > /dev/null \
     || echo "no sparsity plot (the backends record no sparsity here)"
 done
-ab report --db "$db" --run seed002-dense seed002-sparsity0 seed002-sparsity30 -o "$out/report.html" > /dev/null
+ab report --db "$db" --run cogvideox-dense cogvideox-sparsity0 cogvideox-sparsity30 -o "$out/report.html" > /dev/null
 ls "$out"

@@ -7,9 +7,9 @@
 benchmark-attn: benchmark_attn.py's series (CUDA events, ncu, nsys), a table per kernel and sequence kind, and a
 summary of each profiler's times over the events times.
 
-fa2-writeup: one Markdown table per backend (and causal setting) with the FA2 write-up's exact columns (batch_size |
-seq_len | nheads | head_size | fwd_only | throughput(iters/s) | latency(ms/iter) | peak memory(MB/device) |
-speed(TFLOPS)), rows in the write-up's order (fwd_only True first, then False; batch, then seq_len).
+fa2-writeup: one Markdown table per backend (and causal setting) with the FA2 write-up's columns, named as
+`attnbench dist` names them (batch | seq_len | heads | head_size | fwd_only | iters/s | ms/iter | MB/device |
+TFLOP/s), rows in the write-up's order (fwd_only True first, then False; batch, then seq_len).
 On one GPU "per device" is that GPU; `attnbench dist` prints the same table for N ranks.
 
 naive-vs-fa2: the rows of naive PyTorch against flash-attn 2 as JSON, one object per (impl, causal, axis value):
@@ -52,12 +52,13 @@ def fa2_writeup_tables(records: list[Record]) -> str:
         if r.spec.pass_ in ("fwd", "fwd_bwd") and not r.spec.is_varlen:
             name = f"{r.backend} (causal)" if r.spec.causal else r.backend
             by_backend[name].append((runs.index(r.run_id), r))
+    columns = (*TABLE_COLUMNS, "TFLOP/s")  # `attnbench dist`'s columns, then the rate (the last cell of a row)
     out = []
     for backend, indexed in by_backend.items():  # forward first; then in the order of the runs given
         indexed.sort(key=lambda ir: (ir[1].spec.pass_ != "fwd", ir[0], ir[1].spec.batch, ir[1].spec.seqlens_q[0]))
         rows = [r for _, r in indexed]
-        out += [f"### {backend} on 1 GPU", "| " + " | ".join(TABLE_COLUMNS) + " |",
-                "| " + " | ".join(":----:" for _ in TABLE_COLUMNS) + " |"]
+        out += [f"### {backend} on 1 GPU", "| " + " | ".join(columns) + " |",
+                "| " + " | ".join(":----:" for _ in columns) + " |"]
         for r in rows:
             s = r.spec
             if r.status != "ok" or not r.median_ms:

@@ -89,3 +89,13 @@ def test_the_formats_go_by_the_workloads_names_and_the_old_names_still_work(tmp_
     assert "benchmark-attn" in shown.err and "fa2-writeup" in shown.err and "naive-vs-fa2" in shown.err
     assert "{benchmark-attn,fa2-writeup,naive-vs-fa2}" in shown.out
     assert "seed00" not in shown.out + shown.err  # help and errors show only the workloads' names
+
+
+def test_the_fa2_writeups_table_has_a_header_cell_for_every_cell_of_its_rows():
+    """The rate was a row's last cell with no column over it after `attnbench dist` split its rate column off."""
+    ok = _record("fa2-writeup-batch", "fa2", (128,), 0.5)
+    ok.tflops = 1.5
+    records = [ok, _record("fa2-writeup-batch", "fa2", (256,), None, "oom")]
+    lines = [line for line in tables.fa2_writeup_tables(records).splitlines() if line.startswith("|")]
+    assert lines[0].endswith("| TFLOP/s |")
+    assert len({line.count("|") for line in lines}) == 1, lines

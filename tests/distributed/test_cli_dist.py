@@ -1,4 +1,4 @@
-"""`attnbench dist` end to end on gloo: torchrun output in seed 001's format, records, failures, rejections."""
+"""`attnbench dist` end to end on gloo: torchrun output in the FA2 write-up's format, records, failures, rejections."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_torchrun_two_ranks(tmp_path):
         assert f"Rank[{rank}] max " in out
     assert "dq diff:" in out and "dk diff:" in out and "dv diff:" in out
     assert "verdict: pass" in out
-    # seed 001's columns, named to fit 100 columns; a CPU's rates in GFLOP/s, as every view of a CPU run has them
+    # the FA2 write-up's columns, named to fit 100 columns; a CPU's rates in GFLOP/s, as every view of a CPU run has them
     assert "| batch | seq_len | heads | head_size | fwd_only | iters/s | ms/iter | MB/device | GFLOP/s |" in out
     row = next(line for line in out.splitlines() if line.startswith("| 1 | 64 | 4 | 16 | False |"))
     assert max(len(line) for line in out.splitlines() if line.startswith("|")) <= 100

@@ -59,7 +59,7 @@ def test_grouped_seq_lens_and_csv(tmp_path):
     assert out.read_text().startswith("run_id,backend")
 
 
-def test_seed_003_aliases(tmp_path):
+def test_the_naive_vs_fa2_scripts_flag_names_are_aliases(tmp_path):
     db = tmp_path / "r.db"
     res = attnbench("run", "--device", "cpu", "--batch_size", "2", "--seq_len", "32", "--num_heads", "4",
                     "--emb_dim", "64", "--impl", "Pytorch", "--causal", "--repeats", "2", "--pass", "fwd",

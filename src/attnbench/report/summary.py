@@ -35,6 +35,10 @@ STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "
                "implausible": "imp"}
 
 
+MAX_GROUP_LABEL = 48
+"""A grouped case's label longer than this (many lengths, few repeats) gives counts instead of the lengths."""
+
+
 def axes(r: Record) -> dict[str, str]:
     """The case's position on every axis, as short labels (another operator's case: its own, ``axes``)."""
     s = r.spec
@@ -44,6 +48,9 @@ def axes(r: Record) -> dict[str, str]:
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
         seq = describe(s.seqlens_q, s.seqlens_k)
+        if len(seq) > MAX_GROUP_LABEL:  # lengths with no runs to fold (packed documents): counted, not listed
+            keys = "" if s.seqlens_k == s.seqlens_q else f", {sum(s.seqlens_k)} keys"
+            seq = f"{len(s.seqlens_q)} seqs of {sum(s.seqlens_q)} tokens{keys}, longest {max(s.seqlens_q)}"
     if (r.info or {}).get("batch_name"):  # a trace's step: its name first, as the trace calls it
         seq = f"{r.info['batch_name']}: {seq}"
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",

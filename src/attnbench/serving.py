@@ -161,6 +161,25 @@ def describe(seqlens_q, seqlens_k) -> str:
     return "_".join(parts)
 
 
+MAX_DESCRIBED = 48
+"""A batch's ``describe`` longer than this (many lengths, few repeats: packed documents) is ``counted``."""
+
+
+def short_description(seqlens_q, seqlens_k, words: bool = True) -> str:
+    """``describe``, or counts when the lengths have too few repeats to fold (67 documents of 67 lengths):
+    "67 seqs of 524288 tokens, longest 35284" (with the keys' total when they differ); with ``words=False``
+    a form without spaces for one-word labels, "67:q486..35k" (",kv..." when the keys differ)."""
+    text = describe(seqlens_q, seqlens_k)
+    if len(text) <= MAX_DESCRIBED:
+        return text
+    same = tuple(seqlens_k) == tuple(seqlens_q)
+    if not words:
+        span = lambda n: _short(min(n)) if min(n) == max(n) else f"{_short(min(n))}..{_short(max(n))}"  # noqa: E731
+        return f"{len(seqlens_q)}:q{span(seqlens_q)}" + ("" if same else f",kv{span(seqlens_k)}")
+    keys = "" if same else f", {sum(seqlens_k)} keys"
+    return f"{len(seqlens_q)} seqs of {sum(seqlens_q)} tokens{keys}, longest {max(seqlens_q)}"
+
+
 def group_label(seqlens) -> str:
     """A group of sequences as the summary's rows name it: equal lengths as a count ("8q128", the grammar of
     ``describe``), mixed lengths as a list ("77,300,1")."""

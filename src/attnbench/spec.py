@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from attnbench import features
 from attnbench.dtypes import TorchDtypes
-from attnbench.serving import check_tree, describe, tree_label
+from attnbench.serving import check_tree, short_description, tree_label
 from attnbench.sta import TileMask
 
 if TYPE_CHECKING:
@@ -310,7 +310,7 @@ class AttnSpec:
     def label(self) -> str:
         """Short human label, e.g. ``b2 s4096 h16/16 d128 bf16 causal``."""
         if len(self.seqlens_q) > LABEL_SEQUENCES:
-            seq = "reqs[" + describe(self.seqlens_q, self.seqlens_k) + "]"
+            seq = "reqs[" + short_description(self.seqlens_q, self.seqlens_k, words=False) + "]"
         elif self.is_varlen:
             seq = "varlen[" + ",".join(map(str, self.seqlens_q)) + "]"
             if self.seqlens_k != self.seqlens_q:

@@ -101,7 +101,7 @@ def test_a_trace_step_is_named_by_its_requests_counted_not_spelled_out(tmp_path)
     res = cli("show", "--db", db, "--table")
     rows = _case_lines(res.stdout)
     assert all(len(lines) <= 2 for lines in rows), rows
-    assert " ".join(rows[0]).startswith("b1 reqs[40: q1..300 kv1..1743]")
+    assert " ".join(rows[0]).startswith("b1 reqs[40:q1..300,kv1..1743]")
 
 
 def test_show_table_sets_the_busy_mark_apart_from_the_verdict(tmp_path):

@@ -671,3 +671,16 @@ def test_a_tree_counts_the_pairs_it_keeps_not_the_causal_triangle():
     wide = chain.replace(tree=(-1, 0, 0, 1))  # token 2 sees 0 and itself; token 3 sees 1, 0 and itself
     keep = sum(len(a) for a in ([0], [0, 1], [0, 2], [0, 1, 3]))
     assert metrics.pairs(wide) == (36 * 4 + keep) + (46 * 4 + keep) < metrics.pairs(causal)
+
+
+def test_many_lengths_without_repeats_are_counted_not_listed():
+    from attnbench.distributed.documents import long_tailed
+    from attnbench.serving import MAX_DESCRIBED, short_description
+    lengths = long_tailed(524288, 8192, seed=0)
+    assert short_description(lengths, lengths) == f"{len(lengths)} seqs of 524288 tokens, longest {max(lengths)}"
+    keys = tuple(n + 10 for n in lengths)
+    assert short_description(lengths, keys).endswith(f", {sum(keys)} keys, longest {max(lengths)}")
+    few = (1,) * 16 + (5,) * 4  # runs fold into a short text: kept
+    assert short_description(few, few) == "16q1_4q5" and len("16q1_4q5") <= MAX_DESCRIBED
+    spec = AttnSpec(seqlens_q=lengths, heads_q=2, head_dim=16, dtype="fp32")
+    assert f"reqs[{len(lengths)}:q{min(lengths)}..{max(lengths)}]" in spec.label() and len(spec.label()) < 60

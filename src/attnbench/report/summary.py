@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from attnbench import features, metrics, operators
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
 from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
-from attnbench.serving import describe, group_label, tree_label
+from attnbench.serving import group_label, short_description, tree_label
 from attnbench.spec import LABEL_SEQUENCES
 
 METRICS = {"tflops": "TF/s", "ms": "ms", "gbps": "GB/s", "speedup": "x"}
@@ -35,10 +35,6 @@ STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "
                "implausible": "imp"}
 
 
-MAX_GROUP_LABEL = 48
-"""A grouped case's label longer than this (many lengths, few repeats) gives counts instead of the lengths."""
-
-
 def axes(r: Record) -> dict[str, str]:
     """The case's position on every axis, as short labels (another operator's case: its own, ``axes``)."""
     s = r.spec
@@ -47,10 +43,7 @@ def axes(r: Record) -> dict[str, str]:
     seq = str(s.seqlens_q[0]) if not s.is_varlen else group_label(s.seqlens_q)
     many = len(s.seqlens_q) > LABEL_SEQUENCES  # a serving batch: its requests in the grammar, keys included
     if many:
-        seq = describe(s.seqlens_q, s.seqlens_k)
-        if len(seq) > MAX_GROUP_LABEL:  # lengths with no runs to fold (packed documents): counted, not listed
-            keys = "" if s.seqlens_k == s.seqlens_q else f", {sum(s.seqlens_k)} keys"
-            seq = f"{len(s.seqlens_q)} seqs of {sum(s.seqlens_q)} tokens{keys}, longest {max(s.seqlens_q)}"
+        seq = short_description(s.seqlens_q, s.seqlens_k)
     if (r.info or {}).get("batch_name"):  # a trace's step: its name first, as the trace calls it
         seq = f"{r.info['batch_name']}: {seq}"
     out = {"pass": s.pass_, "mask": "causal" if s.causal else "no mask", "dtype": s.dtype, "batch": f"b{s.batch}",

@@ -22,6 +22,11 @@ The calls, against fla-core 0.6.0's signatures (``fla/ops``):
   ``+ D·x`` by torch ops; mamba_ssm's own ``mamba_chunk_scan_combined`` would be another kernel, with the state
   transposed to (N, HV, V, K).
 
+fla dispatches some functions to other backends before its own Triton (``fla/backends.py``): with flash_qla
+installed it hands gdn's ``chunk_gated_delta_rule`` to FlashQLA (refused here as not fla's kernel: FLA_FLASH_QLA=0
+keeps fla's own), and with tilelang installed its gated ``chunk_bwd_dqkwg`` goes to a TileLang kernel, the only way
+past its refusal of that backward on Hopper with Triton 3.4-3.7.0 (``_gated_backward_reason``).
+
 The initial state and ``dfinal_state`` are handed as they are (fp32); gates in fp32; varlen cases pass the
 packed (1, total, ...) tensors with int64 ``cu_seqlens``. fla is imported inside the functions: this module
 loads without it (and without a GPU).
@@ -68,27 +73,88 @@ def supports(spec: RecurrenceSpec, op: str = "chunk") -> str | None:
         import fla.ops  # noqa: F401
     except ImportError as exc:
         return f"fla-core is not installed ({exc})"
-    if op == "chunk" and spec.pass_ == "fwd_bwd" and spec.kind in GATED_BACKWARD and (why := _gated_backward_reason()):
-        return why
+    if op == "chunk" and spec.kind == "gdn" and _flash_qla_takes(spec):
+        return ("fla-core 0.6.0 hands chunk_gated_delta_rule to FlashQLA here (flash_qla is installed): "
+                "FLA_FLASH_QLA=0 keeps fla's own kernels")
+    if op == "chunk" and spec.pass_ == "fwd_bwd" and _calls_gated_dqkwg(spec):
+        return _gated_backward_reason(spec)
     return None
 
 
-GATED_BACKWARD = ("gdn", "kda", "linear", "mamba2")
-"""Chunk kinds whose backward runs fla's gated chunk_bwd_dqkwg, which fla refuses on Hopper with Triton 3.4-3.7.0."""
+GATED_BACKWARD = ("gdn", "linear", "mamba2")
+"""Chunk kinds whose backward calls fla's ``common.chunk_o.chunk_bwd_dqkwg`` with a gate, which fla 0.6.0 refuses
+on Hopper with Triton 3.4-3.7.0 (``chunk_o.py:727``) unless its TileLang backend takes the call: gdn always
+(attnbench hands ungated DeltaNet g = 0), linear when gated, mamba2. KDA's backward (``kda/chunk_bwd.py``) never
+calls it, and an ungated linear passes g = None, which fla lets through."""
 
 
-def _gated_backward_reason() -> str | None:
-    """fla 0.6.0 raises in its gated chunk backward on Hopper with Triton >= 3.4, < 3.7.1 ("produces incorrect
-    results", fla#640) unless TileLang is installed: the same refusal, before the case runs."""
-    import importlib.util
+def _calls_gated_dqkwg(spec: RecurrenceSpec) -> bool:
+    return spec.kind in GATED_BACKWARD and (spec.gated or spec.kind == "gdn")
 
-    import triton
-    major, minor = torch.cuda.get_device_capability()
-    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3])
-    if major != 9 or not (3, 4, 0) <= version < (3, 7, 1) or importlib.util.find_spec("tilelang") is not None:
+
+def _gated_backward_reason(spec: RecurrenceSpec) -> str | None:
+    """Why fla 0.6.0 raises in the gated chunk backward of ``spec`` (a gdn, gated linear or mamba2 case), or None.
+
+    fla's ``chunk_bwd_dqkwg`` is a dispatched function (``fla/backends.py``): its TileLang backend
+    (``common/backends/tilelang``) runs first when it is available and enabled and its verifier takes the call, and
+    only the Triton fallback raises, on Hopper (``IS_NVIDIA_HOPPER``: a device name with "NVIDIA H" or capability 9.x)
+    with Triton >= 3.4.0 and < 3.7.1 ("produces incorrect results", fla#640). The same flags and checks, read from
+    fla itself, before the case runs. An fla without these names (not 0.6.0) is not second-guessed."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:
         return None
+    if not (IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1):
+        return None
+    if (closed := _tilelang_declines(spec)) is None:
+        return None
+    import triton
     return (f"fla's gated chunk backward refuses Triton {triton.__version__} on Hopper (wrong results, fla#640): it "
-            "needs Triton >= 3.7.1 or tilelang")
+            f"needs Triton >= 3.7.1 or its TileLang kernel, which does not take this case: {closed}")
+
+
+def _tilelang_declines(spec: RecurrenceSpec) -> str | None:
+    """Why fla 0.6.0's TileLang ``chunk_bwd_dqkwg`` would not take the case, or None. fla tries it when backend
+    dispatch is on (not ``FLA_DISABLE_BACKEND_DISPATCH=1``), ``tilelang`` is importable, an nvcc is found
+    (``has_usable_nvcc``: CUDA_HOME or CUDA_PATH, PATH, the nvidia-cuda-nvcc wheel, /usr/local/cuda) and
+    ``FLA_TILELANG`` is not 0 (on by default on Hopper with Triton >= 3.4); its verifier wants a gate (always here),
+    value heads a multiple of q/k heads (always) and the states ``h`` in q's dtype, which simple GLA's backward keeps
+    in fp32 (``simple_gla/chunk.py``: ``states_in_fp32=True``), so linear and mamba2 pass only as fp32 cases."""
+    from fla.backends import _DISPATCH_DISABLED
+    from fla.ops.common.backends.tilelang import CommonTileLangBackend
+    from fla.utils import find_spec_cached, has_usable_nvcc
+    if _DISPATCH_DISABLED:
+        return "FLA_DISABLE_BACKEND_DISPATCH=1 turns fla's backends off"
+    if find_spec_cached("tilelang") is None:
+        return "tilelang is not installed"
+    if not has_usable_nvcc():
+        return "tilelang is installed but fla finds no nvcc (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)"
+    if not CommonTileLangBackend().is_enabled():
+        return "FLA_TILELANG=0"
+    if spec.kind != "gdn" and spec.dtype != "fp32":
+        return (f"it takes the states in q's dtype ({spec.dtype}) and simple GLA's backward keeps them in fp32 "
+                "(fp32 cases only)")
+    return None
+
+
+def _flash_qla_takes(spec: RecurrenceSpec) -> bool:
+    """Whether fla 0.6.0 hands ``chunk_gated_delta_rule`` (forward and backward) to FlashQLA
+    (``gated_delta_rule/backends/flash_qla.py``, priority 3, before its own kernels): ``flash_qla`` importable,
+    ``FLA_FLASH_QLA`` not 0, and its verifier's sm90 / sm100 / sm120 (sm120: bf16 forward only), fp16 or bf16,
+    d_k = d_v = 128. The chunk size is then FlashQLA's own (64; 32 on sm120), not the case's."""
+    try:
+        from fla.backends import _DISPATCH_DISABLED
+        from fla.ops.gated_delta_rule.backends.flash_qla import FlashQLABackend
+        from fla.utils import IS_NVIDIA_HOPPER, IS_NVIDIA_SM100, IS_NVIDIA_SM120
+    except ImportError:
+        return False
+    if _DISPATCH_DISABLED or not (FlashQLABackend.is_available() and FlashQLABackend().is_enabled()):
+        return False
+    if not (IS_NVIDIA_HOPPER or IS_NVIDIA_SM100 or IS_NVIDIA_SM120):
+        return False
+    if IS_NVIDIA_SM120 and (spec.pass_ == "fwd_bwd" or spec.dtype != "bf16"):
+        return False
+    return spec.dtype in ("fp16", "bf16") and spec.d_k == 128 and spec.d_v == 128
 
 
 def kernel_name(spec: RecurrenceSpec, op: str = "chunk") -> str:

@@ -82,7 +82,7 @@ def supports(spec: RecurrenceSpec, op: str = "chunk") -> str | None:
 
 
 GATED_BACKWARD = ("gdn", "linear", "mamba2")
-"""Chunk kinds whose backward calls fla's ``common.chunk_o.chunk_bwd_dqkwg`` with a gate, which fla 0.6.0 refuses
+"""Chunk kinds whose backward calls fla's ``common.chunk_o.chunk_bwd_dqkwg`` with a decay g, which fla 0.6.0 refuses
 on Hopper with Triton 3.4-3.7.0 (``chunk_o.py:727``) unless its TileLang backend takes the call: gdn always
 (attnbench hands ungated DeltaNet g = 0), linear when gated, mamba2. KDA's backward (``kda/chunk_bwd.py``) never
 calls it, and an ungated linear passes g = None, which fla lets through."""
@@ -117,12 +117,15 @@ def _tilelang_declines(spec: RecurrenceSpec) -> str | None:
     """Why fla 0.6.0's TileLang ``chunk_bwd_dqkwg`` would not take the case, or None. fla tries it when backend
     dispatch is on (not ``FLA_DISABLE_BACKEND_DISPATCH=1``), ``tilelang`` is importable, an nvcc is found
     (``has_usable_nvcc``: CUDA_HOME or CUDA_PATH, PATH, the nvidia-cuda-nvcc wheel, /usr/local/cuda) and
-    ``FLA_TILELANG`` is not 0 (on by default on Hopper with Triton >= 3.4); its verifier wants a gate (always here),
+    ``FLA_TILELANG`` is not 0 (on by default on Hopper with Triton >= 3.4); its verifier wants a decay g (always here),
     value heads a multiple of q/k heads (always) and the states ``h`` in q's dtype, which simple GLA's backward keeps
     in fp32 (``simple_gla/chunk.py``: ``states_in_fp32=True``), so linear and mamba2 pass only as fp32 cases."""
-    from fla.backends import _DISPATCH_DISABLED
-    from fla.ops.common.backends.tilelang import CommonTileLangBackend
-    from fla.utils import find_spec_cached, has_usable_nvcc
+    try:
+        from fla.backends import _DISPATCH_DISABLED
+        from fla.ops.common.backends.tilelang import CommonTileLangBackend
+        from fla.utils import find_spec_cached, has_usable_nvcc
+    except ImportError:  # another fla than 0.6.0: not second-guessed
+        return None
     if _DISPATCH_DISABLED:
         return "FLA_DISABLE_BACKEND_DISPATCH=1 turns fla's backends off"
     if find_spec_cached("tilelang") is None:

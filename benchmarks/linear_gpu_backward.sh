@@ -9,7 +9,8 @@
 #   bash benchmarks/linear_gpu_backward.sh more   # KDA fwd_bwd (never refused by fla; TileLang when heads match),
 #                                                 # Mamba2 fwd_bwd fp32 (TileLang) and bf16 (still refused)
 #   bash benchmarks/linear_gpu_backward.sh qla    # FlashQLA 0.1.3: import, one Qwen3.5-shaped fwd+bwd beside fla's,
-#                                                 # relative differences and times (qla.log); not a backend
+#                                                 # relative differences and times (qla.log), then the
+#                                                 # flashqla backend through attnbench run
 # Each stage fits one 10-minute call; the stages of one lease share /tmp (the staged wheels, Triton's and TileLang's
 # kernel caches), so a later stage skips the compiles an earlier one did.
 set -uo pipefail
@@ -152,6 +153,9 @@ for name, fn in (("flash_qla", flash_qla.chunk_gated_delta_rule), ("fla", fla_gd
     print(f"{name}: fwd {f:.3f} ms, fwd+bwd {fb:.3f} ms (do_bench median, warm L2)")
 EOF
   cat "$OUT/qla.log"
+  # the same kernel as attnbench's flashqla backend, checked against the fp64 reference beside fla's and PyTorch's
+  PYTHONPATH=/tmp/site-qla:$PYTHONPATH ab 240 run --preset qwen3.5-gdn --seq-lens 4096 --pass fwd fwd_bwd \
+    --backends flashqla,fla-chunk,torch-chunked --skip-missing
   ;;
 *) echo "unknown stage $1: run, test, more or qla"; exit 2 ;;
 esac

@@ -76,6 +76,7 @@ BUILTIN: dict[str, str] = {
     "fla-recurrent": "attnbench.linear.backends:FlaRecurrent",
     "flashinfer-gdn": "attnbench.linear.backends:FlashInferGdn",
     "flashinfer-gdn-decode": "attnbench.linear.backends:FlashInferGdnDecode",
+    "flashqla": "attnbench.linear.backends:FlashQla",
     # index-selected MLA cases
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",

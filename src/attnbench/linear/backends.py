@@ -7,6 +7,9 @@
   Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
 - ``flashinfer-gdn`` / ``flashinfer-gdn-decode``: FlashInfer 0.7.2.post1's GDN chunked prefill and decode
   (``linear.flashinfer``; CuTe DSL, forward only; written against its source, untested on hardware).
+- ``flashqla``: FlashQLA 0.1.3's GDN chunked prefill, forward and backward (``linear.flashqla``; TileLang; written
+  against its source, untested on hardware); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a
+  long sequence over the GPU (its default, True, may).
 
 Each call of a closure returns ``Outputs`` in the reference's layout; with ``fwd_bwd`` the gradients come from
 autograd inside the call, as attention's ``autograd_closure`` does.
@@ -22,6 +25,7 @@ from __future__ import annotations
 from attnbench.backends.base import Backend, Capabilities, Prepared
 from attnbench.linear import fla
 from attnbench.linear import flashinfer as fi
+from attnbench.linear import flashqla as qla
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.linear.torch_forms import chunked, chunked_form, naive_recurrent, recurrent_form
 
@@ -129,3 +133,32 @@ class FlashInferGdnDecode(_FlashInferGdn):
     description = "FlashInfer's GDN decode, gated_delta_rule_decode (one token, K-major state, bf16, sm90)"
     capabilities = Capabilities(dtypes=("bf16",), varlen=True, backward=False, devices=("cuda",))
     op = "decode"
+
+
+class FlashQla(_RecurrenceBackend):
+    name = "flashqla"
+    package = "flash_qla"
+    distribution = "flash-qla"
+    install = "pip install flash-qla (needs tilelang and nvcc; see docs/linear.md)"
+    description = "FlashQLA's GDN chunked prefill, chunk_gated_delta_rule (TileLang; d 128, fp16/bf16, fwd and bwd)"
+    capabilities = Capabilities(dtypes=("fp16", "bf16"), varlen=True, backward=True, devices=("cuda",))
+
+    def __init__(self, auto_cp: bool = True):
+        self.auto_cp = auto_cp
+        """FlashQLA's intra-card split of long sequences at B = 1 (its default: allowed)."""
+
+    def extra_reason(self, spec, device) -> str | None:
+        return qla.supports(spec)
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=qla.prepare(spec, inputs, self.auto_cp),
+                        info={"kernel": "flash_qla.chunk_gated_delta_rule", "form": "chunk", "auto_cp": self.auto_cp})
+
+    def functional(self, spec):
+        call = qla.kernel(spec, self.auto_cp)
+
+        def fn(tensors: dict, cu_seqlens=None):
+            gates = {"g", "initial_state"}
+            return call({name: (x.float() if name in gates else x.to(spec.torch_dtype)).contiguous()
+                         for name, x in tensors.items()}, cu_seqlens)
+        return fn

@@ -17,7 +17,8 @@ sparse)
   ab run --preset deepseek-v3.2-sparse-decode --backends flashmla-sparse-fp8,sparse-torch
   ab run --preset deepseek-v3.2-sparse-decode --seq-lens 1 --kv-seq-lens 8192 --backends flashmla-sparse-fp8
   # the dense MLA decode at the same cache length (bf16 cache): what the selection saves
-  # (unchecked: the math baseline of a dense MLA case expands the one KV head to 128, 77 GB at this cache)
+  # (timed unchecked, as on 2026-11-28, when the yardstick still copied the one KV head per query head: 77 GB here;
+  #  it no longer does, so dropping --no-check should now fit, not yet tried on a GPU)
   ab run --preset deepseek-v3 --batch-size 128 --seq-lens 2 --kv-seq-lens 32768 --backends flashmla --no-check
   # the step as a server runs it: the indexer, then the sparse attention over what it selected
   ab run --preset deepseek-v3.2-indexer --backends indexer-torch

@@ -218,10 +218,15 @@ def test_packed_documents_run_checked_and_their_table_says_how_many(tmp_path):
     (["--method", "ring", "--documents", "32", "--batch-size", "2"], "give --batch-size 1"),
     (["--method", "ring", "--documents", "1k"], "--documents 1k: a mean document length must be in 1..256"),
     (["--method", "ring", "--documents", "8,16"], "--documents takes one mean length"),
+    (["--method", "ring", "--documents", "0"], "bad --documents '0': must be a positive integer"),
+    (["--method", "ring", "--documents", "abc"], "bad --documents 'abc'"),
+    (["--method", "ring", "--documents", "1", "--seq-lens", "8192"], "documents in 8192 tokens: at most 4096"),
 ])
 def test_packed_documents_refuse_what_they_cannot_run_in_one_line(tmp_path, args, needle):
     cmd = [sys.executable, "-m", "attnbench", "dist", "--nproc", "2", "--kernel", "math", "--device", "cpu", "--q-heads", "4",
-           "--head-size", "16", "--dtype", "fp32", "--seq-lens", "256", *args, "--db", str(tmp_path / "w.db")]
+           "--head-size", "16", "--dtype", "fp32", *args, "--db", str(tmp_path / "w.db")]
+    if "--seq-lens" not in args:
+        cmd += ["--seq-lens", "256"]
     if "--batch-size" not in args:
         cmd += ["--batch-size", "1"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)

@@ -56,6 +56,7 @@ def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chu
     """Reject what cannot run before any process group exists: the same answer on every rank."""
     for spec in specs:
         if spec.is_varlen:  # packed documents
+            from attnbench.distributed.documents import MAX_DOCUMENTS as DOC_LIMIT
             from attnbench.distributed.documents import METHODS as DOC_METHODS
             other = [m for m in methods if m not in DOC_METHODS]
             if other:
@@ -63,6 +64,9 @@ def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chu
                                 f"{', '.join(DOC_METHODS)}, not {', '.join(other)}")
             if spec.batch != 1 or spec.seqlens_q != spec.seqlens_k:
                 raise UserError("packed documents are one sequence: give --batch-size 1 and no --kv-seq-lens")
+            if len(spec.seqlens_q) > DOC_LIMIT:
+                raise UserError(f"{len(spec.seqlens_q)} documents in {sum(spec.seqlens_q)} tokens: at most "
+                                f"{DOC_LIMIT} (each is a kernel call per block); give longer documents")
         if spec.has_window:
             raise UserError("dist does not support sliding windows")
         if spec.pass_ == "bwd":
@@ -269,7 +273,7 @@ def _packed(specs, mean, seed: int) -> list:
             out.append(spec.replace(seqlens_q=lengths, seqlens_k=lengths))
         return out
     except ValueError as exc:
-        raise UserError(str(exc) if str(exc).startswith("--documents") else f"--documents {mean}: {exc}") from None
+        raise UserError(str(exc) if "--documents" in str(exc) else f"--documents {mean}: {exc}") from None
 
 
 def _execute(plan: dict) -> None:

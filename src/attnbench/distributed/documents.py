@@ -29,6 +29,8 @@ Ranges = tuple[tuple[int, int], ...]
 """Global [start, end) runs of a block's rows, in the order the rows are stored."""
 METHODS = ("ring", "zigzag", "ulysses")
 """The methods that take packed documents."""
+MAX_DOCUMENTS = 4096
+"""Most documents a case may pack: each is one local-kernel call per block."""
 SIGMA = 1.0
 """Log-normal shape of ``long_tailed``: the longest of a hundred documents is about ten times the median."""
 

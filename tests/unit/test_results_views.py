@@ -261,3 +261,18 @@ def test_the_correctness_table_says_how_many_cases_were_judged_approximately():
     table = html_tables.correctness(records)
     assert "<td>exact (1 of 3 approximately)</td>" in table
     assert "<td>approximate</td>" in table and "<td>exact</td>" in table
+
+
+def test_a_pivot_with_one_untitled_group_has_no_empty_column():
+    from results_fixtures import synthetic_record
+
+    from attnbench.report import html_tables, summary
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=16, dtype="fp32", causal=True)
+    records = [synthetic_record("p", spec.replace(pass_=p), b, [1.0, 1.1]) for p in ("fwd", "fwd_bwd")
+               for b in ("naive", "sdpa-math")]
+    built = summary.build(records)
+    assert all(not g.title for pivot in built.pivots for g in pivot.groups)  # the case's axes all fixed: no groups
+    html = html_tables.pivot_html(built)
+    head = re.search(r"<thead>(.*?)</thead>", html, re.S).group(1)
+    assert re.findall(r"<th[^>]*>(.*?)</th>", head) == ["pass", "naive", "sdpa-math"]

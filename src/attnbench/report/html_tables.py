@@ -60,21 +60,23 @@ def pivot_html(built: summary.Summary) -> str:
     parts = []
     approx = set(built.approx)
     for pivot in built.pivots:
-        heads = ["", summary.ROW_TITLES.get(pivot.row_axis, pivot.row_axis),
-                 *(f"{c} ≈" if c in approx else c for c in pivot.columns)]
+        titled = any(group.title for group in pivot.groups)  # no group names: no column for them
+        heads = [""] * titled + [summary.ROW_TITLES.get(pivot.row_axis, pivot.row_axis),
+                                 *(f"{c} ≈" if c in approx else c for c in pivot.columns)]
         if pivot.approx_column:
             heads.append(pivot.approx_column + " ≈")
         rows = []
         for group in pivot.groups:
             for i, row in enumerate(group.rows):
-                cells = [Raw("<br>".join(f"<b>{escape(t)}</b>" for t in group.title)) if i == 0 else "", row]
+                cells = [Raw("<br>".join(f"<b>{escape(t)}</b>" for t in group.title)) if i == 0 else ""] * titled
+                cells.append(row)
                 for col in pivot.columns:
                     cell = group.cells.get((row, col), summary.Cell(""))
                     cells.append(Raw(f'<b class="best">{escape(cell.text)}</b>') if cell.best else cell.text)
                 if pivot.approx_column:
                     cells.append(group.cells.get((row, pivot.approx_column), summary.Cell("")).text)
                 rows.append(cells)
-        parts.append(table(heads, rows, numeric=set(range(1, len(heads))), cls="pivot"))
+        parts.append(table(heads, rows, numeric=set(range(int(titled), len(heads))), cls="pivot"))
     notes = "".join(f"<li>{escape(n)}</li>" for n in built.notes)
     return "".join(parts) + f'<ul class="notes">{notes}</ul>'
 

@@ -111,3 +111,55 @@ def test_no_stream_check_on_a_cpu():
                     run_id="t", env_id=None, sink=lambda r: None)
     (record,) = runner.run([spec])
     assert record.status == "ok" and "off_stream" not in record.info
+
+
+class _SharedGpu:
+    """A simulated device shared with another process: the batch's start event waits ``slice_ms`` for the other
+    process's time slice; each call is 1 ms of device work. Stands in for torch.cuda and the host clock."""
+
+    def __init__(self, slice_ms: float):
+        self.now = 0.0  # host time, ms
+        self.busy_until = 0.0  # device time its queue reaches, ms
+        self.slice_ms = slice_ms
+        self.events = 0
+
+    def perf_counter(self):
+        return self.now / 1e3
+
+    def synchronize(self, device=None):
+        self.now = max(self.now, self.busy_until)
+
+    def call(self):
+        self.busy_until = max(self.busy_until, self.now) + 1.0
+        self.now += 0.01  # the launch
+
+    def event(self, enable_timing=True):
+        gpu = self
+
+        class Event:
+            def record(self):
+                wait = gpu.slice_ms if gpu.events == 0 else 0.0
+                gpu.events += 1
+                self.at = gpu.busy_until = max(gpu.busy_until, gpu.now) + wait
+
+            def synchronize(self):
+                gpu.now = max(gpu.now, self.at)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+        return Event()
+
+
+def test_a_time_slice_of_another_process_before_the_batch_is_not_work_off_the_stream(monkeypatch):
+    import contextlib
+
+    import torch
+    gpu = _SharedGpu(slice_ms=5.0)
+    monkeypatch.setattr(streams.time, "perf_counter", gpu.perf_counter)
+    monkeypatch.setattr(torch.cuda, "Event", gpu.event)
+    monkeypatch.setattr(torch.cuda, "synchronize", gpu.synchronize)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    wall_ms, stream_ms = streams.time_batch(gpu.call, 10, "cuda")
+    assert stream_ms == pytest.approx(10.0, abs=0.2)
+    assert streams.outside(wall_ms, stream_ms) < 0.1  # counted from the queueing it would be 5 ms: marked
+    assert not streams.left_running(wall_ms, stream_ms) and streams.left_running(wall_ms + 5.0, stream_ms)

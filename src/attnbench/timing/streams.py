@@ -9,14 +9,16 @@ they are written, so such a kernel is wrong to use as it is, whatever its speed.
 **The check.** After a case is timed on a GPU (every in-process mode), one batch of ``N`` calls is timed twice
 over, by the current stream and by the whole device::
 
-    synchronize the device; record event e0; t0 = clock
+    synchronize the device; record event e0; wait for e0; t0 = clock
     N calls
     record event e1; synchronize the device; t1 = clock
 
 ``stream_ms`` is e0 to e1: when the current stream had done its part. ``wall_ms`` is t0 to t1: when every
-stream of the device had (``torch.cuda.synchronize`` waits for all of them). Work the current stream waits
-for ends before e1, so for a well-behaved kernel ``outside_ms = wall_ms - stream_ms`` is the latency of a
-launch and of a synchronize: 0.01-0.06 ms on an H200 (2026-11-28: four 4096² bf16 matmuls a call on the
+stream of the device had (``torch.cuda.synchronize`` waits for all of them). The clock starts once e0 has run,
+not when it was queued: on a GPU shared with other processes e0 may wait for their time slice, and that wait is
+not work outside the timed stream (counted from the queueing, a few ms of it would mark a 10 ms batch). Work the
+current stream waits for ends before e1, so for a well-behaved kernel ``outside_ms = wall_ms - stream_ms`` is the
+latency of a launch and of a synchronize: 0.01-0.06 ms on an H200 (2026-11-28: four 4096² bf16 matmuls a call on the
 current stream or on a side stream joined back, and a 16-element add; 0.3% of a 16 ms batch). The same
 matmuls left on a side stream: 15 of 16 ms outside, and 101 of 158 ms in a 200-call batch (there the host's
 launches block once the device's launch queue is full, so the current stream's events follow the side
@@ -93,7 +95,8 @@ def time_batch(fn: Callable[[], object], calls: int, device: torch.device) -> tu
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)
         start.record()
-        t0 = time.perf_counter()
+        start.synchronize()  # the clock starts when the start event has run: on a GPU other processes share, it
+        t0 = time.perf_counter()  # may wait for their time slice, which is no time outside the timed stream
         for _ in range(calls):
             fn()
         end.record()

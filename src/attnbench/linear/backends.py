@@ -22,6 +22,8 @@ the gates in fp32 and the rest in the case's dtype, as its kernels do.
 
 from __future__ import annotations
 
+import torch
+
 from attnbench.backends.base import Backend, Capabilities, Prepared
 from attnbench.linear import fla
 from attnbench.linear import flashinfer as fi
@@ -45,6 +47,19 @@ def _in_dtype(form, spec: RecurrenceSpec):
     """A torch form on the inputs cast to the case's dtype (dense: a varlen call's offsets are the spec's)."""
     def fn(tensors: dict, cu_seqlens=None):
         return form(spec, {name: x.to(spec.torch_dtype) for name, x in tensors.items()})
+    return fn
+
+
+GATES = ("g", "dt", "A", "D", "initial_state")
+"""Inputs the kernel libraries take in fp32 (the decays, Mamba2's step and skip, the state)."""
+
+
+def _gates_in_fp32(call, spec: RecurrenceSpec):
+    """A kernel library's differentiable call on a caller's tensors: the gates in fp32, the rest in the case's dtype,
+    each made contiguous (a model's q, k, v are often views of one projection)."""
+    def fn(tensors: dict, cu_seqlens=None):
+        return call({name: (x.float() if name in GATES else x.to(spec.torch_dtype)).contiguous()
+                     for name, x in tensors.items()}, cu_seqlens)
     return fn
 
 
@@ -87,13 +102,7 @@ class _Fla(_RecurrenceBackend):
                         info={"kernel": fla.kernel_name(spec, self.op), "form": self.op})
 
     def functional(self, spec):
-        call = fla.kernel(spec, self.op)
-
-        def fn(tensors: dict, cu_seqlens=None):  # a model's q, k, v are often views of one projection: made whole
-            gates = {"g", "dt", "A", "D", "initial_state"}
-            return call({name: (x.float() if name in gates else x.to(spec.torch_dtype)).contiguous()
-                         for name, x in tensors.items()}, cu_seqlens)
-        return fn
+        return _gates_in_fp32(fla.kernel(spec, self.op), spec)
 
 
 class FlaChunk(_Fla):
@@ -114,8 +123,9 @@ class _FlashInferGdn(_RecurrenceBackend):
     capabilities = Capabilities(dtypes=("fp16", "bf16"), varlen=True, backward=False, devices=("cuda",))
     op = "prefill"
 
-    def extra_reason(self, spec, device) -> str | None:
-        return fi.supports(spec, self.op)
+    def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
+        return fi.case_reason(spec, self.op) or fi.arch_reason(
+            self.op, torch.cuda.get_device_capability(torch.device(device)), torch.version.cuda)
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=fi.prepare(spec, inputs, self.op), info={"kernel": fi.kernel_name(self.op),
@@ -147,18 +157,12 @@ class FlashQla(_RecurrenceBackend):
         self.auto_cp = auto_cp
         """FlashQLA's intra-card split of long sequences at B = 1 (its default: allowed)."""
 
-    def extra_reason(self, spec, device) -> str | None:
-        return qla.supports(spec)
+    def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
+        return qla.case_reason(spec) or qla.arch_reason(spec, torch.cuda.get_device_capability(torch.device(device)))
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=qla.prepare(spec, inputs, self.auto_cp),
                         info={"kernel": "flash_qla.chunk_gated_delta_rule", "form": "chunk", "auto_cp": self.auto_cp})
 
     def functional(self, spec):
-        call = qla.kernel(spec, self.auto_cp)
-
-        def fn(tensors: dict, cu_seqlens=None):
-            gates = {"g", "initial_state"}
-            return call({name: (x.float() if name in gates else x.to(spec.torch_dtype)).contiguous()
-                         for name, x in tensors.items()}, cu_seqlens)
-        return fn
+        return _gates_in_fp32(qla.kernel(spec, self.auto_cp), spec)

@@ -38,10 +38,10 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate
+from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
 from attnbench.linear.reference import expand_heads, l2norm
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.outputs import Outputs, grad_name
+from attnbench.outputs import Outputs
 
 OPS = ("chunk", "recurrent")
 CHUNK_SIZES = {"gdn": (16, 32, 64), "kda": (32, 64)}
@@ -172,20 +172,7 @@ def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -
     if (why := supports(spec, op)) is not None:
         raise ValueError(why)
     call = kernel(spec, op)
-    grads = spec.pass_ == "fwd_bwd"
-
-    def run() -> Outputs:
-        leaves = {name: inputs.tensor(name).detach().requires_grad_(grads) for name in spec.input_names}
-        with torch.enable_grad() if grads else torch.no_grad():
-            out, state = call(leaves, inputs.cu_seqlens)
-        result = Outputs(out=out.detach(), final_state=state.detach())
-        if grads:
-            got = torch.autograd.grad((out, state), list(leaves.values()), (inputs.dout, inputs.dfinal_state),
-                                      allow_unused=True)
-            for name, leaf, grad in zip(leaves, leaves.values(), got):
-                result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
-        return result
-    return run
+    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))
 
 
 def kernel(spec: RecurrenceSpec, op: str):

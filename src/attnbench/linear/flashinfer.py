@@ -96,18 +96,6 @@ def arch_reason(op: str, capability: tuple[int, int], cuda: str | None) -> str |
     return None
 
 
-def supports(spec: RecurrenceSpec, op: str) -> str | None:
-    """Why FlashInfer's GDN ``op`` cannot run ``spec`` here (the case, no GPU, no flashinfer, the arch), or None."""
-    if (why := case_reason(spec, op)) is not None:
-        return why
-    if not torch.cuda.is_available():
-        return "flashinfer's GDN kernels need a GPU"
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as exc:
-        return f"flashinfer is not importable ({type(exc).__name__})"
-    return arch_reason(op, torch.cuda.get_device_capability(), torch.version.cuda)
-
 
 def kernel_name(op: str) -> str:
     """The FlashInfer function a case calls (``kernel``)."""

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate
+from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.outputs import Outputs, grad_name
+from attnbench.outputs import Outputs
 
 HEAD_DIM = 128
 """FlashQLA's one head size (K = V = 128, asserted in every kernel wrapper)."""
@@ -56,20 +56,6 @@ def arch_reason(spec: RecurrenceSpec, capability: tuple[int, int]) -> str | None
     return None
 
 
-def supports(spec: RecurrenceSpec) -> str | None:
-    """Why FlashQLA cannot run ``spec`` here (the case, no GPU, no flash_qla, the arch), or None."""
-    if (why := case_reason(spec)) is not None:
-        return why
-    if not torch.cuda.is_available():
-        return "FlashQLA's kernels need a GPU"
-    if (why := arch_reason(spec, torch.cuda.get_device_capability())) is not None:
-        return why
-    try:
-        import flash_qla  # noqa: F401
-    except Exception as exc:  # ImportError, or its import-time architecture check (ValueError)
-        return f"flash_qla is not importable ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-    return None
-
 
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, auto_cp: bool = True) -> Callable[[], Outputs]:
     """A closure calling FlashQLA on ``inputs`` (forward, and with ``fwd_bwd`` the gradients of every input by
@@ -77,30 +63,14 @@ def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, auto_cp: bool = True
     validate(spec, inputs)
     if (why := case_reason(spec)) is not None:
         raise ValueError(why)
-    from flash_qla import chunk_gated_delta_rule
-
-    grads = spec.pass_ == "fwd_bwd"
-    call = kernel(spec, auto_cp, chunk_gated_delta_rule)
-
-    def run() -> Outputs:
-        leaves = {name: inputs.tensor(name).detach().requires_grad_(grads) for name in spec.input_names}
-        with torch.enable_grad() if grads else torch.no_grad():
-            out, state = call(leaves, inputs.cu_seqlens)
-        result = Outputs(out=out.detach(), final_state=state.detach())
-        if grads:
-            got = torch.autograd.grad((out, state), list(leaves.values()), (inputs.dout, inputs.dfinal_state),
-                                      allow_unused=True)
-            for name, leaf, grad in zip(leaves, leaves.values(), got):
-                result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
-        return result
-    return run
+    call = kernel(spec, auto_cp)
+    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))
 
 
-def kernel(spec: RecurrenceSpec, auto_cp: bool = True, fn=None):
+def kernel(spec: RecurrenceSpec, auto_cp: bool = True):
     """(inputs by name, cu_seqlens) -> (out, final_state) through FlashQLA, differentiable (``prepare``, and a
     model's layer through ``backends.FlashQla.functional``). An ungated case is handed g = 0."""
-    if fn is None:
-        from flash_qla import chunk_gated_delta_rule as fn
+    from flash_qla import chunk_gated_delta_rule as fn
 
     def call(t: dict, cu_seqlens=None):
         g = t["g"] if "g" in t else t["beta"].new_zeros(t["beta"].shape, dtype=torch.float32)

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from attnbench.linear.spec import RecurrenceSpec
+from attnbench.outputs import Outputs, grad_name
 
 DEFAULT_SEED = 0
 A_RANGE = (1.0, 16.0)
@@ -213,3 +214,22 @@ def unpad_sequences(spec: RecurrenceSpec, x: torch.Tensor) -> torch.Tensor:
     if not spec.is_varlen:
         return x
     return torch.cat([x[i, :length] for i, length in enumerate(spec.sequences)])[None]
+
+
+def with_gradients(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, *, dtype: torch.dtype | None = None,
+                   device: str | torch.device | None = None) -> Outputs:
+    """``forward(leaves) -> (out, final_state)`` on the case's inputs as autograd leaves (``spec.input_names``, moved
+    to ``device`` and cast to ``dtype`` where given), as Outputs; with ``fwd_bwd`` also the gradient of every input
+    against ``dout`` and ``dfinal_state`` (moved and cast the same way; zeros for an input the outputs do not use)."""
+    grads = spec.pass_ == "fwd_bwd"
+    leaves = {name: inputs.tensor(name).detach().to(device=device, dtype=dtype).requires_grad_(grads)
+              for name in spec.input_names}
+    with torch.enable_grad() if grads else torch.no_grad():
+        out, state = forward(leaves)
+    result = Outputs(out=out.detach(), final_state=state.detach())
+    if grads:
+        ups = tuple(x.to(device=device, dtype=dtype) for x in (inputs.dout, inputs.dfinal_state))
+        got = torch.autograd.grad((out, state), list(leaves.values()), ups, allow_unused=True)
+        for name, leaf, grad in zip(leaves, leaves.values(), got):
+            result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
+    return result

@@ -41,9 +41,9 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from attnbench.linear.inputs import RecurrenceInputs, pad_sequences, unpad_sequences, validate
+from attnbench.linear.inputs import RecurrenceInputs, pad_sequences, unpad_sequences, validate, with_gradients
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.outputs import Outputs, grad_name
+from attnbench.outputs import Outputs
 
 L2NORM_EPS = 1e-6
 """Added to Σx² before the square root of the q/k L2 norm (fla's ``l2norm_fwd`` and in-kernel norm)."""
@@ -130,18 +130,8 @@ def reference(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, block: int | No
     ``block``: tokens per checkpointed block (default sqrt(T)); ``device``: where to compute (default the
     inputs' device)."""
     validate(spec, inputs)
-    grads = spec.pass_ == "fwd_bwd"
-    device = device or inputs.q.device
-    leaves = {name: inputs.tensor(name).detach().to(device, torch.float64).requires_grad_(grads)
-              for name in spec.input_names}
-    with torch.enable_grad() if grads else torch.no_grad():
-        ops = operands(spec, leaves)
-        o, state = run_recurrence(spec, ops, block=block, checkpointed=grads)
-        out = finish(spec, o, leaves)
-    result = Outputs(out=out.detach(), final_state=state.detach())
-    if grads:
-        ups = (inputs.dout.to(device, torch.float64), inputs.dfinal_state.to(device, torch.float64))
-        got = torch.autograd.grad((out, state), list(leaves.values()), ups, allow_unused=True)
-        for name, leaf, grad in zip(leaves, leaves.values(), got):
-            result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
-    return result
+
+    def forward(leaves):
+        o, state = run_recurrence(spec, operands(spec, leaves), block=block, checkpointed=spec.pass_ == "fwd_bwd")
+        return finish(spec, o, leaves), state
+    return with_gradients(spec, inputs, forward, dtype=torch.float64, device=device or inputs.q.device)

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate
+from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
 from attnbench.linear.reference import finish, operands, recurrence_steps
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.outputs import Outputs, grad_name
+from attnbench.outputs import Outputs
 
 
 def naive_recurrent(spec: RecurrenceSpec, inputs: RecurrenceInputs, *, dtype: torch.dtype | None = None) -> Outputs:
@@ -137,14 +137,4 @@ def _zero_state(ops: dict) -> torch.Tensor:
 def _run(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, dtype: torch.dtype) -> Outputs:
     """Leaves in ``dtype`` -> forward(leaves) = (out, state) -> Outputs, with autograd's gradients for fwd_bwd."""
     validate(spec, inputs)
-    grads = spec.pass_ == "fwd_bwd"
-    leaves = {name: inputs.tensor(name).detach().to(dtype).requires_grad_(grads) for name in spec.input_names}
-    with torch.enable_grad() if grads else torch.no_grad():
-        out, state = forward(leaves)
-    result = Outputs(out=out.detach(), final_state=state.detach())
-    if grads:
-        ups = (inputs.dout.to(dtype), inputs.dfinal_state.to(dtype))
-        got = torch.autograd.grad((out, state), list(leaves.values()), ups, allow_unused=True)
-        for name, leaf, grad in zip(leaves, leaves.values(), got):
-            result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
-    return result
+    return with_gradients(spec, inputs, forward, dtype=dtype)

@@ -196,8 +196,8 @@ class FlashInferSparseMla(_SparseBackend):
     install = "pip install flashinfer-python==0.7.2.post1"
     capabilities = Capabilities(dtypes=("bf16",), backward=True, devices=("cuda",))
 
-    def extra_reason(self, spec, device) -> str | None:
-        return fi.supports(spec)
+    def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
+        return fi.case_reason(spec) or fi.arch_reason(torch.cuda.get_device_capability(torch.device(device)))
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=fi.prepare(spec, inputs), info={"kernel": fi.KERNEL})

@@ -55,18 +55,6 @@ def arch_reason(capability: tuple[int, int]) -> str | None:
     return f"flashinfer's dsa_sparse_attention runs on sm100/sm103/sm107 only, not sm{capability[0]}{capability[1]}"
 
 
-def supports(spec: SparseSpec) -> str | None:
-    """Why the kernel cannot run ``spec`` here (the case, no GPU, no flashinfer, the arch), or None."""
-    if (why := case_reason(spec)) is not None:
-        return why
-    if not torch.cuda.is_available():
-        return "flashinfer's dsa_sparse_attention needs a GPU"
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as exc:
-        return f"flashinfer is not importable ({type(exc).__name__})"
-    return arch_reason(torch.cuda.get_device_capability())
-
 
 def prepare(spec: SparseSpec, inputs: SparseInputs) -> Callable[[], Outputs]:
     """A closure calling the kernel on ``inputs`` (module doc); checks the case only, not the GPU."""

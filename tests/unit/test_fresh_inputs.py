@@ -20,23 +20,27 @@ from attnbench.timing.fresh import FRESH_SETS, FreshInputs, overwrite
 SPEC = AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=16, dtype="fp32")  # small: a cached call's speed is possible
 
 
-class AddressCache(Backend):
-    """Naive attention behind a cache keyed by ``q.data_ptr()`` that outlives a preparation (as a kernel
-    library's own cache would): a later call at a known address returns the stored tensors."""
+def _address_cached(base, name: str | None = None):
+    """``base`` behind a cache keyed by its inputs' ``q.data_ptr()`` that outlives a preparation (as a kernel
+    library's own cache would): a later call at a known address returns the stored outputs."""
+    class Cached(base):
+        cache: dict = {}
 
-    name = "test-address-cache"
-    capabilities = Capabilities()
-    cache: dict = {}
+        def prepare(self, spec, inputs):
+            inner = super().prepare(spec, inputs).fn
 
-    def prepare(self, spec, inputs):
-        inner = NaiveBackend().prepare(spec, inputs).fn
+            def call():
+                key = (inputs.q.data_ptr(), spec.pass_)
+                if key not in Cached.cache:
+                    Cached.cache[key] = inner()
+                return Cached.cache[key]
+            return Prepared(fn=call)
+    Cached.name = name or f"test-cached-{base.name}"
+    return Cached
 
-        def call():
-            key = (inputs.q.data_ptr(), spec.pass_)
-            if key not in AddressCache.cache:
-                AddressCache.cache[key] = inner()
-            return AddressCache.cache[key]
-        return Prepared(fn=call)
+
+AddressCache = _address_cached(NaiveBackend, "test-address-cache")
+"""Naive attention behind the address cache."""
 
 
 class OneBehind(Backend):
@@ -196,24 +200,6 @@ def test_a_failed_fresh_check_becomes_the_verdict_of_a_case_that_had_passed():
     assert passed["fresh_inputs"]["last_call"] == {"verdict": "fail", "reason": "out max_abs 1 > 1e-6", "set": 0}
     failed = fresh.check(checker, {"verdict": "fail", "reason": "the first call"})
     assert failed["reason"] == "the first call" and failed["fresh_inputs"]["last_call"]["verdict"] == "fail"
-
-
-def _address_cached(base):
-    """``base`` (a backend of another operator) behind a cache keyed by its inputs' ``q.data_ptr()``."""
-    class Cached(base):
-        name = f"test-cached-{base.name}"
-        cache: dict = {}
-
-        def prepare(self, spec, inputs):
-            inner = super().prepare(spec, inputs).fn
-
-            def call():
-                key = (inputs.q.data_ptr(), spec.pass_)
-                if key not in Cached.cache:
-                    Cached.cache[key] = inner()
-                return Cached.cache[key]
-            return Prepared(fn=call)
-    return Cached
 
 
 @pytest.mark.parametrize("op_spec, base", [

@@ -265,7 +265,8 @@ def test_long_tailed_documents_fill_the_batch_seeded_with_a_long_tail():
 
 
 def test_document_pieces_follow_the_rows_a_block_holds():
-    from attnbench.distributed.documents import Documents, back, front, shard_ranges
+    from attnbench.distributed.documents import Documents, back, front
+    from attnbench.distributed.layout import runs as shard_ranges
     docs = Documents((10, 230, 16))  # the middle document crosses every zigzag chunk of 4 ranks
     rows0 = shard_ranges(256, "zigzag", 0, 4)
     assert rows0 == ((0, 32), (224, 256))

@@ -75,15 +75,6 @@ class Documents:
         return out
 
 
-def shard_ranges(total: int, layout: str, rank: int, world: int) -> Ranges:
-    """The global rows of ``rank``'s shard (layout.py's contiguous or zigzag sharding), in stored order."""
-    if layout == "zigzag":
-        c = total // (2 * world)
-        return ((rank * c, (rank + 1) * c), ((2 * world - 1 - rank) * c, (2 * world - rank) * c))
-    n = total // world
-    return ((rank * n, (rank + 1) * n),)
-
-
 def front(ranges: Ranges, n: int) -> Ranges:
     """The runs of the first ``n`` stored rows."""
     out = []

@@ -46,17 +46,19 @@ def positions(seq_len: int, layout: str, rank: int, world: int, ulysses_degree: 
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; allowed: {', '.join(LAYOUTS)}")
     check_seq_len(seq_len, layout, world, ulysses_degree)
-    ring_world = world // ulysses_degree
     ring_rank, sub_rank = divmod(rank, ulysses_degree)
-    if layout == "zigzag":
-        c = seq_len // (2 * ring_world)
-        first = torch.arange(ring_rank * c, (ring_rank + 1) * c)
-        second = torch.arange((2 * ring_world - 1 - ring_rank) * c, (2 * ring_world - ring_rank) * c)
-        ring_part = torch.cat([first, second])
-    else:
-        c = seq_len // ring_world
-        ring_part = torch.arange(ring_rank * c, (ring_rank + 1) * c)
+    ring_part = torch.cat([torch.arange(a, b) for a, b in runs(seq_len, layout, ring_rank, world // ulysses_degree)])
     return ring_part.chunk(ulysses_degree)[sub_rank].clone()
+
+
+def runs(seq_len: int, layout: str, rank: int, world: int) -> tuple[tuple[int, int], ...]:
+    """The global [start, end) runs of positions ``rank`` of a ring of ``world`` holds, in local order (one for
+    ``contiguous``, two for ``zigzag``)."""
+    if layout == "zigzag":
+        c = seq_len // (2 * world)
+        return ((rank * c, (rank + 1) * c), ((2 * world - 1 - rank) * c, (2 * world - rank) * c))
+    c = seq_len // world
+    return ((rank * c, (rank + 1) * c),)
 
 
 def shard(x: torch.Tensor, idx: torch.Tensor, dim: int = 1) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from attnbench.distributed import comm as xfer
 from attnbench.distributed import documents, timeline
 from attnbench.distributed.kernels import LocalKernel
-from attnbench.distributed.layout import zigzag_shard, zigzag_unshard  # noqa: F401  (public helpers)
+from attnbench.distributed.layout import runs, zigzag_shard, zigzag_unshard  # noqa: F401  (public helpers)
 
 DIAG, FULL, SKIP, KV_FRONT, Q_BACK = "diag", "full", "skip", "kv_front", "q_back"
 COMMS = ("p2p", "allgather")
@@ -181,8 +181,7 @@ def _where(docs, comm: RingComm, src: int, zigzag: bool, local_len: int):
     if docs is None:
         return None
     layout, total = ("zigzag" if zigzag else "contiguous"), local_len * comm.world
-    return (docs, documents.shard_ranges(total, layout, comm.rank, comm.world),
-            documents.shard_ranges(total, layout, src, comm.world))
+    return (docs, runs(total, layout, comm.rank, comm.world), runs(total, layout, src, comm.world))
 
 
 def ring_forward(kernel, q, k, v, causal, scale, comm: RingComm, zigzag: bool, docs=None):

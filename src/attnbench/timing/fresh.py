@@ -44,6 +44,7 @@ import torch
 
 from attnbench import operators
 from attnbench.inputs import InputDist
+from attnbench.timing.graphs import tensors
 
 FRESH_SETS = 4
 """Input sets the timed calls rotate over (the case's own among them) outside graph mode."""
@@ -142,19 +143,10 @@ def _fail_with(accuracy: dict, other: dict, what: str) -> dict:
 def overwrite(dst, src) -> None:
     """Write ``src``'s values into ``dst``'s tensors in place (any operator's inputs: dataclasses, tensors, tuples,
     dicts of them). ValueError when a tensor's shape differs (index lists of another length)."""
-    if isinstance(dst, torch.Tensor):
-        if dst is not src:
-            if dst.shape != src.shape:
-                raise ValueError(f"cannot write values of shape {tuple(src.shape)} into a tensor of shape "
-                                 f"{tuple(dst.shape)}")
-            with torch.no_grad():
-                dst.copy_(src)
-    elif dataclasses.is_dataclass(dst):
-        for f in dataclasses.fields(dst):
-            overwrite(getattr(dst, f.name), getattr(src, f.name))
-    elif isinstance(dst, (tuple, list)):
-        for a, b in zip(dst, src, strict=True):
-            overwrite(a, b)
-    elif isinstance(dst, dict):
-        for name, a in dst.items():
-            overwrite(a, src[name])
+    for a, b in zip(tensors(dst), tensors(src), strict=True):
+        if a is b:
+            continue
+        if a.shape != b.shape:
+            raise ValueError(f"cannot write values of shape {tuple(b.shape)} into a tensor of shape {tuple(a.shape)}")
+        with torch.no_grad():
+            a.copy_(b)

@@ -42,9 +42,24 @@ def copies_for(bytes_per_call: float, l2_bytes: int, *, max_copies: int, copy_by
     return n, n >= want
 
 
+def tensors(tree):
+    """The tensors of a case's inputs (any operator's: dataclasses, tuples, lists, dicts of tensors), in a fixed
+    order: two trees of the same structure give theirs at the same places."""
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif dataclasses.is_dataclass(tree):
+        for f in dataclasses.fields(tree):
+            yield from tensors(getattr(tree, f.name))
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from tensors(x)
+
+
 def clone_inputs(inputs):
-    """A copy of a case's inputs (any operator's: dataclasses, tuples, dicts of tensors) with fresh storage for
-    every tensor (strides kept)."""
+    """A copy of a case's inputs (any operator's) with fresh storage for every tensor (strides kept)."""
     if isinstance(inputs, torch.Tensor):
         return inputs.clone()
     if dataclasses.is_dataclass(inputs):
@@ -59,26 +74,8 @@ def clone_inputs(inputs):
 
 def tensor_bytes(inputs) -> int:
     """Bytes of every tensor in a case's inputs (each storage once)."""
-    seen, total = set(), 0
-
-    def walk(x):
-        nonlocal total
-        if isinstance(x, torch.Tensor):
-            key = (x.untyped_storage().data_ptr(), x.device)
-            if key not in seen:
-                seen.add(key)
-                total += x.untyped_storage().nbytes()
-        elif dataclasses.is_dataclass(x):
-            for f in dataclasses.fields(x):
-                walk(getattr(x, f.name))
-        elif isinstance(x, (tuple, list)):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
-    walk(inputs)
-    return total
+    storages = {(t.untyped_storage().data_ptr(), t.device): t.untyped_storage().nbytes() for t in tensors(inputs)}
+    return sum(storages.values())
 
 
 def _warm_on_side_stream(fns: Sequence[Callable[[], object]], rounds: int, device: torch.device) -> None:

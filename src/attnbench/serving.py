@@ -174,7 +174,6 @@ def short_description(seqlens_q, seqlens_k, words: bool = True) -> str:
         return text
     same = tuple(seqlens_k) == tuple(seqlens_q)
     if not words:
-        span = lambda n: _short(min(n)) if min(n) == max(n) else f"{_short(min(n))}..{_short(max(n))}"  # noqa: E731
         return f"{len(seqlens_q)}:q{span(seqlens_q)}" + ("" if same else f",kv{span(seqlens_k)}")
     keys = "" if same else f", {sum(seqlens_k)} keys"
     return f"{len(seqlens_q)} seqs of {sum(seqlens_q)} tokens{keys}, longest {max(seqlens_q)}"
@@ -186,6 +185,12 @@ def group_label(seqlens) -> str:
     if len(seqlens) > 1 and len(set(seqlens)) == 1:
         return describe(seqlens, seqlens)
     return ",".join(map(str, seqlens))
+
+
+def span(lengths) -> str:
+    """The range of ``lengths``, short: "486..35284", "4k" when they are all one."""
+    low, high = min(lengths), max(lengths)
+    return _short(low) if low == high else f"{_short(low)}..{_short(high)}"
 
 
 def _short(n: int) -> str:

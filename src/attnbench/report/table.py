@@ -8,7 +8,7 @@ from rich.text import Text
 
 from attnbench.report.safe_text import markup as escape
 from attnbench.results.record import Record, busy_of, clock_of, verdict_of
-from attnbench.serving import _short
+from attnbench.serving import span
 from attnbench.spec import LABEL_SEQUENCES, AttnSpec
 
 STATUS_STYLE = {"ok": "green", "unsupported": "dim", "oom": "yellow", "error": "red", "nan": "red",
@@ -136,7 +136,7 @@ def _parts(spec: AttnSpec) -> tuple[list[str], list[str]]:
     words = spec.label().split(" ")
     head = words[:2]
     if len(getattr(spec, "seqlens_q", ())) > LABEL_SEQUENCES and len(words[1]) > REQUESTS_SHOWN + len("reqs[]"):
-        head = [words[0], f"reqs[{len(spec.seqlens_q)}:", f"q{_span(spec.seqlens_q)}", f"kv{_span(spec.seqlens_k)}]"]
+        head = [words[0], f"reqs[{len(spec.seqlens_q)}:", f"q{span(spec.seqlens_q)}", f"kv{span(spec.seqlens_k)}]"]
     return head, words[2:]
 
 
@@ -146,11 +146,6 @@ def _two_lines(words: list[str], line: int) -> str:
         return text
     cut = min(range(1, len(words)), key=lambda i: max(len(" ".join(words[:i])), len(" ".join(words[i:]))))
     return " ".join(words[:cut]) + "\n" + " ".join(words[cut:])
-
-
-def _span(lengths) -> str:
-    low, high = min(lengths), max(lengths)
-    return _short(low) if low == high else f"{_short(low)}..{_short(high)}"
 
 
 def _status(r: Record, clock) -> str:

@@ -16,7 +16,9 @@ short documents are launch-bound (a varlen kernel would do them in one call).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -60,19 +62,32 @@ class Documents:
     def total(self) -> int:
         return sum(self.lengths)
 
-    @property
-    def bounds(self) -> list[tuple[int, int]]:
+    @functools.cached_property
+    def bounds(self) -> list[tuple[int, int]]:  # every block of every timed call reads it: computed once
         ends = np.cumsum(self.lengths).tolist()
         return list(zip([0, *ends[:-1]], ends))
 
     def pieces(self, q_ranges: Ranges, k_ranges: Ranges) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         """Per document present on both sides: its local (lo, hi) rows among the queries and among the keys."""
         out = []
-        for start, end in self.bounds:
+        for i in sorted(self._overlapping(q_ranges) & self._overlapping(k_ranges)):
+            start, end = self.bounds[i]
             q, k = _local(q_ranges, start, end), _local(k_ranges, start, end)
             if q and k:
                 out.append((q, k))
         return out
+
+    @functools.cached_property
+    def _ends(self) -> list[int]:
+        return [end for _, end in self.bounds]
+
+    def _overlapping(self, ranges: Ranges) -> set[int]:
+        """Indices of the documents that share rows with ``ranges`` (found by bisection: a block holds few)."""
+        ends = self._ends
+        found = set()
+        for a, b in ranges:  # document i spans [ends[i-1], ends[i]): it overlaps [a, b) when ends[i] > a, ends[i-1] < b
+            found.update(range(bisect.bisect_right(ends, a), min(len(ends), bisect.bisect_left(ends, b) + 1)))
+        return found
 
 
 def front(ranges: Ranges, n: int) -> Ranges:

@@ -417,13 +417,12 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
     unit = metrics.rate_unit(r.tflops_per_device for r in results if r.stats is not None)
     columns = (*TABLE_COLUMNS, unit.name)
     both = len({r.spec.causal for r in results}) > 1
-    groups: dict[str, list[bench.CaseResult]] = {}
+    groups: dict[str, list[bench.CaseResult]] = {}  # by the table's title
     for res in results:
         mask = (", causal" if res.spec.causal else ", not causal") if both else ""
-        groups.setdefault(_backend_name(res) + mask, []).append(res)
-    for name, rows in groups.items():
-        name, _, mask = name.partition(",")
-        lines = [f"\n### {name} on {world} ranks{',' + mask if mask else ''}", "| " + " | ".join(columns) + " |",
+        groups.setdefault(f"{_backend_name(res)} on {world} ranks{mask}", []).append(res)
+    for title, rows in groups.items():
+        lines = [f"\n### {title}", "| " + " | ".join(columns) + " |",
                  "| " + " | ".join(":---:" for _ in columns) + " |"]
         for r in rows:
             s = r.spec

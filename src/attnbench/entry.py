@@ -50,11 +50,14 @@ def main() -> None:
             raise
         sys.stderr.write(f"attnbench: error: {stopped()}\n")
         _leave(exit_status())
-    # torch and the CLI stay for the whole process: the collections that importing the kernel packages
-    # sets off need not walk them again (0.1-0.4 s each, growing with every package imported).
-    gc.freeze()
     try:
+        # torch and the CLI stay for the whole process: the collections that importing the kernel packages
+        # sets off need not walk them again (0.1-0.4 s each, growing with every package imported).
+        gc.freeze()
         cli_main()
+    except KeyboardInterrupt:  # a signal held back during an import, raised again before the CLI took over
+        sys.stderr.write(f"attnbench: error: {stopped()}\n")
+        _leave(exit_status())
     except SystemExit as exc:
         for signum in STOP_SIGNALS:  # the command has finished: a stop signal now must not become a traceback
             signal.signal(signum, _late)

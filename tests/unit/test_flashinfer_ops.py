@@ -41,7 +41,9 @@ def _recurrence(q, k, v, alpha, beta, scale, h0, l2):
 
 
 def _fake_flashinfer(monkeypatch, *, transpose_state=True, sigmoid_beta=True, index_shift=0):
-    """A ``flashinfer`` with the three modules the backends import, each function with the real parameter list."""
+    """A ``flashinfer`` with the three modules the backends import, each function with the real parameter list;
+    returns the list the prefill appends its routing arguments to."""
+    calls = []
     pkg = types.ModuleType("flashinfer")
     prefill, decode, dsa = (types.ModuleType(f"flashinfer.{n}") for n in
                             ("gdn_prefill", "gdn_decode", "dsa_sparse_attention"))
@@ -52,6 +54,8 @@ def _fake_flashinfer(monkeypatch, *, transpose_state=True, sigmoid_beta=True, in
                                use_cp="auto", state_indices=None, _cp_chunk_len=None, backend="auto",
                                max_seqlen=None):
         assert cu_seqlens is not None and g is None or g.dtype == torch.float32
+        assert use_cp in ("auto", True, False) and max_seqlen is not None
+        calls.append(dict(use_cp=use_cp, max_seqlen=max_seqlen))
         hv, d = v.shape[1], q.shape[2]
         g = torch.ones(q.shape[0], hv) if g is None else g
         beta = torch.ones(q.shape[0], hv) if beta is None else beta
@@ -94,6 +98,7 @@ def _fake_flashinfer(monkeypatch, *, transpose_state=True, sigmoid_beta=True, in
     for name, mod in (("flashinfer", pkg), ("flashinfer.gdn_prefill", prefill), ("flashinfer.gdn_decode", decode),
                       ("flashinfer.dsa_sparse_attention", dsa)):
         monkeypatch.setitem(sys.modules, name, mod)
+    return calls
 
 
 def _close(got, want, tol=3e-2):
@@ -111,6 +116,14 @@ def test_prefill_matches_reference_through_a_faithful_fake(monkeypatch, extra):
     got, want = lfi.prepare(spec, inputs, "prefill")(), reference(spec, inputs)
     assert got["out"].shape == want["out"].shape and got["final_state"].shape == want["final_state"].shape
     assert _close(got["out"], want["out"]) and _close(got["final_state"], want["final_state"])
+
+
+@pytest.mark.parametrize("use_cp, passed", [("auto", "auto"), ("always", True), ("never", False)])
+def test_prefill_passes_the_routing_and_the_longest_sequence(monkeypatch, use_cp, passed):
+    calls = _fake_flashinfer(monkeypatch)
+    spec = RecurrenceSpec(**{**PREFILL, "seqlens": (3, 6)})
+    lfi.prepare(spec, make_inputs(spec), "prefill", use_cp=use_cp)()
+    assert calls == [dict(use_cp=passed, max_seqlen=6)]
 
 
 def test_prefill_check_fails_a_fake_whose_state_is_not_transposed(monkeypatch):
@@ -134,6 +147,45 @@ def test_decode_gates_and_state_against_a_fake(monkeypatch, faithful):
     got, want = run(), reference(spec, inputs)  # a second call starts from the case's state again
     ok = _close(got["out"], want["out"]) and _close(got["final_state"], want["final_state"])
     assert ok == faithful
+
+
+def test_decode_without_reset_starts_from_the_case_state_once(monkeypatch):
+    _fake_flashinfer(monkeypatch)
+    spec = RecurrenceSpec(**DECODE)
+    inputs = make_inputs(spec)
+    run, finish = lfi.prepare(spec, inputs, "decode", reset_state=False), lfi.finish("decode")
+    want = reference(spec, inputs)
+    first = finish(run())  # the checked call: from the case's state, in memory of its own
+    assert _close(first["out"], want["out"]) and _close(first["final_state"], want["final_state"])
+    second = run()  # runs on from the first call's state, in the same buffer
+    assert not _close(second["final_state"], want["final_state"]) and _close(first["final_state"], want["final_state"])
+
+
+def test_kernel_reason_names_what_did_not_import(monkeypatch):
+    _fake_flashinfer(monkeypatch)  # no flashinfer.gdn_kernels in the fake
+    why = lfi.kernel_reason("prefill", 9)
+    assert why and "does not import" in why and "\n" not in why
+    kernels = types.ModuleType("flashinfer.gdn_kernels")
+    kernels.chunk_gated_delta_rule_sm90, kernels.cp_delta_rule_dsl_sm90 = len, None
+    monkeypatch.setitem(sys.modules, "flashinfer.gdn_kernels", kernels)
+    why = lfi.kernel_reason("prefill", 9)
+    assert "cp_delta_rule_dsl_sm90" in why and "chunk_gated_delta_rule_sm90" not in why and "\n" not in why
+    kernels.cp_delta_rule_dsl_sm90 = len
+    assert lfi.kernel_reason("prefill", 9) is None
+    assert "run_nontranspose_decode" in lfi.kernel_reason("decode", 9)
+    sys.modules["flashinfer.gdn_decode"].run_nontranspose_decode = len
+    assert lfi.kernel_reason("decode", 9) is None
+
+
+def test_backend_options_are_checked():
+    from attnbench.backends import options
+    assert options.resolve(["flashinfer-gdn.use_cp=never"]) == {"flashinfer-gdn": {"use_cp": "never"}}
+    assert options.resolve(["flashinfer-gdn-decode.reset_state=false"]) == \
+        {"flashinfer-gdn-decode": {"reset_state": False}}
+    with pytest.raises(ValueError, match="always"):
+        options.resolve(["flashinfer-gdn.use_cp=sometimes"])
+    with pytest.raises(ValueError):
+        options.resolve(["flashinfer-gdn-decode.use_cp=never"])
 
 
 def test_decode_gates_invert_the_kernels_formula():

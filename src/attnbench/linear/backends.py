@@ -6,7 +6,10 @@
 - ``fla-chunk`` / ``fla-recurrent``: fla-core's ``chunk_*`` and ``fused_recurrent_*`` kernels (``linear.fla``;
   Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
 - ``flashinfer-gdn`` / ``flashinfer-gdn-decode``: FlashInfer 0.7.2.post1's GDN chunked prefill and decode
-  (``linear.flashinfer``; CuTe DSL, forward only; written against its source, untested on hardware).
+  (``linear.flashinfer``; CuTe DSL, forward only; written against its source, untested on hardware);
+  ``--backend-opt flashinfer-gdn.use_cp=never|always`` pins its routing (default auto: FlashInfer's context-parallel
+  kernel when N x value heads is below half the SM count), ``flashinfer-gdn-decode.reset_state=false`` times the
+  in-place decode without the copy of the case's state that each call otherwise starts with.
 - ``flashqla``: FlashQLA 0.1.3's GDN chunked prefill, forward and backward (``linear.flashqla``; TileLang; written
   against its source, untested on hardware); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a
   long sequence over the GPU (its default, True, may).
@@ -119,23 +122,34 @@ class FlaRecurrent(_Fla):
 class _FlashInferGdn(_RecurrenceBackend):
     package = "flashinfer"
     distribution = "flashinfer-python"
-    install = "pip install flashinfer-python==0.7.2.post1"
+    install = "pip install flashinfer-python==0.7.2.post1 (its CuTe DSL: nvidia-cutlass-dsl[cu13]; see docs/linear.md)"
     capabilities = Capabilities(dtypes=("fp16", "bf16"), varlen=True, backward=False, devices=("cuda",))
     op = "prefill"
 
     def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
-        return fi.case_reason(spec, self.op) or fi.arch_reason(
-            self.op, torch.cuda.get_device_capability(torch.device(device)), torch.version.cuda)
+        capability = torch.cuda.get_device_capability(torch.device(device))
+        return fi.case_reason(spec, self.op) or fi.arch_reason(self.op, capability, torch.version.cuda) or \
+            fi.kernel_reason(self.op, capability[0])
 
-    def prepare(self, spec, inputs) -> Prepared:
-        return Prepared(fn=fi.prepare(spec, inputs, self.op), info={"kernel": fi.kernel_name(self.op),
-                                                                    "form": "chunk" if self.op == "prefill" else
-                                                                    "recurrent"})
+    def _prepared(self, spec, inputs, info: dict, **options) -> Prepared:
+        return Prepared(fn=fi.prepare(spec, inputs, self.op, **options), finish=fi.finish(self.op),
+                        info={"kernel": fi.kernel_name(self.op)} | info)
 
 
 class FlashInferGdn(_FlashInferGdn):
     name = "flashinfer-gdn"
     description = "FlashInfer's GDN chunked prefill, chunk_gated_delta_rule (d 128, fp16/bf16, sm90/sm100/sm120)"
+    option_choices = {"use_cp": tuple(fi.USE_CP)}
+
+    def __init__(self, use_cp: str = "auto"):
+        self.use_cp = use_cp
+        """FlashInfer's ``use_cp``: auto (its default: the context-parallel kernel when N x value heads is below
+        half the SM count), always or never."""
+
+    def prepare(self, spec, inputs) -> Prepared:
+        cp = {"always": True, "never": False}.get(self.use_cp, fi.cp_route(spec, inputs.q.device))
+        return self._prepared(spec, inputs, {"form": "chunk", "use_cp": self.use_cp, "context_parallel": cp},
+                              use_cp=self.use_cp)
 
 
 class FlashInferGdnDecode(_FlashInferGdn):
@@ -143,6 +157,18 @@ class FlashInferGdnDecode(_FlashInferGdn):
     description = "FlashInfer's GDN decode, gated_delta_rule_decode (one token, K-major state, bf16, sm90)"
     capabilities = Capabilities(dtypes=("bf16",), varlen=True, backward=False, devices=("cuda",))
     op = "decode"
+
+    def __init__(self, reset_state: bool = True):
+        self.reset_state = reset_state
+        """Copy the case's state into the kernel's in-place buffer before each call (timed with it: as much
+        traffic as the kernel's own); False: the state runs on from call to call, only the first call (the checked
+        one) starts from the case's."""
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return self._prepared(spec, inputs, {"form": "recurrent", "reset_state": self.reset_state,
+                                             "state_copy_bytes": 2 * 4 * spec.num_seqs * spec.heads_v * spec.d_k *
+                                             spec.d_v if self.reset_state else 0},
+                              reset_state=self.reset_state)
 
 
 class FlashQla(_RecurrenceBackend):

@@ -31,8 +31,8 @@ def _env(**extra) -> dict:
 def test_torchrun_two_ranks(tmp_path):
     db = tmp_path / "r.db"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "attnbench", "dist", "--method", "zigzag,torch-cp", "--kernel", "sdpa-math", *SMALL, "--causal",
-           "--pass", "fwd_bwd", "--db", str(db)]
+           "-m", "attnbench", "dist", "--method", "zigzag,torch-cp,ulysses-ce", "--kernel", "sdpa-math", *SMALL,
+           "--causal", "--pass", "fwd_bwd", "--db", str(db)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout
@@ -49,7 +49,7 @@ def test_torchrun_two_ranks(tmp_path):
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT backend, status, reason, info, accuracy, tflops, median_ms FROM records").fetchall()
     by_backend = {r[0]: r for r in rows}
-    assert set(by_backend) == {"cp-zigzag:sdpa-math", "cp-torch-cp:sdpa-math"}
+    assert set(by_backend) == {"cp-zigzag:sdpa-math", "cp-torch-cp:sdpa-math", "cp-ulysses-ce:sdpa-math"}
     zig = by_backend["cp-zigzag:sdpa-math"]
     assert zig[1] == "ok" and zig[5] > 0 and zig[6] > 0
     info, accuracy = json.loads(zig[3]), json.loads(zig[4])
@@ -62,6 +62,8 @@ def test_torchrun_two_ranks(tmp_path):
     assert zig[6] == pytest.approx(statistics.median(max(a, b) for a, b in zip(*per_rank)), rel=1e-3)
     assert accuracy["verdict"] == "pass" and len(accuracy["per_rank"]) == 2
     assert by_backend["cp-torch-cp:sdpa-math"][1] == "unsupported" and "CUDA" in by_backend["cp-torch-cp:sdpa-math"][2]
+    ce = by_backend["cp-ulysses-ce:sdpa-math"]  # copies between GPUs: a CPU job says so, and goes on
+    assert ce[1] == "unsupported" and "needs CUDA and one GPU per rank" in ce[2]
 
 
 def test_failing_rank_ends_the_job_without_hanging(tmp_path):
@@ -214,7 +216,7 @@ def test_packed_documents_run_checked_and_their_table_says_how_many(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--method", "usp", "--documents", "32"], "packed documents (a group of --seq-lens, or --documents) run on ring, "
-                                                "zigzag, ulysses, not usp"),
+                                                "zigzag, ulysses, ulysses-ce, torch-cp-flex, not usp"),
     (["--method", "ring", "--documents", "32", "--batch-size", "2"], "give --batch-size 1"),
     (["--method", "ring", "--documents", "1k"], "--documents 1k: a mean document length must be in 1..256"),
     (["--method", "ring", "--documents", "8,16"], "--documents takes one mean length"),

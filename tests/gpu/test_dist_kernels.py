@@ -140,3 +140,60 @@ def test_ranks_sharing_one_gpu_check_every_method(tmp_path, kernel):
     rows = ResultStore(tmp_path / "s.db").records()
     assert len(rows) == 8 and all(r.median_ms is None and r.accuracy["verdict"] == "pass" for r in rows)
     assert {r.info["world_size"] for r in rows} == {4} and {r.info["backend"] for r in rows} == {"gloo"}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("chunks", ["1", "2"])
+def test_copy_engine_ulysses_passes_on_gpus(tmp_path, chunks):
+    # The forward's all-to-alls as peer copies into symmetric memory, in one exchange or pipelined over head
+    # chunks, with GQA and a batch of 2 (the packed pieces are then not plain slices of the inputs): every rank's
+    # output must match one GPU's, and the timed calls must reuse the same buffers without corrupting them.
+    n = min(4, torch.cuda.device_count())
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", str(n),
+           "-m", "attnbench", "dist", "--method", "ulysses-ce,ulysses", "--ulysses-chunks", chunks,
+           "--kernel", "sdpa-flash", "--batch-size", "2", "--seq-lens", "4096", "--q-heads", "16", "--kv-heads", "8",
+           "--head-size", "128", "--dtype", "bf16", "--causal", "both", "--pass", "fwd", "--warmup", "2",
+           "--repeat", "5", "--db", str(tmp_path / "ce.db")]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("verdict: pass") == 4, res.stdout[-5000:]
+    from attnbench.results.store import ResultStore
+    ce = [r for r in ResultStore(tmp_path / "ce.db").records() if r.info["method"] == "ulysses-ce"]
+    assert len(ce) == 2 and all(r.info["ulysses_a2a"] == "copy-engine" and r.median_ms > 0 for r in ce)
+
+
+CE_CALLS = """
+import os, torch, torch.distributed as dist
+from attnbench.distributed import copy_engine
+from attnbench.distributed.kernels import get_kernel
+from attnbench.distributed.ulysses import ulysses_attention
+rank = int(os.environ["RANK"]); torch.cuda.set_device(rank); dist.init_process_group("nccl")
+kernel, worst = get_kernel("sdpa-flash"), 0.0
+with torch.no_grad():
+    for call, s in enumerate((2048, 2048, 2048, 1024)):  # new inputs into the same buffers, then another shape
+        g = torch.Generator(device="cuda").manual_seed(100 * call + rank)
+        q = torch.randn(2, s, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(2, s, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        ref = ulysses_attention(q, k, v, kernel=kernel, causal=True, scale=0.088)
+        got = copy_engine.forward(q, k, v, kernel=kernel, causal=True, scale=0.088, group=None, chunks=%d)
+        torch.cuda.synchronize()
+        worst = max(worst, (got.float() - ref.float()).abs().max().item())
+print(f"rank {rank} worst {worst}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_copy_engine_calls_reuse_their_buffers(tmp_path, chunks):
+    # Each call writes into the buffers the previous call's peers read from: every call must equal NCCL's Ulysses
+    # on the same inputs (same kernel, same heads: bit for bit), through repeated calls and a change of shape.
+    script = tmp_path / "ce.py"
+    script.write_text(CE_CALLS % chunks)
+    env = dict(os.environ, PYTHONPATH=_pythonpath(), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--master_port", str(_free_port()), "--nproc_per_node", "2",
+           str(script)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("worst 0.0") == 2, res.stdout[-2000:]

@@ -60,8 +60,10 @@ def validate(specs, methods, world: int, ulysses_degree: int | None, ulysses_chu
             from attnbench.distributed.documents import METHODS as DOC_METHODS
             other = [m for m in methods if m not in DOC_METHODS]
             if other:
+                hint = ("; torch-cp's SDPA takes no document mask, torch-cp-flex is torch's context parallel with it"
+                        if "torch-cp" in other else "")
                 raise UserError(f"packed documents (a group of --seq-lens, or --documents) run on "
-                                f"{', '.join(DOC_METHODS)}, not {', '.join(other)}")
+                                f"{', '.join(DOC_METHODS)}, not {', '.join(other)}{hint}")
             if spec.batch != 1 or spec.seqlens_q != spec.seqlens_k:
                 raise UserError("packed documents are one sequence: give --batch-size 1 and no --kv-seq-lens")
             if len(spec.seqlens_q) > DOC_LIMIT:
@@ -82,7 +84,7 @@ def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -
 
     seq, causal = sum(spec.seqlens_q), spec.causal
     try:
-        if method == "ulysses":
+        if method in ("ulysses", "ulysses-ce"):
             check_heads(spec.heads_q, spec.heads_kv, world)
             pipeline_chunks(spec.heads_q, spec.heads_kv, world, ulysses_chunks)
         if method in ("usp", "yunchang"):
@@ -91,6 +93,9 @@ def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -
                 raise ValueError(f"--ulysses-degree {u} must divide the world size {world}")
             check_heads(spec.heads_q, spec.heads_kv, u)
             lay.check_seq_len(seq, "zigzag" if causal else "contiguous", world, u, what=f"{method} {u}x{world // u}")
+        elif method == "torch-cp-flex":
+            from attnbench.distributed.torch_cp_flex import check_seq_len
+            check_seq_len(seq, world)
         else:
             zig = method.endswith("zigzag") or (method == "torch-cp" and causal)
             what = f"{method}: {'2 x ' if zig else ''}world size {world}"
@@ -102,7 +107,7 @@ def _validate_case(spec, method, world, ulysses_degree, ulysses_chunks="auto") -
 def dist(
     ctx: typer.Context,
     method: Annotated[list[str] | None, typer.Option(
-        "--method", metavar="METHOD,...", help="ring, zigzag, ulysses, usp, torch-cp, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
+        "--method", metavar="METHOD,...", help="ring, zigzag, ulysses, ulysses-ce (forward: copy-engine all-to-all), usp, torch-cp, torch-cp-flex, rfa-ring, rfa-zigzag, yunchang (comma list).")] = None,
     kernel: Annotated[str, typer.Option(
         "--kernel", help=f"Local kernel (a backend name): {', '.join(KERNELS)}.")] = "sdpa-math",
     nproc: Annotated[int | None, typer.Option(
@@ -118,7 +123,7 @@ def dist(
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda if available).")] = None,
     documents: Annotated[str | None, typer.Option(
         "--documents", metavar="MEAN", help="Pack each --seq-lens total with documents of seeded long-tailed "
-        "lengths (log-normal, mean MEAN tokens, e.g. 8k), each attended within itself (ring, zigzag, ulysses).")] = None,
+        "lengths (log-normal, mean MEAN tokens, e.g. 8k), each attended within itself (ring, zigzag, ulysses, torch-cp-flex).")] = None,
     batch_size: common.BatchSize = None,
     seq_lens: common.SeqLens = None,
     q_heads: common.QHeads = None,

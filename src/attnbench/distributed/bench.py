@@ -2,7 +2,8 @@
 
 Check. Every rank draws the same seeded full inputs, runs the method on its shard, and compares its
 out, dq, dk, dv with (a) the same local kernel on the full inputs on one device (the non-distributed
-result, sharded the same way: the printed diffs) and (b) the exact result (fp64 on CPU, fp32 with
+result, sharded the same way: the printed diffs; a peer's own kernel where it gives one, else the exact
+result rounded to the dtype) and (b) the exact result (fp64 on CPU, fp32 with
 TF32 off on GPUs). Verdict per tensor: pass if
 
     max|distributed - exact| <= K * max|single device - exact| + 2 * eps(dtype) * max|exact|,  K = 2.5
@@ -35,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench import metrics
-from attnbench.distributed import documents, peers, timeline
+from attnbench.distributed import documents, peers, timeline, torch_cp_flex
 from attnbench.distributed import layout as lay
 from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
@@ -50,13 +51,17 @@ from attnbench.timing import TimingConfig, measure_detailed, summarize
 
 log = logging.getLogger(__name__)
 
-METHODS = ("ring", "zigzag", "ulysses", "usp", "torch-cp", "rfa-ring", "rfa-zigzag", "yunchang")
-OWN_KERNEL = ("rfa-ring", "rfa-zigzag", "yunchang")
+METHODS = ("ring", "zigzag", "ulysses", "ulysses-ce", "usp", "torch-cp", "torch-cp-flex", "rfa-ring", "rfa-zigzag", "yunchang")
+OWN_KERNEL = ("torch-cp-flex", "rfa-ring", "rfa-zigzag", "yunchang")
 """Other implementations that bring their own local kernel (``--kernel`` does not apply)."""
-OWN_COLLECTIVES = ("torch-cp", *OWN_KERNEL)
+OWN_COLLECTIVES = ("torch-cp", "ulysses-ce", *OWN_KERNEL)
 """Other implementations, which move tensors with collectives of their own (NCCL on CUDA)."""
 VERDICT_K = 2.5
 FLOOR_ULPS = 2
+REFERENCE_ULPS = 16
+"""A peer's own kernel on one device (``Method.reference``) is the yardstick only up to this many ulps of the
+largest exact value: a kernel or block mask that ignored the documents is off by the values themselves on one
+device too, and must not widen its own bound (a bf16 kernel's rounding is a few ulps)."""
 FAIL_RANK_ENV = "ATTNBENCH_DIST_FAIL_RANK"  # fault injection for testing the failure path
 SHARED_NOT_TIMED = ("not timed: {n} ranks share each GPU (gloo through host memory), so a time would be "
                     "neither per device nor of the real transfers")
@@ -85,7 +90,13 @@ class Method:
     layout: str
     ulysses_degree: int = 1
     context: object = None
-    """Factory of a context manager the calls must run inside (torch-cp), or None."""
+    """Factory of a context manager the calls must run inside (torch-cp, torch-cp-flex), or None."""
+    positions: torch.Tensor | None = None
+    """int64 global positions this rank holds, in local order, when the method lays the sequence out itself
+    (torch-cp-flex's per-document balancer); None: ``layout``'s (``layout.positions``)."""
+    reference: object = None
+    """(q, k, v, dout) full inputs -> out, dq, dk, dv of the method's own kernel on one device, for a peer that
+    brings its kernel (torch-cp-flex); None: the exact result rounded to the dtype stands in for it."""
     info: dict = field(default_factory=dict)
 
 
@@ -149,14 +160,23 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
         kernel = get_kernel(kernel_name, ctx.device)
         fn = _wrap(ring_attention, kernel=kernel, causal=causal, scale=scale, layout=layout, comm=comm, docs=docs)
         return Method(name=name, fn=fn, layout=layout, info={"ring_comm": comm})
-    if name == "ulysses":
+    if name in ("ulysses", "ulysses-ce"):
         check_heads(spec.heads_q, spec.heads_kv, ctx.world)
-        lay.check_seq_len(seq, "contiguous", ctx.world, what="ulysses: world size")
+        lay.check_seq_len(seq, "contiguous", ctx.world, what=f"{name}: world size")
         chunks = pipeline_chunks(spec.heads_q, spec.heads_kv, ctx.world, ulysses_chunks)
+        a2a = "nccl"
+        if name == "ulysses-ce":
+            if ctx.device.type != "cuda":
+                raise MethodUnavailable("ulysses-ce copies between GPUs: it needs CUDA and one GPU per rank")
+            if spec.pass_ != "fwd":
+                raise MethodUnavailable("ulysses-ce moves the forward's all-to-alls on the copy engines; its backward "
+                                        "would be ulysses' own: time it with --pass fwd")
+            a2a = "copy-engine"
         kernel = get_kernel(kernel_name, ctx.device)
         fn = _wrap(ulysses_attention, kernel=kernel if docs is None else documents.whole(kernel, docs), causal=causal,
-                   scale=scale, chunks=chunks)
-        return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1, info={"ulysses_chunks": chunks})
+                   scale=scale, chunks=chunks, a2a=a2a)
+        return Method(name=name, fn=fn, layout="contiguous", ulysses_degree=1,
+                      info={"ulysses_chunks": chunks, "ulysses_a2a": a2a})
     if name in ("usp", "yunchang"):
         u = ulysses_degree or _default_ulysses(ctx.world, spec)
         check_heads(spec.heads_q, spec.heads_kv, u)
@@ -176,6 +196,11 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
         fn, context, info = _call_peer(peers.torch_cp, kernel_name=kernel_name, causal=causal, scale=scale,
                                        seq_len=seq, device=ctx.device, world=ctx.world)
         return Method(name=name, fn=fn, layout=layout, context=context, info=info)
+    if name == "torch-cp-flex":
+        torch_cp_flex.check_seq_len(seq, ctx.world)
+        p = _call_peer(torch_cp_flex.torch_cp_flex, spec=spec, device=ctx.device, rank=ctx.rank, world=ctx.world)
+        return Method(name=name, fn=p.fn, layout=p.layout, context=p.context, positions=p.positions,
+                      reference=p.reference, info=p.info)
     raise ValueError(f"unknown method {name!r}; allowed: {', '.join(METHODS)}")
 
 
@@ -251,6 +276,8 @@ def check_rank(method: Method, kernel: LocalKernel | None, spec: AttnSpec, input
     if kernel is not None:
         ref = single_device(*full, kernel=kernel if docs is None else documents.whole(kernel, docs),
                             causal=spec.causal, scale=spec.softmax_scale)
+    elif method.reference is not None:  # a peer's own kernel on one device (torch-cp-flex's FlexAttention)
+        ref = method.reference(*full)
     else:  # a peer with its own kernel: compare with the exact result rounded to the dtype
         ref = {n: t.to(spec.torch_dtype) for n, t in exact.items()}
     eps = torch.finfo(spec.torch_dtype).eps
@@ -259,7 +286,9 @@ def check_rank(method: Method, kernel: LocalKernel | None, spec: AttnSpec, input
         ref_s, exact_s = lay.shard(ref[name], idx), lay.shard(exact[name], idx)
         mx, mean = max_mean(got[name], ref_s)
         dist_err, ref_err = max_mean(got[name], exact_s)[0], max_mean(ref_s, exact_s)[0]
-        bound = VERDICT_K * ref_err + FLOOR_ULPS * eps * float(exact_s.abs().max())
+        top = float(exact_s.abs().max())
+        yardstick = ref_err if method.reference is None else min(ref_err, REFERENCE_ULPS * eps * top)
+        bound = VERDICT_K * yardstick + FLOOR_ULPS * eps * top
         result[name] = {"max": mx, "mean": mean, "err_vs_exact": dist_err, "single_err_vs_exact": ref_err,
                         "bound": bound, "pass": dist_err <= bound}
         if name == "out":  # the forward without gradients is held to the same bound, and reported beside
@@ -375,7 +404,8 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     if spec.is_varlen:
         lengths = spec.seqlens_q
         result.info["documents"] = {"count": len(lengths), "longest": max(lengths), "shortest": min(lengths)}
-    idx = lay.positions(sum(spec.seqlens_q), method.layout, ctx.rank, ctx.world, method.ulysses_degree)
+    idx = method.positions if method.positions is not None else \
+        lay.positions(sum(spec.seqlens_q), method.layout, ctx.rank, ctx.world, method.ulysses_degree)
     wall = {}  # seconds per phase on this rank, recorded so a slow job shows where its time went
     t0 = time.perf_counter()
     inputs = make_inputs(dense_inputs_spec(spec), ctx.device, seed)

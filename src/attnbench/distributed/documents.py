@@ -29,8 +29,8 @@ from attnbench.distributed.reference import exact_attention
 
 Ranges = tuple[tuple[int, int], ...]
 """Global [start, end) runs of a block's rows, in the order the rows are stored."""
-METHODS = ("ring", "zigzag", "ulysses")
-"""The methods that take packed documents."""
+METHODS = ("ring", "zigzag", "ulysses", "ulysses-ce", "torch-cp-flex")
+"""The methods that take packed documents (torch-cp-flex through its own block mask: ``torch_cp_flex.py``)."""
 MAX_DOCUMENTS = 4096
 """Most documents a case may pack: each is one local-kernel call per block."""
 SIGMA = 1.0

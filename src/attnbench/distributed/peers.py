@@ -6,6 +6,8 @@
 - ``rfa-ring`` / ``rfa-zigzag``: ring-flash-attn (``ring_flash_attn_func`` / ``zigzag_ring_flash_attn_func``),
   which calls FlashAttention-2 inside.
 - ``yunchang``: USP from yunchang (``LongContextAttention`` after ``set_seq_parallel_pg``).
+- ``torch-cp-flex``: torch's native context parallel on its FlexAttention path, which takes the packed
+  documents' mask (``torch_cp_flex.py``).
 
 Every peer is imported lazily; a missing package or device is a reason string, never an ImportError.
 """

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from attnbench.distributed import timeline
+from attnbench.distributed import copy_engine, timeline
 from attnbench.distributed.comm import _staged, all_to_all
 from attnbench.distributed.kernels import LocalKernel, local_attention
 
@@ -146,17 +146,25 @@ def _pipelined_forward(q, k, v, kernel: LocalKernel, causal: bool, scale: float,
 
 
 def ulysses_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: float,
-                      group: dist.ProcessGroup | None = None, inner=None, chunks: int | str = 1) -> torch.Tensor:
+                      group: dist.ProcessGroup | None = None, inner=None, chunks: int | str = 1,
+                      a2a: str = "nccl") -> torch.Tensor:
     """Attention of contiguous sequence shards q (B, S/U, Hq, D), k, v (B, S/U, Hkv, D) over ``group``.
 
     ``inner(q, k, v)`` replaces the local kernel call on the gathered (B, S, H/U, D) tensors (USP
     passes ring attention over the other mesh axis here). ``chunks``: head chunks of the pipelined
     forward (module doc), used for a forward without gradients on a transport that moves device memory.
+    ``a2a="copy-engine"``: that forward's all-to-alls are peer-to-peer copies on the copy engines
+    (``copy_engine``), which take no SMs from the kernel; with gradients it is NCCL's, as ever.
     """
     world = dist.get_world_size(group)
     check_heads(q.shape[2], k.shape[2], world)
     timeline.begin_step("fwd", 0)
     p = pipeline_chunks(q.shape[2], k.shape[2], world, chunks) if world > 1 and inner is None else 1
+    if a2a == "copy-engine" and world > 1 and inner is None and not torch.is_grad_enabled():
+        why = copy_engine.available(q, group)
+        if why:
+            raise RuntimeError(why)
+        return copy_engine.forward(q, k, v, kernel=kernel, causal=causal, scale=scale, group=group, chunks=p)
     if p > 1 and not torch.is_grad_enabled() and not _staged(q, group):
         return _pipelined_forward(q, k, v, kernel, causal, scale, group, world, p)
     if world == 1:

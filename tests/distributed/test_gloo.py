@@ -117,6 +117,6 @@ def test_a_method_blind_to_packed_documents_fails_the_check(results2):
     assert all(not errs["out"]["pass"] for errs in per_rank)  # every rank holds queries of a cut document
 
 
-def test_packed_documents_take_ring_zigzag_and_ulysses_only(results2):
+def test_packed_documents_are_refused_by_the_methods_that_do_not_split_them(results2):
     assert results2["reject-usp-docs"]["error"] == ("packed documents (a group of lengths) run on ring, zigzag, "
-                                                   "ulysses; usp does not take them")
+                                                   "ulysses, ulysses-ce, torch-cp-flex; usp does not take them")

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench import metrics
-from attnbench.distributed import documents, peers, timeline, torch_cp_flex
+from attnbench.distributed import copy_engine, documents, peers, timeline, torch_cp_flex
 from attnbench.distributed import layout as lay
 from attnbench.distributed.comm import all_reduce
 from attnbench.distributed.kernels import KernelUnavailable, LocalKernel, get_kernel
@@ -168,6 +168,8 @@ def build_method(name: str, kernel_name: str, spec: AttnSpec, ctx: DistContext, 
         if name == "ulysses-ce":
             if ctx.device.type != "cuda":
                 raise MethodUnavailable("ulysses-ce copies between GPUs: it needs CUDA and one GPU per rank")
+            if why := copy_engine.missing():
+                raise MethodUnavailable(why)
             if spec.pass_ != "fwd":
                 raise MethodUnavailable("ulysses-ce moves the forward's all-to-alls on the copy engines; its backward "
                                         "would be ulysses' own: time it with --pass fwd")

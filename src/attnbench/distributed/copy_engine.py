@@ -31,20 +31,13 @@ from attnbench.distributed import timeline
 _buffers: dict = {}
 
 
-class Unavailable(RuntimeError):
-    """The copy-engine all-to-all cannot run here (no CUDA, no NCCL, no symmetric memory)."""
-
-
-def available(q: torch.Tensor, group) -> str | None:
-    """None when the copy-engine all-to-all can run for ``q`` over ``group``; else why not, in one line."""
-    if q.device.type != "cuda":
-        return "the copy-engine all-to-all needs CUDA tensors"
-    if dist.get_backend(group) != "nccl":
-        return "the copy-engine all-to-all needs one GPU per rank (an NCCL group)"
+def missing() -> str | None:
+    """Why this torch cannot run the copy-engine all-to-all (no symmetric memory), or None. CUDA and one GPU per
+    rank are the method's own conditions, checked where it is built (``bench.build_method``)."""
     try:
-        import torch.distributed._symmetric_memory as symm_mem  # noqa: F401
+        import torch.distributed._symmetric_memory  # noqa: F401
     except ImportError as exc:
-        return f"this torch has no symmetric memory ({exc})"
+        return f"ulysses-ce needs torch's symmetric memory, which this torch lacks ({exc})"
     return None
 
 

@@ -161,9 +161,6 @@ def ulysses_attention(q, k, v, *, kernel: LocalKernel, causal: bool, scale: floa
     timeline.begin_step("fwd", 0)
     p = pipeline_chunks(q.shape[2], k.shape[2], world, chunks) if world > 1 and inner is None else 1
     if a2a == "copy-engine" and world > 1 and inner is None and not torch.is_grad_enabled():
-        why = copy_engine.available(q, group)
-        if why:
-            raise RuntimeError(why)
         return copy_engine.forward(q, k, v, kernel=kernel, causal=causal, scale=scale, group=group, chunks=p)
     if p > 1 and not torch.is_grad_enabled() and not _staged(q, group):
         return _pipelined_forward(q, k, v, kernel, causal, scale, group, world, p)

@@ -163,6 +163,25 @@ def test_copy_engine_ulysses_passes_on_gpus(tmp_path, chunks):
     assert len(ce) == 2 and all(r.info["ulysses_a2a"] == "copy-engine" and r.median_ms > 0 for r in ce)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copy_rows_is_a_strided_copy():
+    # One head slice of every token, out of a (tokens, heads, d) shard into a dense block and back into another
+    # shard's slice: the driver's 2-D copy must move exactly those bytes and leave the rest alone.
+    from attnbench.distributed import copy_engine
+    x = torch.randn(1000, 12, 64, device="cuda", dtype=torch.bfloat16)
+    block = torch.empty(1000, 4, 64, device="cuda", dtype=torch.bfloat16)
+    back = torch.zeros(1000, 12, 64, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    copy_engine.copy_rows(block, x[:, 4:8], stream)
+    copy_engine.copy_rows(back[:, 8:12], block, stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert torch.equal(block, x[:, 4:8]) and torch.equal(back[:, 8:12], x[:, 4:8])
+    assert not back[:, :8].any()
+    with pytest.raises(ValueError, match="dense rows"):
+        copy_engine.copy_rows(block.transpose(1, 2)[:, :4], x[:, :4, :4].transpose(1, 2), stream)
+
+
 CE_CALLS = """
 import os, torch, torch.distributed as dist
 from attnbench.distributed import copy_engine

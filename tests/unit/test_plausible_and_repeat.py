@@ -199,3 +199,40 @@ def test_a_kernel_computing_only_on_its_first_call_is_implausible_not_a_speed():
     rec = run(spec, [_FirstCallOnly.name])[_FirstCallOnly.name]
     assert rec.status == "implausible" and "TFLOP/s is above the device's" in rec.reason
     assert rec.accuracy["verdict"] == "pass" and rec.tflops is None  # right numbers, impossible time
+
+
+class _StateRunsOn(attnbench_test_backends.WrapsNaive):
+    """Like a recurrence's decode updating its state in place: each call since the last rewind drifts further
+    (the state runs on); ``rewind`` (when it says how) puts the case's state back."""
+
+    name = "test-state-runs-on"
+    says_how_to_rewind = True
+
+    def prepare(self, spec, inputs):
+        from attnbench.backends.base import Outputs, Prepared
+        from attnbench.backends.naive import NaiveBackend
+        inner, calls = NaiveBackend().prepare(spec, inputs).fn, [0]
+
+        def call():
+            out = inner()
+            calls[0] += 1
+            return Outputs(out=out.out + 0.5 * (calls[0] - 1))
+        return Prepared(fn=call, rewind=(lambda: calls.__setitem__(0, 0)) if self.says_how_to_rewind else None)
+
+
+class _StateRunsOnSilently(_StateRunsOn):
+    name = "test-state-runs-on-silently"
+    says_how_to_rewind = False
+
+
+def test_a_kernel_whose_state_runs_on_is_checked_from_the_cases_state():
+    from attnbench.backends import registry
+    for cls in (_StateRunsOn, _StateRunsOnSilently):
+        registry.register(cls.name, cls)
+    spec = AttnSpec(seqlens_q=(100,), heads_q=2, head_dim=16, dtype="fp32")
+    recs = run(spec, [_StateRunsOn.name, _StateRunsOnSilently.name])
+    rewound = recs[_StateRunsOn.name]
+    assert rewound.status == "ok" and rewound.accuracy["repeat"]["after_timing"] == "pass"
+    assert rewound.accuracy["repeat"]["deterministic"] is True  # the two calls after timing both start over
+    silent = recs[_StateRunsOnSilently.name]  # the after-timing call starts from a state the timed calls moved
+    assert silent.status == "mismatch" and silent.reason.startswith("a call after the timed calls: out")

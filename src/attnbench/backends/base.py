@@ -122,9 +122,15 @@ class Prepared:
     (a mixed batch's prefill and decode parts) or write into buffers reused by every call."""
     side: dict[str, SideCall] = field(default_factory=dict)
     """Work timed apart, by the name its record's info gives it (``append``: the cache write of a serving step)."""
+    rewind: Callable[[], None] | None = None
+    """Untimed: put back the case's state before a checked call, for a kernel whose timed calls run a state on from
+    call to call (a recurrence's decode updating its state in place); every checked call then starts from the
+    case's inputs, as the reference does."""
 
     def checked_call(self) -> Outputs:
-        """One call, its outputs as the check reads them (``finish`` applied)."""
+        """One call, its outputs as the check reads them (``rewind`` first, ``finish`` applied)."""
+        if self.rewind is not None:
+            self.rewind()
         out = self.fn()
         return out if self.finish is None else self.finish(out)
 

@@ -6,12 +6,12 @@
 - ``fla-chunk`` / ``fla-recurrent``: fla-core's ``chunk_*`` and ``fused_recurrent_*`` kernels (``linear.fla``;
   Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
 - ``flashinfer-gdn`` / ``flashinfer-gdn-decode``: FlashInfer 0.7.2.post1's GDN chunked prefill and decode
-  (``linear.flashinfer``; CuTe DSL, forward only; written against its source, untested on hardware);
+  (``linear.flashinfer``; CuTe DSL, forward only; written against its source, run on an H200);
   ``--backend-opt flashinfer-gdn.use_cp=never|always`` pins its routing (default auto: FlashInfer's context-parallel
   kernel when N x value heads is below half the SM count), ``flashinfer-gdn-decode.reset_state=false`` times the
   in-place decode without the copy of the case's state that each call otherwise starts with.
 - ``flashqla``: FlashQLA 0.1.3's GDN chunked prefill, forward and backward (``linear.flashqla``; TileLang; written
-  against its source, untested on hardware); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a
+  against its source, run on an H200); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a
   long sequence over the GPU (its default, True, may).
 
 Each call of a closure returns ``Outputs`` in the reference's layout; with ``fwd_bwd`` the gradients come from
@@ -132,7 +132,8 @@ class _FlashInferGdn(_RecurrenceBackend):
             fi.kernel_reason(self.op, capability[0])
 
     def _prepared(self, spec, inputs, info: dict, **options) -> Prepared:
-        return Prepared(fn=fi.prepare(spec, inputs, self.op, **options), finish=fi.finish(self.op),
+        call = fi.prepare(spec, inputs, self.op, **options)
+        return Prepared(fn=call, finish=fi.finish(self.op), rewind=getattr(call, "rewind", None),
                         info={"kernel": fi.kernel_name(self.op)} | info)
 
 
@@ -161,8 +162,8 @@ class FlashInferGdnDecode(_FlashInferGdn):
     def __init__(self, reset_state: bool = True):
         self.reset_state = reset_state
         """Copy the case's state into the kernel's in-place buffer before each call (timed with it: as much
-        traffic as the kernel's own); False: the state runs on from call to call, only the first call (the checked
-        one) starts from the case's."""
+        traffic as the kernel's own); False: the state runs on from call to call in the timed calls, and each checked
+        call starts from the case's state (``Prepared.rewind``)."""
 
     def prepare(self, spec, inputs) -> Prepared:
         return self._prepared(spec, inputs, {"form": "recurrent", "reset_state": self.reset_state,

@@ -1,6 +1,6 @@
 """FlashInfer 0.7.2.post1's Gated DeltaNet kernels for a recurrence case, returning ``Outputs`` in the reference's
 layout: ``out`` in v's input layout, ``final_state`` (N, HV, K, V). Read from the wheel's source (docs/linear.md,
-"FlashInfer 0.7.2.post1"); not yet run on a GPU here. ``flashinfer`` is imported inside the functions: this module
+"FlashInfer 0.7.2.post1"); run on an H200 (docs/results/2026-11-28-h200-recurrences.md). ``flashinfer`` is imported inside the functions: this module
 loads without it. Line numbers are those of the 0.7.2.post1 wheel.
 
 - ``prefill``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
@@ -54,7 +54,8 @@ loads without it. Line numbers are those of the 0.7.2.post1 wheel.
   both compile once per (B class, H, HV, dtypes, scale) into FlashInfer's disk cache. Because the state is updated in place, each call
   first copies the case's initial state into the kernel's buffer (``reset_state``, default: a read and a write of
   the whole state, as much traffic as the kernel's own, timed with it); with ``reset_state=False`` the state runs
-  on from call to call and only the first call (the checked one) starts from the case's state.
+  on from call to call and every checked call starts from the case's state (``_Decode.rewind``, the backend's
+``Prepared.rewind``).
 """
 
 from __future__ import annotations
@@ -241,21 +242,30 @@ def decode_gates(g: torch.Tensor, beta: torch.Tensor, dtype: torch.dtype) -> tup
     return a.to(dtype), (torch.log(b) - torch.log1p(-b)).to(dtype)
 
 
-def _decode(spec: RecurrenceSpec, inputs: RecurrenceInputs, reset_state: bool) -> Callable[[], Outputs]:
-    from flashinfer.gdn_decode import gated_delta_rule_decode
+class _Decode:
+    """A decode call into FlashInfer's in-place state buffer; ``rewind`` puts the case's state back in it."""
 
-    n, hv = spec.num_seqs, spec.heads_v
-    v_shape = inputs.v.shape
-    q, k, v = (x.reshape(n, 1, *x.shape[-2:]).contiguous() for x in (inputs.q, inputs.k, inputs.v))
-    a, b = decode_gates(inputs.g.reshape(n, 1, hv), inputs.beta.reshape(n, 1, hv), q.dtype)
-    zeros = torch.zeros(hv, dtype=torch.float32, device=q.device)
-    h0 = inputs.initial_state.float().contiguous()
-    state = h0.clone()  # the kernel's buffer, updated in place
+    def __init__(self, spec: RecurrenceSpec, inputs: RecurrenceInputs, reset_state: bool):
+        from flashinfer.gdn_decode import gated_delta_rule_decode
 
-    def call() -> Outputs:
-        if reset_state:
-            state.copy_(h0)
-        out, final = gated_delta_rule_decode(q, k, v, state, zeros, a, zeros, b, scale=spec.qk_scale,
-                                             use_qk_l2norm=spec.l2norm)
-        return Outputs(out=out.view(v_shape), final_state=final)
-    return call
+        n, hv = spec.num_seqs, spec.heads_v
+        self.kernel, self.spec, self.reset_state, self.v_shape = gated_delta_rule_decode, spec, reset_state, inputs.v.shape
+        self.q, self.k, self.v = (x.reshape(n, 1, *x.shape[-2:]).contiguous() for x in (inputs.q, inputs.k, inputs.v))
+        self.a, self.b = decode_gates(inputs.g.reshape(n, 1, hv), inputs.beta.reshape(n, 1, hv), self.q.dtype)
+        self.zeros = torch.zeros(hv, dtype=torch.float32, device=self.q.device)
+        self.h0 = inputs.initial_state.float().contiguous()
+        self.state = self.h0.clone()  # the kernel's buffer, updated in place
+
+    def rewind(self) -> None:
+        self.state.copy_(self.h0)
+
+    def __call__(self) -> Outputs:
+        if self.reset_state:
+            self.rewind()
+        out, final = self.kernel(self.q, self.k, self.v, self.state, self.zeros, self.a, self.zeros, self.b,
+                                 scale=self.spec.qk_scale, use_qk_l2norm=self.spec.l2norm)
+        return Outputs(out=out.view(self.v_shape), final_state=final)
+
+
+def _decode(spec: RecurrenceSpec, inputs: RecurrenceInputs, reset_state: bool) -> _Decode:
+    return _Decode(spec, inputs, reset_state)

@@ -8,7 +8,8 @@ sequences into B = 1 with int64 ``cu_seqlens`` (N+1,), as fla takes them. ``pad_
 Distributions (the point: every gating input changes the result by far more than bf16 rounding does, and none is ~1
 or ~0 everywhere):
 
-- q, k, v, dout: N(0, 1) in the case's dtype. A delta-rule case without in-op L2 normalisation gets q and k
+- q, k, v, dout: N(0, 1) in the case's dtype, drawn on the case's device (on a GPU from a generator of its own,
+  so one seed gives a GPU case other values than a CPU case, as attention's inputs). A delta-rule case without in-op L2 normalisation gets q and k
   already L2-normalised per head, as its layer hands them (fla's docstring example normalises k): with raw
   N(0, 1) keys of d_k = 128, ``beta·|k|² > 2`` and the delta rule diverges.
 - GDN (Qwen3-Next's ``GatedDeltaNet``; the layer files cited here are fla's GitHub ``fla/layers/`` at commit
@@ -104,7 +105,16 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
     def normal(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    q, k, v, dout = normal(nb, t, h, dk), normal(nb, t, h, dk), normal(nb, t, hv, dv), normal(nb, t, hv, dv)
+    # q, k, v, dout are drawn where they are used: on a GPU, with its own generator, in fp32 (at 128k tokens and 64
+    # value heads v and dout are 1e9 numbers each, a minute to draw in fp64 on the host)
+    on_host = torch.device(device).type == "cpu"
+    tokens_gen = gen if on_host else torch.Generator(device=device).manual_seed(seed)
+
+    def tokens(*shape):
+        return torch.randn(*shape, generator=tokens_gen, device=device,
+                           dtype=torch.float64 if on_host else torch.float32)
+
+    q, k, v, dout = tokens(nb, t, h, dk), tokens(nb, t, h, dk), tokens(nb, t, hv, dv), tokens(nb, t, hv, dv)
     if spec.delta and not spec.l2norm:
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
     fields: dict = {}

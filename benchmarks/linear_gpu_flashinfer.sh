@@ -22,9 +22,11 @@
 # seconds, default 540): fi.log (versions, import times, whether the CuTe DSL kernels imported, FlashInfer's
 # routing, one direct prefill call at Qwen3.5's shape, 1 x 4096 tokens, 16/64 heads, d 128, bf16, and one decode
 # call at batch 8: first-call (compile) and later-call times, finite outputs, do_bench medians, the decode's state
-# copy timed apart), then attnbench runs into $OUT/linear.db (run.log): prefill 4096 and 32768 tokens beside
-# fla-chunk, decode at batch 1/8/64/256 beside fla-recurrent, and if time is left the decode without its per-call
-# state copy (reset_state=false) and the prefill with FlashInfer's context-parallel routing off (use_cp=never).
+# copy timed apart), the GPU tests (tests/gpu/test_linear_flashinfer_gpu.py, pytest.log), then attnbench runs into
+# $OUT/linear.db (run.log): prefill 4096, 16384 and 32768 tokens beside fla-chunk, checked; decode at batch
+# 1/8/64/256 beside fla-recurrent and torch-recurrent; prefill at 131072 tokens timed only (the fp64 check of one
+# case takes about a minute there); and if time is left the decode without its per-call state copy
+# (reset_state=false) and the prefill with FlashInfer's context-parallel routing off (use_cp=never).
 # Logs and the store go to $OUT (default ./fi-gpu-out).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -204,13 +206,17 @@ prefill_probe(False)  # the one-CTA-per-head kernel, compiled last (the probe's 
 EOF
   cat "$OUT/fi.log"
   [ -f "$OUT/fi-nocache" ] && export FLASHINFER_CUTE_DSL_DISABLE_CACHE=1
-  ab 200 run --preset qwen3.5-gdn --seq-lens 4096 32768 --pass fwd --backends flashinfer-gdn,fla-chunk \
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_linear_flashinfer_gpu.py -p no:cacheprovider -o addopts="" \
+    -rfEs > "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"
+  ab 200 run --preset qwen3.5-gdn --seq-lens 4096 16384 32768 --pass fwd --backends flashinfer-gdn,fla-chunk \
     --skip-missing --table
-  ab 100 run --preset qwen3.5-gdn --decode --batch-size 1 8 64 256 --pass fwd \
-    --backends flashinfer-gdn-decode,fla-recurrent --skip-missing --table
+  ab 120 run --preset qwen3.5-gdn --decode --batch-size 1 8 64 256 --pass fwd \
+    --backends flashinfer-gdn-decode,fla-recurrent,torch-recurrent --skip-missing --table
+  ab 90 run --preset qwen3.5-gdn --seq-lens 131072 --pass fwd --backends flashinfer-gdn,fla-chunk --no-check \
+    --skip-missing --table
   ab 60 run --preset qwen3.5-gdn --decode --batch-size 8 256 --pass fwd --backends flashinfer-gdn-decode \
     --backend-opt flashinfer-gdn-decode.reset_state=false --skip-missing
-  ab 150 run --preset qwen3.5-gdn --seq-lens 4096 32768 --pass fwd --backends flashinfer-gdn \
+  ab 100 run --preset qwen3.5-gdn --seq-lens 4096 32768 --pass fwd --backends flashinfer-gdn \
     --backend-opt flashinfer-gdn.use_cp=never --skip-missing
   grep -E "^\\$ attnbench|cases ok|^[0-9]+ (unsupported|error|mismatch|nan|oom)|^exit " "$OUT/run.log"
   echo "total $SECONDS s"

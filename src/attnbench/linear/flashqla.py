@@ -1,7 +1,7 @@
 """FlashQLA 0.1.3's Gated DeltaNet prefill (``flash_qla.chunk_gated_delta_rule``) for a recurrence case, forward and
 backward, returning ``Outputs`` in the reference's layout. Written against the package's source (read in
-docs/linear.md, "FlashQLA 0.1.3"); **not yet run on a GPU here**. ``flash_qla`` is imported inside the functions:
-importing it needs a GPU (it picks its kernels' architecture then) and tilelang.
+docs/linear.md, "FlashQLA 0.1.3"); run on an H200 (docs/results/2026-11-28-h200-recurrences.md). ``flash_qla``
+is imported inside the functions: importing it needs a GPU (it picks its kernels' architecture then) and tilelang.
 
 ``chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
 cu_seqlens, auto_cp=...)`` takes fla's layouts and names: q, k (B, T, H, 128), v (B, T, HV, 128) in fp16 or bf16,

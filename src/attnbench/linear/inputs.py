@@ -9,7 +9,7 @@ Distributions (the point: every gating input changes the result by far more than
 or ~0 everywhere):
 
 - q, k, v, dout: N(0, 1) in the case's dtype, drawn on the case's device (on a GPU from a generator of its own,
-  so one seed gives a GPU case other values than a CPU case, as attention's inputs). A delta-rule case without in-op L2 normalisation gets q and k
+  so one seed gives a GPU case other values than a CPU case, as attention's inputs; the states too). A delta-rule case without in-op L2 normalisation gets q and k
   already L2-normalised per head, as its layer hands them (fla's docstring example normalises k): with raw
   N(0, 1) keys of d_k = 128, ``beta·|k|² > 2`` and the delta rule diverges.
 - GDN (Qwen3-Next's ``GatedDeltaNet``; the layer files cited here are fla's GitHub ``fla/layers/`` at commit
@@ -105,8 +105,8 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
     def normal(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
-    # q, k, v, dout are drawn where they are used: on a GPU, with its own generator, in fp32 (at 128k tokens and 64
-    # value heads v and dout are 1e9 numbers each, a minute to draw in fp64 on the host)
+    # q, k, v, dout and the states are drawn where they are used: on a GPU, with its own generator, in fp32 (at 128k
+    # tokens and 64 value heads v and dout are 1e9 numbers each, a minute to draw in fp64 on the host)
     on_host = torch.device(device).type == "cpu"
     tokens_gen = gen if on_host else torch.Generator(device=device).manual_seed(seed)
 
@@ -139,8 +139,8 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
     if spec.delta:
         fields["beta"] = torch.sigmoid(normal(nb, t, hv))
     if spec.initial_state:
-        fields["initial_state"] = normal(*spec.state_shape)
-    fields["dfinal_state"] = normal(*spec.state_shape)
+        fields["initial_state"] = tokens(*spec.state_shape)  # (N, HV, K, V): 2 GiB of fp64 at a decode batch of 256
+    fields["dfinal_state"] = tokens(*spec.state_shape)
     cu = None
     if spec.is_varlen:
         cu = torch.tensor([0, *_cumsum(spec.sequences)], dtype=torch.int64, device=device)

@@ -65,3 +65,28 @@ def test_percent_of_the_measured_copy_bandwidth_appears_once_calibrated():
     assert "% BW" in text and "% peak" not in text
     row = next(line for line in text.splitlines() if line.split()[:1] == ["fast"])
     assert " 50 " in row  # 25 of 50 GB/s
+
+
+def test_a_gpu_table_with_long_names_keeps_every_number_whole_at_100_columns():
+    # A decode sweep of a recurrence's kernels on a GPU: long backend names, peak memory and the clock columns. At
+    # 100 columns the table once cut numbers short (553.4 shown as "553.") and hid the status; now the columns with
+    # one value in every row (the pass, the clock) and the words every case shares go to the title instead.
+    from attnbench.linear.spec import RecurrenceSpec
+    clock = {"gpu_state": {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1980}}}
+    recs = []
+    for b in (1, 8, 64, 256):
+        spec = RecurrenceSpec(kind="gdn", decode=True, batch=b, heads_qk=16, heads_v=64, dtype="bf16")
+        for name, ms in (("flashinfer-gdn-decode", 0.01523 * b), ("fla-recurrent", 0.008960 * b),
+                         ("torch-recurrent", 0.08763 * b)):
+            recs.append(synthetic_record("r", spec, name, [ms] * 3, gbps=553.4 * b, tflops=0.482, info=clock,
+                                         peak_mem_bytes=b * 2**22, accuracy={"verdict": "pass"}))
+    console = Console(width=100, record=True)
+    console.print(records_table(recs, width=100))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 100, text
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["backend"])
+    assert header.split()[-2:] == ["check", "status"], header
+    rows = [line.split() for line in text.splitlines() if line.split()[:1] == ["flashinfer-gdn-decode"]]
+    assert len(rows) == 4 and all(row[-2:] == ["pass", "ok"] for row in rows), text
+    assert "553.4" in rows[0] and "141670.4" in rows[-1]  # the GB/s whole, the smallest and the largest
+    assert "pass fwd" in text.splitlines()[0] or "pass" in header.split(), text  # the pass said somewhere

@@ -82,18 +82,27 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
                 ("status", "left", _status)]
     rows = [[cell(r, clock) for _, _, cell in columns] for r, clock in zip(records, clocks, strict=True)]
     status = min(STATUS_MIN, max([len("status")] + [Text.from_markup(row[-1]).cell_len for row in rows]))
+    moved: list[str] = []  # columns the same in every row, said once in the title instead
     while True:
         fixed = sum(max(len(name), *(Text.from_markup(row[i]).cell_len for row in rows))
                     for i, (name, _, _) in enumerate(columns) if name not in ("case", "status"))
         line = width - fixed - status - (3 * len(columns) - 1)  # a space either side of a cell, a rule between
         cases, shared = case_texts([r.spec for r in records], line)
-        if "it/s" not in [c[0] for c in columns] or all(len(x) <= line for c in cases for x in c.splitlines()):
+        if all(len(x) <= line for c in cases for x in c.splitlines()):
             break
-        drop = [c[0] for c in columns].index("it/s")  # 1000 / ms: the first to give way to a case
+        names = [c[0] for c in columns]
+        if "it/s" in names:  # 1000 / ms: the first to give way to a case
+            drop = names.index("it/s")
+        else:  # then a column with one value in every row (the pass, the clock), into the title
+            same = [i for i, name in enumerate(names) if name in TITLE_COLUMNS
+                    and len({Text.from_markup(row[i]).plain for row in rows}) == 1]
+            if not same:
+                break
+            drop = same[0]
+            moved.append(TITLE_COLUMNS[names[drop]].format(Text.from_markup(rows[0][drop]).plain))
         columns.pop(drop)
         rows = [row[:drop] + row[drop + 1:] for row in rows]
-    if shared:
-        title = f"{title + '; ' if title else ''}every case: {shared}"
+    title = "; ".join(filter(None, [title, f"every case: {shared}" if shared else "", *moved])) or None
     table = Table(title=escape(title) if title else title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     case_width = max((len(line) for text in cases for line in text.splitlines()), default=4)
     for name, justify, _ in columns:  # the case breaks where case_texts breaks it; the status folds
@@ -105,6 +114,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     return table
 
 
+TITLE_COLUMNS = {"pass": "pass {}", "SM MHz": "SM clock {} MHz"}
+"""Columns that, when a table is too narrow and they hold one value in every row, the title says once instead."""
 BUSY = "?"
 """The mark of a result timed while other processes kept the CPU busy (as the summary's cells have it)."""
 STATUS_MIN = 12
@@ -117,14 +128,14 @@ REQUESTS_SHOWN = 24
 
 def case_texts(specs: list[AttnSpec], line: int) -> tuple[list[str], str]:
     """Each case on at most two lines of ``line`` characters (at least ``CASE_MIN``), broken at the space that
-    makes the lines most even, and the words every case shares that were taken out to make them fit (for the
-    title; the batch and the lengths always stay). A serving batch whose requests take more than
+    makes the lines most even, and the words every case shares that were taken out to make them fit in ``line``
+    (for the title; the batch and the lengths always stay). A serving batch whose requests take more than
     ``REQUESTS_SHOWN`` characters to spell out is named by its count of requests and their ranges of new tokens
     and keys."""
-    line = max(CASE_MIN, line)
+    room, line = line, max(CASE_MIN, line)
     parts = [_parts(spec) for spec in specs]
     shared: list[str] = []
-    if any(len(" ".join(head + rest)) > 2 * line for head, rest in parts):
+    if any(len(" ".join(head + rest)) > 2 * min(line, max(room, 1)) for head, rest in parts):
         shared = [word for word in parts[0][1] if all(word in rest for _, rest in parts)]
         parts = [(head, [word for word in rest if word not in shared]) for head, rest in parts]
     return [_two_lines(head + rest, line) for head, rest in parts], " ".join(shared)

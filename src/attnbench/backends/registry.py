@@ -77,6 +77,7 @@ BUILTIN: dict[str, str] = {
     "flashinfer-gdn": "attnbench.linear.backends:FlashInferGdn",
     "flashinfer-gdn-decode": "attnbench.linear.backends:FlashInferGdnDecode",
     "flashqla": "attnbench.linear.backends:FlashQla",
+    "cudnn-kda": "attnbench.linear.backends:CudnnKda",
     # index-selected MLA cases
     "sparse-torch": "attnbench.sparse.backends:SparseTorch",
     "flashmla-sparse": "attnbench.sparse.backends:FlashMlaSparse",

@@ -10,6 +10,9 @@
   ``--backend-opt flashinfer-gdn.use_cp=never|always`` pins its routing (default auto: FlashInfer's context-parallel
   kernel when N x value heads is below half the SM count), ``flashinfer-gdn-decode.reset_state=false`` times the
   in-place decode without the copy of the case's state that each call otherwise starts with.
+- ``cudnn-kda``: cuDNN frontend 1.32's KDA (``linear.cudnn_kda``; its Hopper engines, forward and a narrower
+  backward; written against the wheel's source, not run on a GPU); ``--backend-opt cudnn-kda.plan=kda_hopper_cuda|
+  kda_hopper`` pins one engine.
 - ``flashqla``: FlashQLA 0.1.3's GDN chunked prefill, forward and backward (``linear.flashqla``; TileLang; written
   against its source, run on an H200); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a
   long sequence over the GPU (its default, True, may).
@@ -28,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.backends.base import Backend, Capabilities, Prepared
-from attnbench.linear import fla
+from attnbench.linear import cudnn_kda, fla
 from attnbench.linear import flashinfer as fi
 from attnbench.linear import flashqla as qla
 from attnbench.linear.spec import RecurrenceSpec
@@ -193,3 +196,28 @@ class FlashQla(_RecurrenceBackend):
 
     def functional(self, spec):
         return _gates_in_fp32(qla.kernel(spec, self.auto_cp), spec)
+
+
+class CudnnKda(_RecurrenceBackend):
+    name = "cudnn-kda"
+    package = "cudnn"
+    distribution = "nvidia-cudnn-frontend"
+    install = "pip install nvidia-cudnn-frontend==1.32.0 (with nvidia-cutlass-dsl[cu13]; see docs/linear.md)"
+    description = "cuDNN frontend's KDA, kimi_delta_attention (its sm90 engines; d 128, bf16, fwd and bwd)"
+    capabilities = Capabilities(dtypes=("bf16",), varlen=True, backward=True, devices=("cuda",))
+    option_choices = {"plan": cudnn_kda.PLANS}
+
+    def __init__(self, plan: str = "auto"):
+        self.plan = plan
+        """cuDNN's engine: auto (its own order: kda_hopper_cuda, then kda_hopper on sm90) or one pinned by name."""
+
+    def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
+        return cudnn_kda.case_reason(spec) or cudnn_kda.arch_reason(torch.cuda.get_device_capability(torch.device(device)))
+
+    def prepare(self, spec, inputs) -> Prepared:
+        return Prepared(fn=cudnn_kda.prepare(spec, inputs, self.plan),
+                        info={"kernel": "cudnn.linear_attention.kimi_delta_attention", "form": "chunk",
+                              "plan": self.plan})
+
+    def functional(self, spec):
+        return _gates_in_fp32(cudnn_kda.kernel(spec, self.plan), spec)

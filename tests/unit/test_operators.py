@@ -191,11 +191,27 @@ def test_run_op_gdn_on_the_cpu_stores_checked_records(tmp_path):
     assert shown.returncode == 0 and "gdn b1 s48 h2/4" in shown.stdout
 
 
+def test_qk_prenormed_hands_the_op_normalised_q_and_k(tmp_path):
+    got = attnbench("run", "--op", "kda", "--qk-prenormed", "--seq-lens", "40", "--q-heads", "2", "--head-size", "16",
+                    "--pass", "fwd_bwd", "--db", "r.db", "--output", "r.json", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert {r["verdict"] for r in rows} == {"pass"} and all(" l2" not in r["label"] for r in rows), rows
+    from attnbench.linear.inputs import make_inputs
+    from attnbench.linear.spec import RecurrenceSpec
+    spec = RecurrenceSpec(kind="kda", seqlens=(40,), heads_qk=2, d_k=16, l2norm=False)
+    norms = make_inputs(spec).k.float().norm(dim=-1)  # the op's inputs are unit vectors already
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--op", "gdn", "--kv-heads", "2"], "--kv-heads shapes attention cases"),
     (["--op", "gdn", "--q-heads", "2", "--v-heads", "3"], "must be a multiple of q/k heads"),
     (["--op", "gdn", "--decode", "--seq-lens", "8"], "drop --seq-lens"),
     (["--op", "gdn", "--topk", "8"], "--topk belongs to another --op"),
+    (["--chunk", "32"], "--chunk belongs to another --op than attention"),
+    (["--v-heads", "4", "--qk-prenormed"], "--v-heads, --qk-prenormed belong to another --op than attention"),
+    (["--op", "mamba2", "--qk-prenormed"], "--qk-prenormed is for gdn and kda: mamba2 never L2-normalises"),
     (["--op", "sparse-mla", "--seq-lens", "64", "--kv-seq-lens", "32"], "more than its 32 cache rows"),
     (["--op", "sparse-mla", "--topk", "9000", "--kv-seq-lens", "8192"], "top-k 9000 is more than"),
     (["--op", "sparse-mla", "--extra-cache", "12"], "give ROWSxTOPK"),

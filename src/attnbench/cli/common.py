@@ -418,11 +418,15 @@ def operator_choice(opts: dict) -> str:
     value = option_text(opts, "op") or "attention"
     if value not in OPS:
         raise UserError(f"bad --op {shown(value)}; allowed: {', '.join(OPS)}")
+    wrong = [flag for flag, name, owners in OPERATOR_FLAGS
+             if OPS[value] not in owners and opts.get(name) not in (None, False, [], ())]
+    if wrong:  # an option no case of this --op reads would be silently ignored
+        raise UserError(f"{', '.join(wrong)} belong{'s' * (len(wrong) == 1)} to another --op than {value}")
     return value
 
 
 OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk", ("recurrence",)),
-                  ("--decode", "decode", ("recurrence", "sparse-mla")),
+                  ("--qk-prenormed", "qk_prenormed", ("recurrence",)), ("--decode", "decode", ("recurrence", "sparse-mla")),
                   ("--kv-seq-lens", "kv_seq_lens", ("sparse-mla", "indexer")), ("--topk", "topk", ("sparse-mla", "indexer")),
                   ("--indices", "indices", ("sparse-mla",)), ("--sink", "sink", ("sparse-mla",)),
                   ("--topk-lengths", "topk_lengths", ("sparse-mla",)), ("--extra-cache", "extra_cache", ("sparse-mla",)))
@@ -442,10 +446,7 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         raise UserError(f"{', '.join(given)} shape{'s' * (len(given) == 1)} attention cases; --op {op} takes "
                         "--batch-size, --seq-lens, --q-heads, --head-size, --head-size-v, --dtype, --pass"
                         + "".join(f", {flag}" for flag, _, owners in OPERATOR_FLAGS if OPS[op] in owners))
-    wrong = [flag for flag, name, owners in OPERATOR_FLAGS
-             if OPS[op] not in owners and opts.get(name) not in (None, False, [], ())]
-    if wrong:
-        raise UserError(f"{', '.join(wrong)} belong{'s' * (len(wrong) == 1)} to another --op than {op}")
+    operator_choice({**opts, "op": op})  # the other operators' options, refused
     try:
         seq = axis_values(opts, "seq_lens", groups=True)
         kv_seq = axis_values(opts, "kv_seq_lens", groups=True)
@@ -470,6 +471,7 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
                    "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
                    "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
+                   "qk_prenormed": option_bool(opts, "qk_prenormed"),
                    "small": not device.startswith("cuda")}  # a CPU's default case is a small one
         return operators.get(OPS[op]).sweep(axes, options)
     except UserError:
@@ -489,6 +491,10 @@ Decode = Annotated[bool | None, typer.Option(
     "--decode", rich_help_panel="Operator",
     help="Recurrences: one new token per sequence from a state handed in; sparse MLA: FlashMLA's FP8 decode "
          "(656-byte rows, paged).")]
+QkPrenormed = Annotated[bool | None, typer.Option(
+    "--qk-prenormed", rich_help_panel="Operator",
+    help="Recurrences (gdn, kda): q and k arrive L2-normalised, the op does not normalise them (default: it does, "
+         "fla's use_qk_l2norm_in_kernel, as the models call it).")]
 Chunk = Annotated[str | None, typer.Option(
     "--chunk", metavar="C", rich_help_panel="Operator", help="Recurrences: tokens per chunk (default 64).")]
 TopK = Annotated[list[str] | None, typer.Option(

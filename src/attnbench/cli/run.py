@@ -564,6 +564,7 @@ def run(
     v_heads: common.VHeads = None,
     decode: common.Decode = None,
     chunk: common.Chunk = None,
+    qk_prenormed: common.QkPrenormed = None,
     topk: common.TopK = None,
     indices: common.Indices = None,
     sink: common.Sink = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from attnbench.linear.spec import RecurrenceSpec
+from attnbench.linear.spec import DELTA_KINDS, RecurrenceSpec
 
 
 class Recurrence:
@@ -92,6 +92,8 @@ class Recurrence:
         if decode and axes.get("seq_lens"):
             raise ValueError("--decode adds one token to each sequence's state: drop --seq-lens (--batch-size "
                              "gives the sequences)")
+        if options.get("qk_prenormed") and kind not in DELTA_KINDS:
+            raise ValueError(f"--qk-prenormed is for {' and '.join(DELTA_KINDS)}: {kind} never L2-normalises q and k")
         lengths = axes.get("seq_lens") or [None]
         specs = []
         for batch, seqlens, heads, v_heads, d_k, d_v, dtype, pass_ in itertools.product(
@@ -100,7 +102,8 @@ class Recurrence:
                 axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
             specs.append(RecurrenceSpec(kind=kind, batch=batch, seqlens=None if decode else seqlens, heads_qk=heads,
                                         heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
-                                        chunk=options.get("chunk") or 64, skip=kind == "mamba2"))
+                                        chunk=options.get("chunk") or 64, skip=kind == "mamba2",
+                                        l2norm=False if options.get("qk_prenormed") else None))
         return list(dict.fromkeys(specs))
 
     def axes(self, spec: RecurrenceSpec) -> dict[str, str]:

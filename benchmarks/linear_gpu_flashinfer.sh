@@ -5,14 +5,15 @@
 #
 # The set is the part of FlashInfer's wheel set that `import flashinfer.gdn_prefill, flashinfer.gdn_decode` needs
 # (checked on a CPU machine: the image supplies numpy, requests, tqdm, packaging, filelock, jinja2) plus fla-core
-# for the comparison, 164 MiB: flashinfer-python 0.7.2.post1, apache-tvm-ffi 0.1.15.post2, nvidia-cutlass-dsl 4.8.1
+# for the comparison, 175 MiB with cuDNN frontend: flashinfer-python 0.7.2.post1, apache-tvm-ffi 0.1.15.post2, nvidia-cutlass-dsl 4.8.1
 # with its libs-base, libs-core and libs-cu13 (the CuTe DSL the GDN kernels are written in; no nvcc needed for
 # them), cuda-python / cuda-bindings / cuda-pathfinder, nvidia-ml-py (pynvml: flashinfer.utils imports it),
-# einops, fla-core 0.6.0. Left out of FlashInfer's full set: cuda-tile, nccl4py, nccl-extensions,
-# nvidia-cudnn-frontend, tabulate and click (not imported on this path). Its apache-tvm-ffi (0.1.15) is not the
+# einops, fla-core 0.6.0, and nvidia-cudnn-frontend 1.32.0 (its KDA for the cudnn-kda backend: the same CUTLASS DSL
+# and tvm-ffi; stage `cudnn` below). Left out of FlashInfer's full set: cuda-tile, nccl4py, nccl-extensions,
+# tabulate and click (not imported on this path). Its apache-tvm-ffi (0.1.15) is not the
 # one tilelang needs (< 0.1.13, benchmarks/linear_gpu_stage.sh): do not stage both sets into one /tmp/site.
 #
-#   here:  bash benchmarks/linear_gpu_flashinfer.sh fetch   # only if .kwF/ is missing: pip download the set
+#   here:  bash benchmarks/linear_gpu_flashinfer.sh fetch   # only if .kwF/ lacks a pinned wheel: pip download the set
 #          bash benchmarks/linear_gpu_flashinfer.sh pack    # .kwF/ -> .kwF.1/ ... .kwF.4/ (44 MiB parts), the calls
 #   GPU, one lease, each call within 30 s of the last (the parts live in the machine's /tmp):
 #     calls 1-3  run(command="bash .kwF.K/stage.sh", carry=[".kwF.K"], timeout_s=120)     K = 1, 2, 3
@@ -35,9 +36,9 @@ DIR=.kwF
 PINS=(flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2 nvidia-cutlass-dsl==4.8.1
       nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1
       cuda-python==13.4.4 cuda-bindings==13.5.0 cuda-pathfinder==1.9.1 nvidia-ml-py==13.615.71 einops==0.8.2
-      fla-core==0.6.0)
+      fla-core==0.6.0 nvidia-cudnn-frontend==1.32.0)
 
-case "${1:?stage: fetch, pack (here) or run (GPU)}" in
+case "${1:?stage: fetch, pack (here), run or cudnn (GPU)}" in
 fetch)
   mkdir -p "$DIR"
   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -221,5 +222,23 @@ EOF
   grep -E "^\\$ attnbench|cases ok|^[0-9]+ (unsupported|error|mismatch|nan|oom)|^exit " "$OUT/run.log"
   echo "total $SECONDS s"
   ;;
-*) echo "unknown stage $1: fetch, pack or run"; exit 2 ;;
+cudnn)  # after the same staging: cuDNN frontend's KDA (cudnn-kda) on sm90, its GPU tests, then beside fla-chunk
+  export OUT=${OUT:-fi-gpu-out}; mkdir -p "$OUT"
+  SITE=${SITE:-/tmp/site}
+  [ -d "$SITE/cudnn" ] || { echo "no cudnn in $SITE: stage the kwF parts first" | tee "$OUT/cudnn.log"; exit 2; }
+  export PYTHONPATH=$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE:src:${PYTHONPATH:-}
+  export PYTHONUNBUFFERED=1 FLA_FLASH_QLA=0
+  timeout 120 python3 -c "import cudnn, importlib.metadata as m; print('cudnn frontend', m.version('nvidia-cudnn-frontend'),
+'| backend', cudnn.backend_version())" > "$OUT/cudnn.log" 2>&1
+  timeout 240 python3 -m pytest -q -m gpu tests/gpu/test_linear_cudnn_gpu.py -p no:cacheprovider -o addopts="" \
+    -rfEs >> "$OUT/cudnn.log" 2>&1; tail -5 "$OUT/cudnn.log"
+  for pass in "--pass fwd" "--pass fwd_bwd --qk-prenormed"; do
+    echo "\$ attnbench run --preset kimi-linear-kda --seq-lens 4096 32768 $pass" >> "$OUT/run.log"
+    COLUMNS=110 timeout 150 python3 -m attnbench run --preset kimi-linear-kda --seq-lens 4096 32768 $pass \
+      --backends cudnn-kda,fla-chunk --skip-missing --table --db "$OUT/linear.db" >> "$OUT/run.log" 2>&1
+    echo "exit $?" >> "$OUT/run.log"
+  done
+  grep -E "^\\$ attnbench|cases ok|^exit " "$OUT/run.log"
+  ;;
+*) echo "unknown stage $1: fetch, pack, run or cudnn"; exit 2 ;;
 esac

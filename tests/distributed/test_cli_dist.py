@@ -234,3 +234,23 @@ def test_packed_documents_refuse_what_they_cannot_run_in_one_line(tmp_path, args
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert res.returncode == 2 and res.stdout == "", res.stdout
     assert res.stderr.splitlines() == [res.stderr.strip()] and needle in res.stderr, res.stderr
+
+
+def test_a_long_case_has_a_heartbeat_a_quick_one_none(capsys, monkeypatch):
+    # a compile or a check that runs for minutes must not look like a hang (torch-cp-flex's first GPU attempt printed
+    # nothing for 375 s); a case quicker than the beat prints nothing (the quick runs above keep stderr empty)
+    import time
+
+    from attnbench.cli import dist as dist_cli
+    monkeypatch.setattr(dist_cli.Heartbeat, "EVERY_S", 0.05)
+    with dist_cli.Heartbeat("[0/2]", "ring b1 s64 h2 d8 fp32 fwd") as beat:
+        beat.say("checking every rank against one device")
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) >= 3 and all(line.startswith("attnbench: [0/2] still running ring b1 s64 h2 d8 fp32 fwd: "
+                                                   "checking every rank against one device (") for line in lines), err
+    monkeypatch.setattr(dist_cli.Heartbeat, "EVERY_S", 5.0)
+    with dist_cli.Heartbeat("[1/2]", "ulysses"):
+        pass
+    assert capsys.readouterr().err == ""

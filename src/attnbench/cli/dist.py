@@ -11,10 +11,12 @@ starts); the other ranks say nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -306,20 +308,23 @@ def _execute(plan: dict) -> None:
                         version=__version__)
     results, records = [], []
     status = "interrupted"
+    cases = [(method, spec) for method in plan["methods"] for spec in plan["specs"]]
     try:
-        for method in plan["methods"]:
-            for spec in plan["specs"]:
+        for i, (method, spec) in enumerate(cases):
+            what = f"{method} {spec.label()} {spec.pass_}"
+            with Heartbeat(f"[{i}/{len(cases)}]", what) if ctx.rank == 0 else contextlib.nullcontext() as beat:
                 res = bench.run_case(spec, method, opts["kernel"], ctx, timing=plan["timing"], check=opts["check"],
                                      ulysses_degree=opts.get("ulysses_degree"), comm=opts["ring_comm"],
                                      ulysses_chunks=opts["ulysses_chunks"],
-                                     seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline_calls") or 0)
-                if ctx.rank == 0:
-                    _print_case(res, ctx.world)
-                    _print_timeline(res)
-                    record = _record(res, run_id, env_id, ctx, opts.get("seed") or 0)
-                    store.write(record)
-                    records.append(record)
-                    results.append(res)
+                                     seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline_calls") or 0,
+                                     phase=beat.say if beat is not None else None)
+            if ctx.rank == 0:
+                _print_case(res, ctx.world)
+                _print_timeline(res)
+                record = _record(res, run_id, env_id, ctx, opts.get("seed") or 0)
+                store.write(record)
+                records.append(record)
+                results.append(res)
         status = "done"
     finally:
         if store is not None:
@@ -335,6 +340,37 @@ def _execute(plan: dict) -> None:
     import torch.distributed as torch_dist
     torch_dist.barrier()
     torch_dist.destroy_process_group()
+
+
+class Heartbeat:
+    """Rank 0's line on standard error every ``EVERY_S`` seconds while one case runs longer than that (a compile, a
+    long check): which case, what it is doing, for how long. A quick case prints nothing."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, counter: str, what: str):
+        self.counter, self.what, self.now = counter, what, "starting"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="attnbench-heartbeat", daemon=True)
+
+    def say(self, text: str) -> None:
+        self.now = text
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        return False
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.EVERY_S):
+            common.err_console.print(f"attnbench: {self.counter} still running {self.what}: {self.now} "
+                                     f"({time.perf_counter() - self._start:.0f} s)", markup=False, highlight=False,
+                                     soft_wrap=True)
 
 
 def _backend_name(res: bench.CaseResult) -> str:

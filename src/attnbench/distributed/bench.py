@@ -385,8 +385,12 @@ class CaseResult:
 
 def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContext, *, timing: TimingConfig,
              check: bool = True, ulysses_degree: int | None = None, comm: str = "p2p", seed: int = 0,
-             convention: str = "exact", timeline_calls: int = 0, ulysses_chunks: int | str = 1) -> CaseResult:
+             convention: str = "exact", timeline_calls: int = 0, ulysses_chunks: int | str = 1,
+             phase=None) -> CaseResult:
     """Check and time one case on every rank; the result is complete on rank 0.
+
+    ``phase(text)``, where given, hears what the case is doing now (building the method, checking, timing,
+    recording the timeline): the heartbeat of a long case says it.
 
     ``timeline_calls`` > 0: after the timed calls, that many more are recorded phase by phase
     (``timeline.py``); every rank's phases go to ``info["timeline"]``, the recorded calls' own median time to
@@ -394,6 +398,8 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     kernel_name = canonical(kernel_name)
     result = CaseResult(spec=spec, method=method_name, kernel=kernel_name)
     peer = method_name in OWN_KERNEL
+    say = phase or (lambda text: None)
+    say("building the method")
     try:
         kernel = None if peer else kernel_for(kernel_name, spec, ctx.device)
         method = build_method(method_name, kernel_name, spec, ctx, ulysses_degree=ulysses_degree, comm=comm,
@@ -413,6 +419,7 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
     inputs = make_inputs(dense_inputs_spec(spec), ctx.device, seed)
     with method.context() if method.context else contextlib.nullcontext():
         if check:
+            say("checking every rank against one device")
             mine = check_rank(method, kernel, spec, inputs, idx)
             gathered = [None] * ctx.world
             dist.all_gather_object(gathered, mine)
@@ -425,12 +432,14 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             del inputs
             _free(ctx.device)
             t0 = time.perf_counter()
+            say("timing")
             closure = timed_closure(method, shards, spec.pass_)
             samples, result.peak_bytes, result.info["samples_per_rank"], cpu = time_method(closure, timing, ctx)
             if cpu is not None:  # the record's CPU load, as run's records have it (views mark a busy one)
                 result.info["cpu"] = cpu
             wall["timing_s"] = time.perf_counter() - t0
             if timeline_calls:
+                say("recording the timeline")
                 mine, call_ms = timeline.record(closure, ctx.device, timeline_calls)
                 result.info["timeline_calls"] = timeline_calls
                 result.info["timeline"] = [None] * ctx.world

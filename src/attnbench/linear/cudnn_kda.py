@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
+from attnbench.linear.inputs import RecurrenceInputs, kernel_closure
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs
 
@@ -77,11 +77,7 @@ def arch_reason(capability: tuple[int, int]) -> str | None:
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, plan: str = "auto") -> Callable[[], Outputs]:
     """A closure calling cuDNN's KDA on ``inputs`` (forward, and with ``fwd_bwd`` the gradients of every input by
     autograd). Checks the case only (``case_reason``), not the GPU."""
-    validate(spec, inputs)
-    if (why := case_reason(spec)) is not None:
-        raise ValueError(why)
-    call = kernel(spec, plan)
-    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))
+    return kernel_closure(spec, inputs, case_reason(spec), lambda: kernel(spec, plan))
 
 
 def offsets(spec: RecurrenceSpec, tokens: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
+from attnbench.linear.inputs import RecurrenceInputs, kernel_closure
 from attnbench.linear.reference import expand_heads, l2norm
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs
@@ -168,11 +168,7 @@ def kernel_name(spec: RecurrenceSpec, op: str = "chunk") -> str:
 
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "chunk") -> Callable[[], Outputs]:
     """A closure running fla's ``op`` on ``inputs``: each call returns Outputs (module doc)."""
-    validate(spec, inputs)
-    if (why := supports(spec, op)) is not None:
-        raise ValueError(why)
-    call = kernel(spec, op)
-    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))
+    return kernel_closure(spec, inputs, supports(spec, op), lambda: kernel(spec, op))
 
 
 def kernel(spec: RecurrenceSpec, op: str):

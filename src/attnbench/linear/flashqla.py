@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
+from attnbench.linear.inputs import RecurrenceInputs, kernel_closure
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs
 
@@ -60,11 +60,7 @@ def arch_reason(spec: RecurrenceSpec, capability: tuple[int, int]) -> str | None
 def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, auto_cp: bool = True) -> Callable[[], Outputs]:
     """A closure calling FlashQLA on ``inputs`` (forward, and with ``fwd_bwd`` the gradients of every input by
     autograd). Checks the case only (``case_reason``), not the GPU."""
-    validate(spec, inputs)
-    if (why := case_reason(spec)) is not None:
-        raise ValueError(why)
-    call = kernel(spec, auto_cp)
-    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))
+    return kernel_closure(spec, inputs, case_reason(spec), lambda: kernel(spec, auto_cp))
 
 
 def kernel(spec: RecurrenceSpec, auto_cp: bool = True):

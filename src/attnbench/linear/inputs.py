@@ -243,3 +243,14 @@ def with_gradients(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, *, d
         for name, leaf, grad in zip(leaves, leaves.values(), got):
             result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad
     return result
+
+
+def kernel_closure(spec: RecurrenceSpec, inputs: RecurrenceInputs, refusal: str | None, make_call):
+    """What a kernel library's ``prepare`` returns: the inputs checked against ``spec`` (``validate``) and the
+    library's own ``refusal`` raised (ValueError), then ``make_call()`` (where the library is imported) and a
+    closure running ``call(leaves, cu_seqlens)`` on the inputs as autograd leaves (``with_gradients``)."""
+    validate(spec, inputs)
+    if refusal is not None:
+        raise ValueError(refusal)
+    call = make_call()
+    return lambda: with_gradients(spec, inputs, lambda leaves: call(leaves, inputs.cu_seqlens))

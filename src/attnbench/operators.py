@@ -65,6 +65,9 @@ class Attention:
     where they are (``spec``, ``inputs``, ``metrics``, ``memory``, ``accuracy``) and are named here."""
 
     name = "attention"
+    flop_note = ("attention's FLOP rates count the attended (query, key) pairs (causal halves them); approximate "
+                 "kernels show dense-equivalent rates")
+    """What the report says a rate of this operator counts (each operator's own sentence)."""
 
     def spec_from_dict(self, data: dict):
         from attnbench.spec import AttnSpec

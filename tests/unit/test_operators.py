@@ -283,3 +283,26 @@ def test_flex_over_the_index_set_passes_the_forward_check():
     sink, queries of two requests; no repeated rows in the drawn index lists."""
     (record,) = run([SPARSE.replace(pass_="fwd")], ["flex-sparse-mla"])
     assert record.status == "ok" and record.accuracy["verdict"] == "pass", record.reason
+
+
+def test_a_recurrence_runs_report_says_its_own_flop_count_and_draws_a_line_per_backend(tmp_path):
+    # A decode sweep over the batch: the report's note is the recurrence's FLOP convention (not attention's attended
+    # pairs), each backend is one line over the batch sizes (not a line per batch), and no panel says "causal".
+    got = attnbench("run", "--op", "gdn", "--decode", "--batch-size", "1", "4", "--q-heads", "2", "--head-size", "16",
+                    "--db", "r.db", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    report = attnbench("report", "--db", "r.db", "-o", "r.html", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "a recurrence&#x27;s count the chunked form" in page or "a recurrence's count the chunked form" in page
+    assert "attended (query, key) pairs" not in page
+    from attnbench.report import plots
+    from attnbench.results.store import ResultStore
+    rows = ResultStore(tmp_path / "r.db").rows()
+    fig = plots.figure(rows, "num_seqs", "ms")
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["fwd"]
+    labels = sorted(line.get_label().split(" [")[0]  # a mark of a busy CPU's times aside
+                    for line in panels[0].get_lines() if not line.get_label().startswith("_"))
+    assert labels == ["torch-chunked", "torch-recurrent"], labels
+    assert all(len(line.get_xdata()) == 2 for line in panels[0].get_lines() if not line.get_label().startswith("_"))

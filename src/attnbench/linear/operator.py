@@ -23,6 +23,8 @@ from attnbench.linear.spec import DELTA_KINDS, RecurrenceSpec
 
 class Recurrence:
     name = "recurrence"
+    flop_note = ("a recurrence's count the chunked form's work in prefill and the recurrent form's in decode, "
+                 "whatever the kernel")
 
     def spec_from_dict(self, data: dict) -> RecurrenceSpec:
         return RecurrenceSpec.from_dict(data)

@@ -9,6 +9,7 @@ nothing, and can be mailed or kept as a CI artifact. Every piece of text from th
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -159,15 +160,27 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
 
 def build(store, run_ids: list[str]) -> str:
     """The whole report for ``run_ids`` (which must exist in ``store``) as an HTML string."""
-    sections = []
+    from attnbench import operators
+
+    sections, present = [], set()
     for run_id in run_ids:
         run = store.run(run_id) or {"run_id": run_id}
         env = store.env(run["env_id"]) if run.get("env_id") else None
-        sections.append(run_section(run, store.rows(run_id), env))
+        rows = store.rows(run_id)
+        present |= {operator_of(r) for r in rows}
+        sections.append(run_section(run, rows, env))
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     title = "attnbench report: " + ", ".join(run_ids)
+    notes = "; ".join(operators.get(name).flop_note for name in operators.OPERATORS if name in (present or
+                                                                                                   {"attention"}))
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
             f'<p class="muted">Made {escape(made)} from {escape(str(store.path))}. Times are medians per call; '
-            "FLOP rates count the attended (query, key) pairs (causal halves them); approximate kernels show "
-            "dense-equivalent rates.</p>" + "\n".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
+            f"{escape(notes)}.</p>" + "\n".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
+
+
+def operator_of(row: dict) -> str:
+    """The operator of a store row's case (its stored spec names it; attention's does not)."""
+    spec = row.get("spec")
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    return (spec or {}).get("operator", "attention")

@@ -59,7 +59,7 @@ LEGEND_COLUMN_INCHES = 2.2
 # Columns that may change along each x axis without making a new line (see _series_columns).
 ALONG_X: dict[str, set[str]] = {
     "seq_len": {"seq_len_k"}, "kv_seq_len": {"seq_len"},
-    "num_seqs": {"seq_len", "seq_len_k"},
+    "num_seqs": {"seq_len", "seq_len_k", "batch"},  # a recurrence's batch is its sequence count
     "head_size": {"head_dim_v", "emb_dim"}, "emb_dim": {"head_dim", "head_dim_v", "heads_q", "heads_kv"},
     "heads": {"heads_kv", "head_dim", "head_dim_v", "emb_dim"}, "sparsity": set(), "kept": set(),
     "new_tokens": {"seq_len", "seq_len_k", "num_seqs", "total_q"},
@@ -174,11 +174,19 @@ def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = Non
         raise ValueError(f"no record has a value for --x {x}{why}")
     unit = unit or rate_unit(rows)
     out = [dict(r, _y=y_value(r, y, unit)) for r in with_x]
-    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r)) for r in out if r["_y"] is not None]
+    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r), _attention=_is_attention(r))
+           for r in out if r["_y"] is not None]
     if not out:
         why = " (peak memory is not measured on CPU)" if y == "mem" else ""
         raise ValueError(f"no record has a value for --y {y}{why}")
     return out
+
+
+def _is_attention(row: dict) -> bool:
+    """Whether the row's case is softmax attention (its stored spec names no other operator)."""
+    spec = row.get("spec")
+    spec = json.loads(spec) if isinstance(spec, str) else spec
+    return not isinstance(spec, dict) or "operator" not in spec
 
 
 def _variant_parts(row: dict) -> dict:
@@ -375,6 +383,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     pts = points(rows, x, y, unit)
     data, spread = panels(pts, x), bands(pts, x)
     causals = sorted({c for c, _ in data})
+    attention = any(p["_attention"] for p in pts)
     passes = [p for p in PASS_ORDER if any(k[1] == p for k in data)] + \
         sorted({p for _, p in data} - set(PASS_ORDER))
     labels = sorted({label for series in data.values() for label in series})
@@ -398,7 +407,8 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         for j, pass_ in enumerate(passes):
             ax = axes[i][j]
             _draw_panel(ax, data.get((causal, pass_), {}), spread.get((causal, pass_), {}), style, x, logy)
-            ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}", fontsize=10)
+            # causal or not is attention's axis; another operator's panels are named by the pass alone
+            ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}" if attention else pass_, fontsize=10)
             if i == len(causals) - 1:
                 ax.set_xlabel(X_AXES[x][1])
             if j == 0:

@@ -107,6 +107,7 @@ class SeededIndexerInputs:
 
 class Indexer:
     name = "indexer"
+    flop_note = "the indexer's count the q·k products of the visible (query, key) pairs"
 
     def spec_from_dict(self, data: dict) -> IndexerSpec:
         return IndexerSpec.from_dict(data)

@@ -21,6 +21,7 @@ from attnbench.sparse.spec import SparseSpec, grads_of, make_inputs
 
 class SparseMla:
     name = "sparse-mla"
+    flop_note = "sparse MLA's count the selected (query, key) slots"
 
     def spec_from_dict(self, data: dict) -> SparseSpec:
         return SparseSpec.from_dict(data)

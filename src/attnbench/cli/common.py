@@ -427,10 +427,12 @@ def operator_choice(opts: dict) -> str:
 
 OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk", ("recurrence",)),
                   ("--qk-prenormed", "qk_prenormed", ("recurrence",)), ("--decode", "decode", ("recurrence", "sparse-mla")),
-                  ("--kv-seq-lens", "kv_seq_lens", ("sparse-mla", "indexer")), ("--topk", "topk", ("sparse-mla", "indexer")),
+                  ("--kv-seq-lens", "kv_seq_lens", ("attention", "sparse-mla", "indexer")),
+                  ("--topk", "topk", ("sparse-mla", "indexer")),
                   ("--indices", "indices", ("sparse-mla",)), ("--sink", "sink", ("sparse-mla",)),
                   ("--topk-lengths", "topk_lengths", ("sparse-mla",)), ("--extra-cache", "extra_cache", ("sparse-mla",)))
-"""The options of other operators than attention, and the operators that take each."""
+"""The options of other operators than attention (and the key lengths, which attention takes too), and the
+operators that take each."""
 ATTENTION_ONLY = ("kv_heads", "emb_dim", "causal_mode", "window", "softmax_scale", "layout", "batch", "batch_trace",
                   "page_size", "shared_prefix", "tree", "kv_dtype", "mla", "input_scale", "outliers")
 """Options that shape attention cases alone: refused with another --op (they would be silently ignored)."""

@@ -8,6 +8,8 @@
 #   bash benchmarks/linear_gpu_backward.sh test   # pytest -m gpu, the recurrence tests (pytest.log); ~3 min
 #   bash benchmarks/linear_gpu_backward.sh more   # KDA fwd_bwd (never refused by fla; TileLang when heads match),
 #                                                 # Mamba2 fwd_bwd fp32 (TileLang) and bf16 (still refused)
+#   bash benchmarks/linear_gpu_backward.sh qla-table  # after qla: FlashQLA's published TP1 and TP8 rows (32k, fwd),
+#                                                 # q/k normalised in the op and before it, FlashQLA beside fla
 #   bash benchmarks/linear_gpu_backward.sh qla    # FlashQLA 0.1.3: import, one Qwen3.5-shaped fwd+bwd beside fla's,
 #                                                 # relative differences and times (qla.log), then the
 #                                                 # flashqla backend through attnbench run
@@ -42,7 +44,7 @@ ab() {
   COLUMNS=110 timeout "$t" python3 -m attnbench "$@" --db "$OUT/linear.db" 2>&1 | tee -a "$OUT/run.log"
 }
 
-case "${1:?stage: run, test, more or qla}" in
+case "${1:?stage: run, test, more, qla or qla-table}" in
 run)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv > "$OUT/env.txt" 2>&1
   timeout 120 python3 - >> "$OUT/env.txt" 2>&1 <<'EOF'
@@ -156,6 +158,17 @@ EOF
   # the same kernel as attnbench's flashqla backend, checked against the fp64 reference beside fla's and PyTorch's
   PYTHONPATH=/tmp/site-qla:$PYTHONPATH ab 240 run --preset qwen3.5-gdn --seq-lens 4096 --pass fwd fwd_bwd \
     --backends flashqla,fla-chunk,torch-chunked --skip-missing
+  ;;
+qla-table)  # after `qla` in the same lease (/tmp/site-qla): FlashQLA's published H200 rows, 1 x 32768 tokens, fwd,
+  # TP1 (16/64 heads) and TP8 (2/8), each with q, k normalised in the op (the models' call) and before it
+  # (--qk-prenormed, as FlashQLA's benchmark does), FlashQLA beside fla
+  for heads in "16 64" "2 8"; do
+    set -- $heads
+    for norm in "" "--qk-prenormed"; do
+      PYTHONPATH=/tmp/site-qla:$PYTHONPATH ab 240 run --preset qwen3.5-gdn --q-heads "$1" --v-heads "$2" \
+        --seq-lens 32768 --pass fwd $norm --backends flashqla,fla-chunk --skip-missing --table
+    done
+  done
   ;;
 *) echo "unknown stage $1: run, test, more or qla"; exit 2 ;;
 esac

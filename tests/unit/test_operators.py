@@ -301,7 +301,7 @@ def test_a_recurrence_runs_report_says_its_own_flop_count_and_draws_a_line_per_b
     rows = ResultStore(tmp_path / "r.db").rows()
     fig = plots.figure(rows, "num_seqs", "ms")
     panels = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in panels] == ["fwd"]
+    assert [ax.get_title() for ax in panels] == ["fwd"] and panels[0].get_xlabel() == "sequences (batch)"
     labels = sorted(line.get_label().split(" [")[0]  # a mark of a busy CPU's times aside
                     for line in panels[0].get_lines() if not line.get_label().startswith("_"))
     assert labels == ["torch-chunked", "torch-recurrent"], labels

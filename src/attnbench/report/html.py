@@ -73,13 +73,13 @@ def figures(rows: list[dict], context: str) -> list[str]:
     for x in plots.plot_axes(rows):
         for y in PLOT_Y:
             for name, subset in plots.backend_sets(rows):
-                title = f"{plots.y_label(y, unit)} vs {plots.X_AXES[x][1]}: {name}\n{context}"
+                title = f"{plots.y_label(y, unit)} vs {plots.x_label(x, subset)}: {name}\n{context}"
                 try:
                     image = plots.render(subset, x, y, PLOT_FORMAT, title=title, unit=unit)
                 except ValueError as exc:  # e.g. no memory numbers on CPU: the table shows n/a
                     log.debug("no %s vs %s plot: %s", y, x, exc)
                     continue
-                caption = escape(f"{plots.y_label(y, unit)} vs {plots.X_AXES[x][1]}: {name}")
+                caption = escape(f"{plots.y_label(y, unit)} vs {plots.x_label(x, subset)}: {name}")
                 out.append(f'<figure><img alt="{caption}" src="{svg_uri(image)}">'
                            f"<figcaption>{caption}</figcaption></figure>")
     return out

@@ -182,6 +182,17 @@ def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = Non
     return out
 
 
+OTHER_OPERATORS_X = {"num_seqs": "sequences (batch)"}
+"""Axis labels where a figure of another operator's cases means something else: a recurrence's batch."""
+
+
+def x_label(x: str, rows: list[dict]) -> str:
+    """The label of axis ``x`` for ``rows`` (attention's, unless no row is an attention case)."""
+    if x in OTHER_OPERATORS_X and rows and not any(_is_attention(r) for r in rows):
+        return OTHER_OPERATORS_X[x]
+    return X_AXES[x][1]
+
+
 def _is_attention(row: dict) -> bool:
     """Whether the row's case is softmax attention (its stored spec names no other operator)."""
     spec = row.get("spec")
@@ -394,7 +405,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     shaded = any(spread.values())
     legend_rows = -(-len(labels) // columns) + shaded  # and a line saying what the shading is
     title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
-                      (title or f"{y_label(y, unit)} vs {X_AXES[x][1]}").splitlines())
+                      (title or f"{y_label(y, unit)} vs {x_label(x, pts)}").splitlines())
     title_lines = title.count("\n") + 1
     height = 3.3 * len(causals) + 0.8 + 0.22 * legend_rows + 0.2 * (title_lines - 1)
     fig = Figure(figsize=(width, height))
@@ -410,7 +421,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
             # causal or not is attention's axis; another operator's panels are named by the pass alone
             ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}" if attention else pass_, fontsize=10)
             if i == len(causals) - 1:
-                ax.set_xlabel(X_AXES[x][1])
+                ax.set_xlabel(x_label(x, pts))
             if j == 0:
                 ax.set_ylabel(y_label(y, unit))
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}

@@ -7,6 +7,7 @@
 #   LENGTHS="128k 512k" CHUNKS="1 4" bash benchmarks/cp_copy_engine.sh 4 fa3
 #
 # First the GPU tests of the copy-engine path (every rank against one GPU; repeated calls into the same buffers).
+# Each method runs in a torchrun of its own, so that neither is timed second in a process.
 # Logs and the results DB go under ${OUT:-cp-results}.
 set -uo pipefail
 N=${1:-2}
@@ -23,13 +24,18 @@ DB="$OUT/cp.db"
 SHAPE=(--batch-size 1 --q-heads 32 --kv-heads 32 --head-size 128 --dtype bf16 --causal)
 RUN=(python3 -m torch.distributed.run --nproc_per_node "$N" -m attnbench dist)
 
-[ "${TESTS:-1}" = 0 ] || timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_dist_kernels.py -k copy_engine \
+[ "${TESTS:-1}" = 0 ] || timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_dist_kernels.py -k "copy_engine or copy_rows" \
   -p no:cacheprovider -o addopts="" -rfEs > "$OUT/ce_tests.log" 2>&1; tail -3 "$OUT/ce_tests.log"
 for S in $LENGTHS; do
   for C in $CHUNKS; do
-    timeout 240 "${RUN[@]}" --method ulysses,ulysses-ce --ulysses-chunks "$C" --kernel "$KERNEL" "${SHAPE[@]}" \
-      --seq-lens "$S" --pass fwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --timeline 3 --db "$DB" \
-      > "$OUT/ce_${N}gpu_${KERNEL}_S${S}_c${C}.log" 2>&1 || echo "run at $S, $C chunks failed: see its log"
+    # each method in a process of its own: the method timed second in a process ran 2-4% slower kernels
+    # (docs/distributed.md, "Run order matters")
+    : > "$OUT/ce_${N}gpu_${KERNEL}_S${S}_c${C}.log"
+    for M in ulysses ulysses-ce; do
+      timeout 240 "${RUN[@]}" --method "$M" --ulysses-chunks "$C" --kernel "$KERNEL" "${SHAPE[@]}" \
+        --seq-lens "$S" --pass fwd --warmup "$WARMUP" --repeat "$REPEAT" --no-check --timeline 3 --db "$DB" \
+        >> "$OUT/ce_${N}gpu_${KERNEL}_S${S}_c${C}.log" 2>&1 || echo "$M at $S, $C chunks failed: see its log"
+    done
   done
   LOCAL=$(python3 -c "from attnbench.sweep import parse_int_list as p; print(p('$S', 'S')[0] // $N)")
   timeout 200 python3 -m attnbench dist --method ring --kernel "$KERNEL" "${SHAPE[@]}" --seq-lens "$LOCAL" \

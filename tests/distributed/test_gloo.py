@@ -120,3 +120,31 @@ def test_a_method_blind_to_packed_documents_fails_the_check(results2):
 def test_packed_documents_are_refused_by_the_methods_that_do_not_split_them(results2):
     assert results2["reject-usp-docs"]["error"] == ("packed documents (a group of lengths) run on ring, zigzag, "
                                                    "ulysses, ulysses-ce, torch-cp-flex; usp does not take them")
+
+
+def test_a_dist_record_carries_the_slowest_ranks_clock_and_any_drop():
+    # The call waits for the slowest rank, so the record's clock (what the views' SM MHz column shows) is that
+    # rank's; a drop on any rank is flagged; a CPU, reading none, adds nothing.
+    from attnbench.distributed.bench import clock_info
+    from attnbench.results.record import clock_of
+    steady = {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1980}}
+    warm = {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1755}}
+    info = clock_info([steady, warm])
+    assert clock_of(info) == (1755, True) and info["gpu_state_per_rank"] == [steady, warm]
+    assert clock_info([steady, steady]) == {"gpu_state": steady, "gpu_state_per_rank": [steady, steady]}
+    assert clock_info([{"start": {}, "end": {}}] * 2) == {}
+
+
+def test_the_case_output_says_each_ranks_clock_where_the_gpus_report_one(capsys):
+    from attnbench.cli import dist as dist_cli
+    from attnbench.distributed import bench
+    from attnbench.spec import AttnSpec
+    states = [{"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1980}},
+              {"start": {"sm_clock_mhz": 1980}, "end": {"sm_clock_mhz": 1755}}]
+    res = bench.CaseResult(spec=AttnSpec(), method="ulysses", kernel="fa3",
+                           info=bench.clock_info(states))
+    dist_cli._print_case(res, 2)
+    out = capsys.readouterr().out
+    assert "SM clock after the timed calls, by rank: 1980, 1755 MHz (fell by over 10% on a rank while timed)" in out
+    dist_cli._print_case(bench.CaseResult(spec=AttnSpec(), method="ring", kernel="sdpa-math"), 2)
+    assert "SM clock" not in capsys.readouterr().out  # a CPU run reads none

@@ -408,6 +408,8 @@ def _print_case(res: bench.CaseResult, world: int) -> None:
     if res.status == "unsupported":
         out.print(f"unsupported: {res.reason}", highlight=False, markup=False)
         return
+    if (clock := _clock_line(res)) is not None:
+        out.print(clock, highlight=False, markup=False)
     if not res.per_rank:
         return
     lines = [SEP, "# forward:", SEP]
@@ -422,6 +424,17 @@ def _print_case(res: bench.CaseResult, world: int) -> None:
     lines.append(f"verdict: {res.verdict} (error vs exact <= {bench.VERDICT_K} x single-device error + "
                  f"{bench.FLOOR_ULPS} ulp; worst: rank {worst[1]} {worst[2]} at {worst[0]:.2f} of the bound)")
     out.print("\n".join(lines), highlight=False, markup=False)
+
+
+def _clock_line(res: bench.CaseResult) -> str | None:
+    """Every rank's SM clock after its timed calls, where the GPUs report one (a warm GPU's lower clock is a
+    slower kernel, not a slower method), and whether any rank's fell during them."""
+    states = res.info.get("gpu_state_per_rank")
+    if not states:
+        return None
+    mhz = ", ".join(str((st.get("end") or {}).get("sm_clock_mhz", "?")) for st in states)
+    fell = " (fell by over 10% on a rank while timed)" if res.info.get("clock_dropped") else ""
+    return f"SM clock after the timed calls, by rank: {mhz} MHz{fell}"
 
 
 def _print_timeline(res: bench.CaseResult) -> None:

@@ -48,6 +48,7 @@ from attnbench.distributed.usp import make_mesh, usp_attention
 from attnbench.inputs import make_inputs
 from attnbench.spec import AttnSpec
 from attnbench.timing import TimingConfig, measure_detailed, summarize
+from attnbench.timing.clocks import ClockMonitor, clock_dropped
 
 log = logging.getLogger(__name__)
 
@@ -343,6 +344,21 @@ def time_method(fn, timing: TimingConfig, ctx: DistContext) -> tuple[list[float]
     return values[:-2], (int(values[-2]) if cuda else None), per_rank, cpu
 
 
+def clock_info(states: list[dict]) -> dict:
+    """What a record says of its ranks' GPU clocks (``{"start": {...}, "end": {...}}`` per rank, {} each where
+    none can be read): every rank's (``gpu_state_per_rank``), the slowest rank's at the end as the record's own
+    ``gpu_state`` (what the views show: the call waits for that rank), and ``clock_dropped`` when any rank's
+    clock fell during its timed calls; nothing when no rank could read one (a CPU)."""
+    read = [(i, st) for i, st in enumerate(states) if (st.get("end") or {}).get("sm_clock_mhz") is not None]
+    if not read:
+        return {}
+    slowest = min(read, key=lambda item: item[1]["end"]["sm_clock_mhz"])[1]
+    info = {"gpu_state": slowest, "gpu_state_per_rank": states}
+    if any(clock_dropped(st.get("start") or {}, st.get("end") or {}) for st in states):
+        info["clock_dropped"] = True
+    return info
+
+
 def _device_barrier(device: torch.device):
     """A callable that queues, on the current stream, a wait for every rank's device to reach it (a
     one-element all-reduce: the compute stream waits for NCCL's, which starts once every rank is there)."""
@@ -434,7 +450,12 @@ def run_case(spec: AttnSpec, method_name: str, kernel_name: str, ctx: DistContex
             t0 = time.perf_counter()
             say("timing")
             closure = timed_closure(method, shards, spec.pass_)
+            clocks = ClockMonitor(ctx.device) if ctx.device.type == "cuda" else None
+            start = clocks.sample() if clocks else {}
             samples, result.peak_bytes, result.info["samples_per_rank"], cpu = time_method(closure, timing, ctx)
+            states = [None] * ctx.world  # every rank's GPU clock before and after its timed calls
+            dist.all_gather_object(states, {"start": start, "end": clocks.sample() if clocks else {}})
+            result.info.update(clock_info(states))
             if cpu is not None:  # the record's CPU load, as run's records have it (views mark a busy one)
                 result.info["cpu"] = cpu
             wall["timing_s"] = time.perf_counter() - t0

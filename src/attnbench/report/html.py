@@ -9,7 +9,6 @@ nothing, and can be mailed or kept as a CI artifact. Every piece of text from th
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -73,13 +72,14 @@ def figures(rows: list[dict], context: str) -> list[str]:
     for x in plots.plot_axes(rows):
         for y in PLOT_Y:
             for name, subset in plots.backend_sets(rows):
-                title = f"{plots.y_label(y, unit)} vs {plots.x_label(x, subset)}: {name}\n{context}"
+                xlabel = plots.x_label(x, any(plots.operator_of(r) == "attention" for r in subset))
+                title = f"{plots.y_label(y, unit)} vs {xlabel}: {name}\n{context}"
                 try:
                     image = plots.render(subset, x, y, PLOT_FORMAT, title=title, unit=unit)
                 except ValueError as exc:  # e.g. no memory numbers on CPU: the table shows n/a
                     log.debug("no %s vs %s plot: %s", y, x, exc)
                     continue
-                caption = escape(f"{plots.y_label(y, unit)} vs {plots.x_label(x, subset)}: {name}")
+                caption = escape(f"{plots.y_label(y, unit)} vs {xlabel}: {name}")
                 out.append(f'<figure><img alt="{caption}" src="{svg_uri(image)}">'
                            f"<figcaption>{caption}</figcaption></figure>")
     return out
@@ -167,7 +167,7 @@ def build(store, run_ids: list[str]) -> str:
         run = store.run(run_id) or {"run_id": run_id}
         env = store.env(run["env_id"]) if run.get("env_id") else None
         rows = store.rows(run_id)
-        present |= {operator_of(r) for r in rows}
+        present |= {plots.operator_of(r) for r in rows}
         sections.append(run_section(run, rows, env))
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     title = "attnbench report: " + ", ".join(run_ids)
@@ -177,10 +177,3 @@ def build(store, run_ids: list[str]) -> str:
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
             f'<p class="muted">Made {escape(made)} from {escape(str(store.path))}. Times are medians per call; '
             f"{escape(notes)}.</p>" + "\n".join(sections) + f"<script>{SCRIPT}</script></body></html>\n")
-
-
-def operator_of(row: dict) -> str:
-    """The operator of a store row's case (its stored spec names it; attention's does not)."""
-    spec = row.get("spec")
-    spec = json.loads(spec) if isinstance(spec, str) else spec
-    return (spec or {}).get("operator", "attention")

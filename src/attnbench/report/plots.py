@@ -174,7 +174,7 @@ def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = Non
         raise ValueError(f"no record has a value for --x {x}{why}")
     unit = unit or rate_unit(rows)
     out = [dict(r, _y=y_value(r, y, unit)) for r in with_x]
-    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r), _attention=_is_attention(r))
+    out = [dict(r, **_spread(r, y, r["_y"]), _keys=_keys(r), **_variant_parts(r), _attention=operator_of(r) == "attention")
            for r in out if r["_y"] is not None]
     if not out:
         why = " (peak memory is not measured on CPU)" if y == "mem" else ""
@@ -186,18 +186,16 @@ OTHER_OPERATORS_X = {"num_seqs": "sequences (batch)"}
 """Axis labels where a figure of another operator's cases means something else: a recurrence's batch."""
 
 
-def x_label(x: str, rows: list[dict]) -> str:
-    """The label of axis ``x`` for ``rows`` (attention's, unless no row is an attention case)."""
-    if x in OTHER_OPERATORS_X and rows and not any(_is_attention(r) for r in rows):
-        return OTHER_OPERATORS_X[x]
-    return X_AXES[x][1]
+def x_label(x: str, attention: bool = True) -> str:
+    """The label of axis ``x`` in a figure of attention's cases, or (``attention`` False) of another operator's."""
+    return X_AXES[x][1] if attention else OTHER_OPERATORS_X.get(x, X_AXES[x][1])
 
 
-def _is_attention(row: dict) -> bool:
-    """Whether the row's case is softmax attention (its stored spec names no other operator)."""
+def operator_of(row: dict) -> str:
+    """The operator of a store row's case (its stored spec names it; attention's does not)."""
     spec = row.get("spec")
     spec = json.loads(spec) if isinstance(spec, str) else spec
-    return not isinstance(spec, dict) or "operator" not in spec
+    return spec.get("operator", "attention") if isinstance(spec, dict) else "attention"
 
 
 def _variant_parts(row: dict) -> dict:
@@ -405,7 +403,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     shaded = any(spread.values())
     legend_rows = -(-len(labels) // columns) + shaded  # and a line saying what the shading is
     title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
-                      (title or f"{y_label(y, unit)} vs {x_label(x, pts)}").splitlines())
+                      (title or f"{y_label(y, unit)} vs {x_label(x, attention)}").splitlines())
     title_lines = title.count("\n") + 1
     height = 3.3 * len(causals) + 0.8 + 0.22 * legend_rows + 0.2 * (title_lines - 1)
     fig = Figure(figsize=(width, height))
@@ -421,7 +419,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
             # causal or not is attention's axis; another operator's panels are named by the pass alone
             ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}" if attention else pass_, fontsize=10)
             if i == len(causals) - 1:
-                ax.set_xlabel(x_label(x, pts))
+                ax.set_xlabel(x_label(x, attention))
             if j == 0:
                 ax.set_ylabel(y_label(y, unit))
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}

@@ -426,7 +426,8 @@ def operator_choice(opts: dict) -> str:
 
 
 OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk", ("recurrence",)),
-                  ("--qk-prenormed", "qk_prenormed", ("recurrence",)), ("--decode", "decode", ("recurrence", "sparse-mla")),
+                  ("--qk-prenormed", "qk_prenormed", ("recurrence",)),
+                  ("--decode", "decode", ("recurrence", "sparse-mla")),
                   ("--kv-seq-lens", "kv_seq_lens", ("attention", "sparse-mla", "indexer")),
                   ("--topk", "topk", ("sparse-mla", "indexer")),
                   ("--indices", "indices", ("sparse-mla",)), ("--sink", "sink", ("sparse-mla",)),

@@ -349,10 +349,10 @@ def clock_info(states: list[dict]) -> dict:
     none can be read): every rank's (``gpu_state_per_rank``), the slowest rank's at the end as the record's own
     ``gpu_state`` (what the views show: the call waits for that rank), and ``clock_dropped`` when any rank's
     clock fell during its timed calls; nothing when no rank could read one (a CPU)."""
-    read = [(i, st) for i, st in enumerate(states) if (st.get("end") or {}).get("sm_clock_mhz") is not None]
+    read = [st for st in states if (st.get("end") or {}).get("sm_clock_mhz") is not None]
     if not read:
         return {}
-    slowest = min(read, key=lambda item: item[1]["end"]["sm_clock_mhz"])[1]
+    slowest = min(read, key=lambda st: st["end"]["sm_clock_mhz"])
     info = {"gpu_state": slowest, "gpu_state_per_rank": states}
     if any(clock_dropped(st.get("start") or {}, st.get("end") or {}) for st in states):
         info["clock_dropped"] = True

@@ -212,7 +212,8 @@ class CudnnKda(_RecurrenceBackend):
         """cuDNN's engine: auto (its own order: kda_hopper_cuda, then kda_hopper on sm90) or one pinned by name."""
 
     def extra_reason(self, spec, device) -> str | None:  # the package and the device: Backend.supports
-        return cudnn_kda.case_reason(spec) or cudnn_kda.arch_reason(torch.cuda.get_device_capability(torch.device(device)))
+        capability = torch.cuda.get_device_capability(torch.device(device))
+        return cudnn_kda.case_reason(spec) or cudnn_kda.arch_reason(capability)
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=cudnn_kda.prepare(spec, inputs, self.plan),

@@ -1,7 +1,7 @@
 """FlashInfer 0.7.2.post1's Gated DeltaNet kernels for a recurrence case, returning ``Outputs`` in the reference's
 layout: ``out`` in v's input layout, ``final_state`` (N, HV, K, V). Read from the wheel's source (docs/linear.md,
-"FlashInfer 0.7.2.post1"); run on an H200 (docs/results/2026-11-28-h200-recurrences.md). ``flashinfer`` is imported inside the functions: this module
-loads without it. Line numbers are those of the 0.7.2.post1 wheel.
+"FlashInfer 0.7.2.post1"); run on an H200 (docs/results/2026-11-28-h200-recurrences.md). ``flashinfer`` is
+imported inside the functions: this module loads without it. Line numbers are those of the 0.7.2.post1 wheel.
 
 - ``prefill``: ``flashinfer.gdn_prefill.chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state,
   output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, ..., use_cp="auto", ..., max_seqlen=)``
@@ -51,8 +51,8 @@ loads without it. Line numbers are those of the 0.7.2.post1 wheel.
   reads q/k head ``hv // (HV // H)`` (``:96``). ``backend="auto"`` tries the Cake kernels first, sm100/sm103 only
   (``jit/cake_gdn.py:810-817``): on sm90 they refuse and the CuTe DSL kernel runs. Batches below 32 take the
   small-batch kernel, others the big-batch one (``SMALL_BATCH_THRESHOLD_NT``, ``gdn_decode_nontranspose.py:52``);
-  both compile once per (B class, H, HV, dtypes, scale) into FlashInfer's disk cache. Because the state is updated in place, each call
-  first copies the case's initial state into the kernel's buffer (``reset_state``, default: a read and a write of
+  both compile once per (B class, H, HV, dtypes, scale) into FlashInfer's disk cache. Because the state is updated
+  in place, each call first copies the case's initial state into the kernel's buffer (``reset_state``, default: a read and a write of
   the whole state, as much traffic as the kernel's own, timed with it); with ``reset_state=False`` the state runs
   on from call to call and every checked call starts from the case's state (``_Decode.rewind``, the backend's
 ``Prepared.rewind``).
@@ -203,7 +203,7 @@ def prepare(spec: RecurrenceSpec, inputs: RecurrenceInputs, op: str = "prefill",
         if use_cp not in USE_CP:
             raise ValueError(f"use_cp must be one of {', '.join(USE_CP)}, not {use_cp!r}")
         return _prefill(spec, inputs, USE_CP[use_cp])
-    return _decode(spec, inputs, reset_state)
+    return _Decode(spec, inputs, reset_state)
 
 
 def finish(op: str) -> Callable[[Outputs], Outputs] | None:
@@ -249,7 +249,8 @@ class _Decode:
         from flashinfer.gdn_decode import gated_delta_rule_decode
 
         n, hv = spec.num_seqs, spec.heads_v
-        self.kernel, self.spec, self.reset_state, self.v_shape = gated_delta_rule_decode, spec, reset_state, inputs.v.shape
+        self.kernel, self.spec, self.reset_state = gated_delta_rule_decode, spec, reset_state
+        self.v_shape = inputs.v.shape
         self.q, self.k, self.v = (x.reshape(n, 1, *x.shape[-2:]).contiguous() for x in (inputs.q, inputs.k, inputs.v))
         self.a, self.b = decode_gates(inputs.g.reshape(n, 1, hv), inputs.beta.reshape(n, 1, hv), self.q.dtype)
         self.zeros = torch.zeros(hv, dtype=torch.float32, device=self.q.device)
@@ -265,7 +266,3 @@ class _Decode:
         out, final = self.kernel(self.q, self.k, self.v, self.state, self.zeros, self.a, self.zeros, self.b,
                                  scale=self.spec.qk_scale, use_qk_l2norm=self.spec.l2norm)
         return Outputs(out=out.view(self.v_shape), final_state=final)
-
-
-def _decode(spec: RecurrenceSpec, inputs: RecurrenceInputs, reset_state: bool) -> _Decode:
-    return _Decode(spec, inputs, reset_state)

@@ -9,9 +9,10 @@ Distributions (the point: every gating input changes the result by far more than
 or ~0 everywhere):
 
 - q, k, v, dout: N(0, 1) in the case's dtype, drawn on the case's device (on a GPU from a generator of its own,
-  so one seed gives a GPU case other values than a CPU case, as attention's inputs; the states too). A delta-rule case without in-op L2 normalisation gets q and k
-  already L2-normalised per head, as its layer hands them (fla's docstring example normalises k): with raw
-  N(0, 1) keys of d_k = 128, ``beta·|k|² > 2`` and the delta rule diverges.
+  so one seed gives a GPU case other values than a CPU case, as attention's inputs; the states too). A delta-rule
+  case without in-op L2 normalisation gets q and k already L2-normalised per head, as its layer hands them (fla's
+  docstring example normalises k): with raw N(0, 1) keys of d_k = 128, ``beta·|k|² > 2`` and the delta rule
+  diverges.
 - GDN (Qwen3-Next's ``GatedDeltaNet``; the layer files cited here are fla's GitHub ``fla/layers/`` at commit
   bc3b101, which the fla-core wheel does not ship: ``gated_deltanet.py:151-165``) and Mamba2
   (``layers/mamba2.py:205-219``): ``g = -exp(A_log) · softplus(a + dt_bias)`` per token and value head, with

@@ -132,10 +132,10 @@ def case_texts(specs: list[AttnSpec], line: int) -> tuple[list[str], str]:
     (for the title; the batch and the lengths always stay). A serving batch whose requests take more than
     ``REQUESTS_SHOWN`` characters to spell out is named by its count of requests and their ranges of new tokens
     and keys."""
-    room, line = line, max(CASE_MIN, line)
+    room, line = max(line, 1), max(CASE_MIN, line)
     parts = [_parts(spec) for spec in specs]
     shared: list[str] = []
-    if any(len(" ".join(head + rest)) > 2 * min(line, max(room, 1)) for head, rest in parts):
+    if any(len(" ".join(head + rest)) > 2 * room for head, rest in parts):
         shared = [word for word in parts[0][1] if all(word in rest for _, rest in parts)]
         parts = [(head, [word for word in rest if word not in shared]) for head, rest in parts]
     return [_two_lines(head + rest, line) for head, rest in parts], " ".join(shared)

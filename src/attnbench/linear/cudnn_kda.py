@@ -1,7 +1,7 @@
 """cuDNN frontend 1.32's Kimi Delta Attention (``cudnn.linear_attention.kimi_delta_attention``) for a KDA case,
 forward and backward, returning ``Outputs`` in the reference's layout. Written against the wheel's source
-(docs/linear.md, "cuDNN frontend 1.32"); **not run on a GPU here**. ``cudnn`` is imported inside the functions:
-this module loads without it. Line numbers are those of the 1.32.0 wheel.
+(docs/linear.md, "cuDNN frontend 1.32"); run on an H200 (docs/results/2026-11-28-h200-recurrences.md). ``cudnn`` is
+imported inside the functions: this module loads without it. Line numbers are those of the 1.32.0 wheel.
 
 ``kimi_delta_attention(q, k, v, g, beta, cu_seqlens, scale, initial_state, output_final_state,
 use_qk_l2norm_in_kernel, ..., gate_domain="log", ..., plan_name=None)`` (``linear_attention/ops/kda.py:1239``)

@@ -204,22 +204,22 @@ def test_qk_prenormed_hands_the_op_normalised_q_and_k(tmp_path):
     assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
 
 
-def test_gate_bound_draws_kdas_bounded_gate(tmp_path):
-    # --gate-bound LB: the log-decays are LB·sigmoid(exp(A_log)·(a + dt_bias)), inside [LB, 0), where the default
+def test_decay_bound_draws_kdas_bounded_decay(tmp_path):
+    # --decay-bound LB: the log-decays are LB·sigmoid(exp(A_log)·(a + dt_bias)), inside [LB, 0), where the default
     # (unbounded) gate of the same seed goes far below; the case says so and passes the check forward and backward
-    got = attnbench("run", "--op", "kda", "--gate-bound", "-5", "--seq-lens", "40", "--q-heads", "2", "--head-size",
+    got = attnbench("run", "--op", "kda", "--decay-bound", "-5", "--seq-lens", "40", "--q-heads", "2", "--head-size",
                     "16", "--pass", "fwd", "fwd_bwd", "--db", "r.db", "--output", "r.json", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     rows = json.loads((tmp_path / "r.json").read_text())
-    assert {r["verdict"] for r in rows} == {"pass"} and all(r["label"].endswith(" gate-5") for r in rows), rows
+    assert {r["verdict"] for r in rows} == {"pass"} and all(r["label"].endswith(" lb-5") for r in rows), rows
     from attnbench.linear.inputs import make_inputs
     from attnbench.linear.spec import RecurrenceSpec
-    spec = RecurrenceSpec(kind="kda", seqlens=(4096,), heads_qk=4, d_k=16, gate_bound=-5)
+    spec = RecurrenceSpec(kind="kda", seqlens=(4096,), heads_qk=4, d_k=16, decay_bound=-5)
     x = make_inputs(spec)
     want = -5 * torch.sigmoid(x.A_log.exp().view(4, 1) * (x.a + x.dt_bias.view(4, 16)))
     assert torch.allclose(x.g, want.float()) and x.g.min() >= -5 and x.g.max() <= 0
     assert -3.0 < x.g.mean() < -2.0  # centred: mean log-decay LB / 2
-    assert make_inputs(spec.replace(gate_bound=None)).g.min() < -10  # what the bound cuts off
+    assert make_inputs(spec.replace(decay_bound=None)).g.min() < -10  # what the bound cuts off
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -230,9 +230,9 @@ def test_gate_bound_draws_kdas_bounded_gate(tmp_path):
     (["--chunk", "32"], "--chunk belongs to another --op than attention"),
     (["--v-heads", "4", "--qk-prenormed"], "--v-heads, --qk-prenormed belong to another --op than attention"),
     (["--op", "mamba2", "--qk-prenormed"], "--qk-prenormed is for gdn and kda: mamba2 never L2-normalises"),
-    (["--op", "gdn", "--gate-bound", "-5"], "--gate-bound is kda's bounded gate: gdn has none"),
-    (["--op", "kda", "--gate-bound", "3"], "bad --gate-bound '3'"),
-    (["--gate-bound", "-5"], "--gate-bound belongs to another --op than attention"),
+    (["--op", "gdn", "--decay-bound", "-5"], "--decay-bound is kda's bounded decay: gdn has none"),
+    (["--op", "kda", "--decay-bound", "3"], "bad --decay-bound '3'"),
+    (["--decay-bound", "-5"], "--decay-bound belongs to another --op than attention"),
     (["--op", "sparse-mla", "--seq-lens", "64", "--kv-seq-lens", "32"], "more than its 32 cache rows"),
     (["--op", "sparse-mla", "--topk", "9000", "--kv-seq-lens", "8192"], "top-k 9000 is more than"),
     (["--op", "sparse-mla", "--extra-cache", "12"], "give ROWSxTOPK"),

@@ -308,13 +308,13 @@ def parse_scale(value) -> float | None:
     return scale
 
 
-def parse_gate_bound(value) -> float | None:
-    """``--gate-bound``: a finite negative number (the lowest log-decay); None if unset."""
+def parse_decay_bound(value) -> float | None:
+    """``--decay-bound``: a finite negative number (the lowest log-decay); None if unset."""
     if value is None:
         return None
     bound = finite_number(value)
     if not (math.isfinite(bound) and -1e3 <= bound < 0):
-        raise UserError(f"bad --gate-bound {shown(value)}: give the lowest log-decay, a negative number such as -5")
+        raise UserError(f"bad --decay-bound {shown(value)}: give the lowest log-decay, a negative number such as -5")
     return bound
 
 
@@ -437,7 +437,7 @@ def operator_choice(opts: dict) -> str:
 
 OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk", ("recurrence",)),
                   ("--qk-prenormed", "qk_prenormed", ("recurrence",)),
-                  ("--gate-bound", "gate_bound", ("recurrence",)),
+                  ("--decay-bound", "decay_bound", ("recurrence",)),
                   ("--decode", "decode", ("recurrence", "sparse-mla")),
                   ("--kv-seq-lens", "kv_seq_lens", ("attention", "sparse-mla", "indexer")),
                   ("--topk", "topk", ("sparse-mla", "indexer")),
@@ -486,7 +486,7 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
                    "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
                    "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
                    "qk_prenormed": option_bool(opts, "qk_prenormed"),
-                   "gate_bound": parse_gate_bound(option_text(opts, "gate_bound")),
+                   "decay_bound": parse_decay_bound(option_text(opts, "decay_bound")),
                    "small": not device.startswith("cuda")}  # a CPU's default case is a small one
         return operators.get(OPS[op]).sweep(axes, options)
     except UserError:
@@ -510,10 +510,10 @@ QkPrenormed = Annotated[bool | None, typer.Option(
     "--qk-prenormed", rich_help_panel="Operator",
     help="Recurrences (gdn, kda): q and k arrive L2-normalised, the op does not normalise them (default: it does, "
          "fla's use_qk_l2norm_in_kernel, as the models call it).")]
-GateBound = Annotated[str | None, typer.Option(
-    "--gate-bound", metavar="LB", rich_help_panel="Operator",
-    help="kda: the bounded gate LB·sigmoid(exp(A_log)·(a + dt_bias)), log-decays in [LB, 0) (fla's safe_gate "
-         "lower_bound; cuDNN's KDA was verified with -5); default: Kimi Linear's unbounded gate.")]
+DecayBound = Annotated[str | None, typer.Option(
+    "--decay-bound", metavar="LB", rich_help_panel="Operator",
+    help="kda: the bounded decay LB·sigmoid(exp(A_log)·(a + dt_bias)), log-decays in [LB, 0) (fla's safe_gate "
+         "lower_bound; cuDNN's KDA was verified with -5); default: Kimi Linear's unbounded decay.")]
 Chunk = Annotated[str | None, typer.Option(
     "--chunk", metavar="C", rich_help_panel="Operator", help="Recurrences: tokens per chunk (default 64).")]
 TopK = Annotated[list[str] | None, typer.Option(

@@ -565,7 +565,7 @@ def run(
     decode: common.Decode = None,
     chunk: common.Chunk = None,
     qk_prenormed: common.QkPrenormed = None,
-    gate_bound: common.GateBound = None,
+    decay_bound: common.DecayBound = None,
     topk: common.TopK = None,
     indices: common.Indices = None,
     sink: common.Sink = None,

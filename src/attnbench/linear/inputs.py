@@ -133,9 +133,9 @@ def make_inputs(spec: RecurrenceSpec, *, seed: int = DEFAULT_SEED, device: str |
             fields.update(dt=step, A=-torch.exp(a_log))
             if spec.skip:
                 fields["D"] = 0.5 + torch.rand(hv, generator=gen, dtype=torch.float64)
-        elif spec.gate_bound is not None:  # kda's bounded gate LB · sigmoid(exp(A_log) · (a + dt_bias)), dt_bias = 0
+        elif spec.decay_bound is not None:  # kda's bounded decay LB · sigmoid(exp(A_log) · (a + dt_bias)), dt_bias = 0
             fields["dt_bias"] = torch.zeros_like(dt_bias)
-            fields["g"] = spec.gate_bound * torch.sigmoid(torch.exp(a_log).view(hv, 1) * a)
+            fields["g"] = spec.decay_bound * torch.sigmoid(torch.exp(a_log).view(hv, 1) * a)
         elif spec.gated:
             fields["g"] = -torch.exp(a_log).view(hv, *([1] if spec.per_channel else [])) * step
         else:

@@ -96,8 +96,8 @@ class Recurrence:
                              "gives the sequences)")
         if options.get("qk_prenormed") and kind not in DELTA_KINDS:
             raise ValueError(f"--qk-prenormed is for {' and '.join(DELTA_KINDS)}: {kind} never L2-normalises q and k")
-        if options.get("gate_bound") is not None and kind != "kda":
-            raise ValueError(f"--gate-bound is kda's bounded gate: {kind} has none")
+        if options.get("decay_bound") is not None and kind != "kda":
+            raise ValueError(f"--decay-bound is kda's bounded decay: {kind} has none")
         lengths = axes.get("seq_lens") or [None]
         specs = []
         for batch, seqlens, heads, v_heads, d_k, d_v, dtype, pass_ in itertools.product(
@@ -108,14 +108,14 @@ class Recurrence:
                                         heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
                                         chunk=options.get("chunk") or 64, skip=kind == "mamba2",
                                         l2norm=False if options.get("qk_prenormed") else None,
-                                        gate_bound=options.get("gate_bound")))
+                                        decay_bound=options.get("decay_bound")))
         return list(dict.fromkeys(specs))
 
     def axes(self, spec: RecurrenceSpec) -> dict[str, str]:
         """The case's position on the summary's axes (``report.summary.axes``)."""
         from attnbench.serving import group_label
         return {"op": spec.kind + (" decode" if spec.decode else "") + ("" if spec.gated else " ungated")
-                + (f" gate{spec.gate_bound:g}" if spec.gate_bound is not None else ""),
+                + (f" lb{spec.decay_bound:g}" if spec.decay_bound is not None else ""),
                 "pass": spec.pass_, "dtype": spec.dtype, "batch": f"b{spec.batch}",
                 "seq": str(spec.seqlens[0]) if not spec.is_varlen else group_label(spec.seqlens),
                 "heads": f"h{spec.heads_qk}" + (f"/{spec.heads_v}" if spec.heads_v != spec.heads_qk else ""),

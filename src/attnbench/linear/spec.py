@@ -79,10 +79,10 @@ class RecurrenceSpec:
     """A decay on the state; False (gdn, linear only) gives DeltaNet / plain linear attention."""
     skip: bool = False
     """mamba2 only: the output adds ``D·x``, D one value per value head."""
-    gate_bound: float | None = None
-    """kda only: the bounded gate ``gate_bound · sigmoid(exp(A_log) · (a + dt_bias))``, log-decays in
-    [gate_bound, 0) (fla's ``chunk_kda(safe_gate=True, lower_bound=...)``; cuDNN's sm90 KDA was verified with -5),
-    drawn with dt_bias = 0 so that the mean log-decay is gate_bound / 2 (-2.5 at -5, the regime cuDNN's notes
+    decay_bound: float | None = None
+    """kda only: the bounded decay ``decay_bound · sigmoid(exp(A_log) · (a + dt_bias))``, log-decays in
+    [decay_bound, 0) (fla's ``chunk_kda(safe_gate=True, lower_bound=...)``; cuDNN's sm90 KDA was verified with -5),
+    drawn with dt_bias = 0 so that the mean log-decay is decay_bound / 2 (-2.5 at -5, the regime cuDNN's notes
     describe); None = Kimi Linear's unbounded ``-exp(A_log) · softplus(a + dt_bias)``."""
 
     def __post_init__(self) -> None:
@@ -130,13 +130,13 @@ class RecurrenceSpec:
             raise ValueError(f"{self.kind} always has its decay (gated=False is for gdn = DeltaNet and linear)")
         if self.skip and self.kind != "mamba2":
             raise ValueError("skip (the D·x term) belongs to mamba2; leave it off for " + self.kind)
-        if self.gate_bound is not None:
+        if self.decay_bound is not None:
             if self.kind != "kda":
-                raise ValueError(f"gate_bound (the bounded gate) belongs to kda; {self.kind} has no such gate")
-            if isinstance(self.gate_bound, bool) or not isinstance(self.gate_bound, (int, float)) \
-                    or not -1e3 <= self.gate_bound < 0:
-                raise ValueError(f"gate_bound is the lowest log-decay, a negative number (e.g. -5), "
-                                 f"got {self.gate_bound!r}")
+                raise ValueError(f"decay_bound (the bounded decay) belongs to kda, not {self.kind}")
+            if isinstance(self.decay_bound, bool) or not isinstance(self.decay_bound, (int, float)) \
+                    or not -1e3 <= self.decay_bound < 0:
+                raise ValueError(f"decay_bound is the lowest log-decay, a negative number (e.g. -5), "
+                                 f"got {self.decay_bound!r}")
 
     # ---- derived ------------------------------------------------------------------------------------
     @property
@@ -252,8 +252,8 @@ class RecurrenceSpec:
             parts.append(f"scale{self.scale:g}")
         if self.chunk != 64:
             parts.append(f"c{self.chunk}")
-        if self.gate_bound is not None:
-            parts.append(f"gate{self.gate_bound:g}")
+        if self.decay_bound is not None:
+            parts.append(f"lb{self.decay_bound:g}")
         return " ".join(parts)
 
 

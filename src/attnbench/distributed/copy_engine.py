@@ -138,8 +138,7 @@ def forward(q, k, v, *, kernel, causal: bool, scale: float, group, chunks: int =
         bufs.barrier()  # every rank has finished reading the buffers of its previous call
         for c in range(chunks):
             for j in order:
-                for name, x in (("q", q), ("k", k), ("v", v)):
-                    h = x.shape[2] // (world * chunks)
+                for name, x, h in (("q", q, cq), ("k", k, ckv), ("v", v, ckv)):
                     first = (j * chunks + c) * h  # rank j's heads of chunk c
                     for i in range(b):
                         copy_rows(bufs.peers[name][j][c, i, mine], x[i, :, first:first + h], copier)

@@ -11,7 +11,7 @@
   kernel when N x value heads is below half the SM count), ``flashinfer-gdn-decode.reset_state=false`` times the
   in-place decode without the copy of the case's state that each call otherwise starts with.
 - ``cudnn-kda``: cuDNN frontend 1.32's KDA (``linear.cudnn_kda``; its Hopper engines, forward and a narrower
-  backward; written against the wheel's source, not run on a GPU); ``--backend-opt cudnn-kda.plan=kda_hopper_cuda|
+  backward; written against the wheel's source, run on an H200); ``--backend-opt cudnn-kda.plan=kda_hopper_cuda|
   kda_hopper`` pins one engine.
 - ``flashqla``: FlashQLA 0.1.3's GDN chunked prefill, forward and backward (``linear.flashqla``; TileLang; written
   against its source, run on an H200); ``--backend-opt flashqla.auto_cp=false`` keeps it from splitting a

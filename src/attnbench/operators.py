@@ -16,7 +16,9 @@ between operators and nothing else:
 - ``memory_guard``: why a case would not fit the device, or None;
 - ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
   ``wanted``: the tensors a kernel must return;
-- ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor);
+- ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor), for every tensor or by
+  tensor name (``"*"``: the others); ``layouts``: (token dim, head dim) of each tensor by name, for the block and
+  per-head measures (``accuracy.compare``);
 - ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection).
 
 Backends declare which operator they run (``Backend.operator``); a run's backends are those of its cases'
@@ -103,4 +105,9 @@ class Attention:
             varlen=int(spec.is_varlen), window=json.dumps(spec.window), layout=spec.layout)
 
     def reduction(self, spec) -> int:
-        return max(max(spec.seqlens_q), max(spec.seqlens_k))
+        """A score sums a head's d terms, a softmax row every key, a gradient every query."""
+        return max(max(spec.seqlens_q), max(spec.seqlens_k), spec.head_dim, spec.head_dim_v)
+
+    def layouts(self, spec) -> dict:
+        from attnbench.accuracy.compare import LAYOUTS
+        return LAYOUTS

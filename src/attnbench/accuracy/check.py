@@ -112,11 +112,11 @@ class AccuracyChecker:
         else:  # another operator: the tensors it names for the pass
             wanted = op.wanted(spec)
         missing = tuple(name for name in wanted if name not in got)
-        metrics = compare(got, expected.reference.tensors())
+        metrics = compare(got, expected.reference.tensors(), op.layouts(spec))
         exact = backend.judged_exactly(spec)
         verdict = judge(metrics, expected.baseline if exact else None, spec.dtype, exact=exact,
                         missing=missing, tol=self.tolerance,
-                        reduction=op.reduction(spec))
+                        reduction=op.reduction(spec), correlated=getattr(op, "correlated", lambda _: {})(spec))
         result = {"verdict": verdict["verdict"], "exact": exact, "reference": expected.label, "tensors": metrics}
         if exact:  # the LSE is held to the reference alone (tolerance.py), so no baseline is shown for it
             result["baseline"] = {k: v for k, v in expected.baseline.items() if k in metrics and k != "lse"}
@@ -129,7 +129,7 @@ class AccuracyChecker:
             result["worst_request"] = worst_request(spec, inputs, got["out"], expected.reference.out)
         if expected.unquantized is not None:
             result["unquantized"] = {"reference": f"{expected.label} of the bf16 inputs before quantization",
-                                     "tensors": compare(got, expected.unquantized.tensors())}
+                                     "tensors": compare(got, expected.unquantized.tensors(), op.layouts(spec))}
         return result
 
     # ---- reference and baseline, cached --------------------------------------------------------

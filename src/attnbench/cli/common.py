@@ -442,7 +442,10 @@ OPERATOR_FLAGS = (("--v-heads", "v_heads", ("recurrence",)), ("--chunk", "chunk"
                   ("--kv-seq-lens", "kv_seq_lens", ("attention", "sparse-mla", "indexer")),
                   ("--topk", "topk", ("sparse-mla", "indexer")),
                   ("--indices", "indices", ("sparse-mla",)), ("--sink", "sink", ("sparse-mla",)),
-                  ("--topk-lengths", "topk_lengths", ("sparse-mla",)), ("--extra-cache", "extra_cache", ("sparse-mla",)))
+                  ("--topk-lengths", "topk_lengths", ("sparse-mla",)), ("--extra-cache", "extra_cache", ("sparse-mla",)),
+                  ("--empty-slots", "empty_slots", ("sparse-mla",)),
+                  ("--repeated-slots", "repeated_slots", ("sparse-mla",)),
+                  ("--initial-state", "initial_state", ("recurrence",)))
 """The options of other operators than attention (and the key lengths, which attention takes too), and the
 operators that take each."""
 ATTENTION_ONLY = ("kv_heads", "emb_dim", "causal_mode", "window", "softmax_scale", "layout", "batch", "batch_trace",
@@ -486,6 +489,9 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
                    "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
                    "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
                    "qk_prenormed": option_bool(opts, "qk_prenormed"),
+                   "invalid": parse_rate(option_text(opts, "empty_slots"), "--empty-slots"),
+                   "repeats": parse_rate(option_text(opts, "repeated_slots"), "--repeated-slots"),
+                   "initial_state": opts.get("initial_state"),
                    "decay_bound": parse_decay_bound(option_text(opts, "decay_bound")),
                    "small": not device.startswith("cuda")}  # a CPU's default case is a small one
         return operators.get(OPS[op]).sweep(axes, options)
@@ -493,6 +499,20 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def parse_rate(text: str | None, flag: str) -> float | None:
+    """A fraction of slots in [0, 1) (``0.02``, ``1/64``), or None when not given."""
+    if text is None:
+        return None
+    try:
+        num, _, den = str(text).strip().partition("/")
+        value = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        value = math.nan
+    if not 0 <= value < 1:
+        raise UserError(f"bad {flag} {shown(text)}: give a fraction of the slots in [0, 1), e.g. 0.02 or 1/64")
+    return value
 
 
 Op = Annotated[str | None, typer.Option(
@@ -528,6 +548,18 @@ TopkLengths = Annotated[bool | None, typer.Option(
 ExtraCache = Annotated[str | None, typer.Option(
     "--extra-cache", metavar="ROWSxTOPK", rich_help_panel="Operator",
     help="Sparse MLA: DeepSeek-V4's second, compressed cache per request, ROWS rows with TOPK slots per query.")]
+EmptySlots = Annotated[str | None, typer.Option(
+    "--empty-slots", metavar="RATE", rich_help_panel="Operator",
+    help="Sparse MLA: the fraction of filled slots made empty anywhere in an index list, -1 or past the cache "
+         "(decode: -1) (default 1/64; 0: only the -1 of queries that see fewer keys than top-k).")]
+RepeatedSlots = Annotated[str | None, typer.Option(
+    "--repeated-slots", metavar="RATE", rich_help_panel="Operator",
+    help="Sparse MLA: the fraction of slots that repeat another slot's row of the same query, counted twice "
+         "(default 0).")]
+InitialState = Annotated[bool | None, typer.Option(
+    "--initial-state/--no-initial-state", rich_help_panel="Operator",
+    help="Recurrences: start each sequence from a state handed in (default on: a prefill that continues a "
+         "cached prefix, and the path a kernel that ignores the state gets wrong).")]
 Indices = Annotated[str | None, typer.Option(
     "--indices", metavar="HOW", rich_help_panel="Operator",
     help="Sparse MLA: how each query's slots are chosen: indexer (the lightning indexer's top-k over seeded "

@@ -571,6 +571,9 @@ def run(
     sink: common.Sink = None,
     topk_lengths: common.TopkLengths = None,
     extra_cache: common.ExtraCache = None,
+    empty_slots: common.EmptySlots = None,
+    repeated_slots: common.RepeatedSlots = None,
+    initial_state: common.InitialState = None,
     layout: Annotated[str | None, typer.Option(
         "--layout", rich_help_panel="Shape", help="Input memory layout: bshd (flash-attn) or bhsd (SDPA); kernels see the same values.")] = None,
     pass_: common.Passes = None,

@@ -1,8 +1,9 @@
 """Backends of recurrence cases (``Backend.operator = "recurrence"``): PyTorch's two forms and fla's kernels.
 
-- ``torch-recurrent``: the token loop of the definition in the case's dtype (``torch_forms.naive_recurrent``), the
-  yardstick of the check; any device.
-- ``torch-chunked``: the chunk form a user writes in PyTorch (``torch_forms.chunked``); any device.
+- ``torch-recurrent``: the token loop of the definition on the case's dtype, computed in fp32 as fla's recurrent
+  kernels do (``torch_forms.naive_recurrent``), the yardstick of the check; any device.
+- ``torch-chunked``: the chunk form in PyTorch, its products in the case's dtype and its gates and state in fp32,
+  as the chunk kernels keep them (``torch_forms.chunked``); any device.
 - ``fla-chunk`` / ``fla-recurrent``: fla-core's ``chunk_*`` and ``fused_recurrent_*`` kernels (``linear.fla``;
   Triton, CUDA only). fla's own refusals (a chunk size, a backward it lacks) are the backend's.
 - ``flashinfer-gdn`` / ``flashinfer-gdn-decode``: FlashInfer 0.7.2.post1's GDN chunked prefill and decode
@@ -22,8 +23,8 @@ autograd inside the call, as attention's ``autograd_closure`` does.
 
 ``functional(spec)`` is the same computation on a caller's own tensors (a model's layer: ``models/swap.py``):
 ``fn(tensors, cu_seqlens=None) -> (out, final_state)``, the inputs by name (``spec.input_names``) in the input
-layout, differentiable. The torch forms cast every input to the case's dtype first, as their cases run; fla takes
-the gates in fp32 and the rest in the case's dtype, as its kernels do.
+layout, differentiable. Every form takes the gates and the state in fp32 and the rest in the case's dtype, as the
+kernels do.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from attnbench.backends.base import Backend, Capabilities, Prepared
 from attnbench.linear import cudnn_kda, fla
 from attnbench.linear import flashinfer as fi
 from attnbench.linear import flashqla as qla
+from attnbench.linear.inputs import FP32_INPUTS
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.linear.torch_forms import chunked, chunked_form, naive_recurrent, recurrent_form
+from attnbench.linear.torch_forms import careful_recurrent_form, chunked, chunked_form, naive_recurrent
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
@@ -49,48 +51,42 @@ class _RecurrenceBackend(Backend):
         raise NotImplementedError
 
 
-def _in_dtype(form, spec: RecurrenceSpec):
-    """A torch form on the inputs cast to the case's dtype (dense: a varlen call's offsets are the spec's)."""
-    def fn(tensors: dict, cu_seqlens=None):
-        return form(spec, {name: x.to(spec.torch_dtype) for name, x in tensors.items()})
-    return fn
-
-
-GATES = ("g", "dt", "A", "D", "initial_state")
-"""Inputs the kernel libraries take in fp32 (the decays, Mamba2's step and skip, the state)."""
-
-
 def _gates_in_fp32(call, spec: RecurrenceSpec):
-    """A kernel library's differentiable call on a caller's tensors: the gates in fp32, the rest in the case's dtype,
-    each made contiguous (a model's q, k, v are often views of one projection)."""
+    """A differentiable call on a caller's tensors: the gates in fp32, the rest in the case's dtype, each made
+    contiguous (a model's q, k, v are often views of one projection)."""
     def fn(tensors: dict, cu_seqlens=None):
-        return call({name: (x.float() if name in GATES else x.to(spec.torch_dtype)).contiguous()
+        return call({name: (x.float() if name in FP32_INPUTS else x.to(spec.torch_dtype)).contiguous()
                      for name, x in tensors.items()}, cu_seqlens)
     return fn
 
 
+def _torch_form(form, spec: RecurrenceSpec):
+    """A torch form on a caller's tensors, gates in fp32 (dense: a varlen call's offsets are the spec's)."""
+    return _gates_in_fp32(lambda tensors, cu_seqlens: form(spec, tensors), spec)
+
+
 class TorchRecurrent(_RecurrenceBackend):
     name = "torch-recurrent"
-    description = "the recurrence token by token in PyTorch, in the case's dtype (the check's yardstick)"
+    description = "the recurrence token by token in PyTorch, computed in fp32 on the case's dtype (the check's yardstick)"
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=lambda: naive_recurrent(spec, inputs),
                         info={"kernel": "token loop (torch)", "form": "recurrent"})
 
     def functional(self, spec):
-        return _in_dtype(recurrent_form, spec)
+        return _torch_form(careful_recurrent_form, spec)
 
 
 class TorchChunked(_RecurrenceBackend):
     name = "torch-chunked"
-    description = "the chunk form in PyTorch (WY representation, triangular solve in fp32), in the case's dtype"
+    description = "the chunk form in PyTorch (WY representation), products in the case's dtype, gates and state in fp32"
 
     def prepare(self, spec, inputs) -> Prepared:
         return Prepared(fn=lambda: chunked(spec, inputs), info={"kernel": "chunk form (torch)", "form": "chunked",
                                                                 "chunk": spec.chunk})
 
     def functional(self, spec):
-        return _in_dtype(chunked_form, spec)
+        return _torch_form(chunked_form, spec)
 
 
 class _Fla(_RecurrenceBackend):

@@ -230,19 +230,29 @@ def unpad_sequences(spec: RecurrenceSpec, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x[i, :length] for i, length in enumerate(spec.sequences)])[None]
 
 
+FP32_INPUTS = ("g", "dt", "A", "D", "initial_state")
+"""Inputs every kernel library keeps in fp32 whatever the case's dtype (the decays, Mamba2's step and skip, the
+state): a form "in the case's dtype" takes them in fp32 as well (``with_gradients``' ``gates``)."""
+
+
 def with_gradients(spec: RecurrenceSpec, inputs: RecurrenceInputs, forward, *, dtype: torch.dtype | None = None,
-                   device: str | torch.device | None = None) -> Outputs:
+                   device: str | torch.device | None = None, gates: torch.dtype | None = None) -> Outputs:
     """``forward(leaves) -> (out, final_state)`` on the case's inputs as autograd leaves (``spec.input_names``, moved
-    to ``device`` and cast to ``dtype`` where given), as Outputs; with ``fwd_bwd`` also the gradient of every input
-    against ``dout`` and ``dfinal_state`` (moved and cast the same way; zeros for an input the outputs do not use)."""
+    to ``device`` and cast to ``dtype`` where given, those of ``FP32_INPUTS`` to ``gates`` where that is given), as
+    Outputs; with ``fwd_bwd`` also the gradient of every input against ``dout`` (cast like the tokens) and
+    ``dfinal_state`` (like the state), zeros for an input the outputs do not use."""
     grads = spec.pass_ == "fwd_bwd"
-    leaves = {name: inputs.tensor(name).detach().to(device=device, dtype=dtype).requires_grad_(grads)
+
+    def cast(name: str) -> torch.dtype | None:
+        return gates if gates is not None and name in FP32_INPUTS else dtype
+    leaves = {name: inputs.tensor(name).detach().to(device=device, dtype=cast(name)).requires_grad_(grads)
               for name in spec.input_names}
     with torch.enable_grad() if grads else torch.no_grad():
         out, state = forward(leaves)
     result = Outputs(out=out.detach(), final_state=state.detach())
     if grads:
-        ups = tuple(x.to(device=device, dtype=dtype) for x in (inputs.dout, inputs.dfinal_state))
+        ups = (inputs.dout.to(device=device, dtype=dtype),
+               inputs.dfinal_state.to(device=device, dtype=cast("initial_state")))
         got = torch.autograd.grad((out, state), list(leaves.values()), ups, allow_unused=True)
         for name, leaf, grad in zip(leaves, leaves.values(), got):
             result[grad_name(name)] = torch.zeros_like(leaf) if grad is None else grad

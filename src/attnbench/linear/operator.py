@@ -5,8 +5,12 @@ checker ask of a ``RecurrenceSpec`` case.
   chunk kernels that serve prefill compute), a decode case the recurrent form's (one token on the state), whatever
   the backend: every backend of a case is held to the same count, so rates compare like times do.
 - **The check**: the exact fp64 recurrence (``reference.reference``) and, as the yardstick of the verdict, the same
-  recurrence token by token in PyTorch in the case's dtype (``torch_forms.naive_recurrent``, the gates and state
-  included: plain math in the dtype, as attention's baseline is). Every tensor the reference returns is judged —
+  recurrence token by token in PyTorch as a careful kernel computes it on the case's dtype
+  (``torch_forms.naive_recurrent``: decays and state in fp32, as every library keeps them, what a kernel hands to a
+  matmul rounded to the dtype; a yardstick with a bf16 state is 0.7-1.3% off in dv and would let a kernel 1% wrong
+  pass). The per-tensor sums behind the fp32 floors (``reduction``), the tensors' token and head dimensions for the
+  block and per-head measures (``layouts``) and the per-head parameters' gradients (``correlated``) are stated
+  here. Every tensor the reference returns is judged —
   ``out``, ``final_state`` and, for fwd_bwd, the gradient of every differentiable input — by
   ``accuracy.tolerance.judge``; a tensor a kernel does not return fails.
 - **Store columns**: heads_q/heads_kv hold the q/k and value heads, head_dim/head_dim_v d_k and d_v, seq_len the
@@ -69,9 +73,28 @@ class Recurrence:
         grads = tuple(map(grad_name, spec.input_names)) if spec.pass_ == "fwd_bwd" else ()
         return ("out", "final_state", *grads)
 
-    def reduction(self, spec: RecurrenceSpec) -> int:
-        """The longest sum: a state entry sums every token of its sequence."""
-        return max(spec.seqlens)
+    def reduction(self, spec: RecurrenceSpec) -> dict[str, int]:
+        """The longest sum behind each tensor: a state entry sums every token of its sequence (with the delta rule
+        each token's update reads the state through a d_k-long dot product), an output a state column (d_k); a
+        per-token decay's gradient sums every entry of the state over the tokens after it, a per-head parameter's
+        (Mamba2's A and D) every token of the head."""
+        t, k, v = max(spec.seqlens), spec.d_k, spec.d_v
+        state = t * k * v
+        return {"*": max(t * (k if spec.delta else 1), k, v), "dg": t * v if spec.per_channel else state,
+                "dbeta": state, "ddt": state, "dA": state, "dD": t * v}
+
+    def correlated(self, spec: RecurrenceSpec) -> dict[str, int]:
+        """Per-head parameters' gradients, each a sum of per-token terms whose errors a chunk kernel correlates over
+        its chunk (``accuracy.tolerance``)."""
+        return {name: spec.chunk for name in ("dA", "dD") if name in map("d{}".format, spec.input_names)}
+
+    def layouts(self, spec: RecurrenceSpec) -> dict:
+        """(token dim, head dim) of each tensor: (B, T, H, D) tokens and heads; states (N, HV, K, V) by head;
+        per-token decays and steps (B, T, HV) (kda's (B, T, HV, K))."""
+        token = {name: (-3, -2) for name in ("out", "dq", "dk", "dv")}
+        decay = (-3, -2) if spec.per_channel else (-2, -1)
+        return {**token, "final_state": (None, 1), "dinitial_state": (None, 1), "dg": decay, "dbeta": (-2, -1),
+                "ddt": (-2, -1)}
 
     def expected(self, spec: RecurrenceSpec, inputs, *, grads: bool, blocks=None):
         """The fp64 reference and the dtype baseline's metrics against it (``accuracy.check.Expected``)."""
@@ -83,12 +106,14 @@ class Recurrence:
         ref = reference(case, inputs)
         base = naive_recurrent(case, inputs)
         device = inputs.q.device
-        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors()), grads=grads,
+        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors(), self.layouts(spec)), grads=grads,
                         label=f"float64 {device.type}, the recurrence token by token")
 
     def sweep(self, axes: dict, options: dict) -> list[RecurrenceSpec]:
         """The cases of a run: the product of the axes given (``cli.common.operator_specs`` parses them). A Mamba2
-        layer has its D·x skip, as the models' layers do."""
+        layer has its D·x skip, as the models' layers do. A prefill starts from a state handed in unless
+        ``options["initial_state"]`` is False: a kernel that ignores the state would otherwise pass (the state is
+        what a chunked prefill and a cached prefix hand on)."""
         kind = options["kind"]
         decode = bool(options.get("decode"))
         if decode and axes.get("seq_lens"):
@@ -107,6 +132,8 @@ class Recurrence:
             specs.append(RecurrenceSpec(kind=kind, batch=batch, seqlens=None if decode else seqlens, heads_qk=heads,
                                         heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
                                         chunk=options.get("chunk") or 64, skip=kind == "mamba2",
+                                        initial_state=True if options.get("initial_state") is None and not decode
+                                        else options.get("initial_state"),
                                         l2norm=False if options.get("qk_prenormed") else None,
                                         decay_bound=options.get("decay_bound")))
         return list(dict.fromkeys(specs))

@@ -50,8 +50,11 @@ L2NORM_EPS = 1e-6
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(Σ x² + 1e-6) over the last dim (fla's definition)."""
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+    """x / sqrt(Σ x² + 1e-6) over the last dim (fla's definition), computed in fp32 at least and returned in x's dtype
+    (as fla's ``l2norm_fwd`` does: a sum of 128 squares in bf16 is off by a few round-offs, the same way for every
+    key)."""
+    acc = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (acc / torch.sqrt((acc * acc).sum(-1, keepdim=True) + L2NORM_EPS)).to(x.dtype)
 
 
 def expand_heads(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -83,9 +86,12 @@ def finish(spec: RecurrenceSpec, o: torch.Tensor, t: dict[str, torch.Tensor]) ->
     return o
 
 
-def recurrence_steps(spec: RecurrenceSpec, s: torch.Tensor, q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrence_steps(spec: RecurrenceSpec, s: torch.Tensor, q, k, v, g, beta, *, rounded=None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run tokens 0..T-1 of (N, T, HV, ·) operands from state ``s`` (N, HV, K, V); returns (o (N, T, HV, V), state).
-    In whatever dtype the operands come in; the module doc writes the step out."""
+    In whatever dtype the operands come in; the module doc writes the step out. ``rounded(x)``, where given, is
+    applied to what a kernel hands to a matmul in its inputs' dtype: the state as q and k read it, and u_t."""
+    rnd = rounded or (lambda x: x)
     outs = []
     scale = spec.qk_scale
     steps = q.shape[1]
@@ -96,9 +102,9 @@ def recurrence_steps(spec: RecurrenceSpec, s: torch.Tensor, q, k, v, g, beta) ->
             s = s * (decay[..., None] if spec.per_channel else decay[..., None, None])
         u = v_t
         if spec.delta:
-            u = beta_t[..., None] * (u - (s * k_t[..., None]).sum(-2))
-        s = s + k_t[..., None] * u[..., None, :]
-        outs.append(scale * (s * q_t[..., None]).sum(-2))
+            u = beta_t[..., None] * (u - (rnd(s) * k_t[..., None]).sum(-2))
+        s = s + k_t[..., None] * rnd(u)[..., None, :]
+        outs.append(scale * (rnd(s) * q_t[..., None]).sum(-2))
     return torch.stack(outs, dim=1), s
 
 

@@ -1,7 +1,8 @@
 """Backends of index-selected MLA cases (``Backend.operator = "sparse-mla"``).
 
-- ``sparse-torch``: each query's rows gathered and attended in PyTorch in the case's dtype
-  (``baseline.baseline_sparse``, the check's yardstick), forward and backward; any device.
+- ``sparse-torch``: each query's rows gathered and attended in PyTorch as a careful kernel does in the case's dtype
+  (fp32 accumulators and softmax; ``baseline.baseline_sparse``, the check's yardstick), forward and backward; any
+  device.
 - ``flashmla-sparse``: FlashMLA's sparse prefill, ``flash_mla_sparse_fwd`` (bf16, 64 or 128 heads, sink and
   per-query lengths; no extra cache, no backward) (``flashmla.sparse_prefill``).
 - ``flashmla-sparse-fp8``: FlashMLA's sparse FP8 decode, ``flash_mla_with_kvcache(indices=...,
@@ -32,7 +33,7 @@ class _SparseBackend(Backend):
 
 class SparseTorch(_SparseBackend):
     name = "sparse-torch"
-    description = "index-selected MLA in PyTorch: each query's rows gathered, attended in the case's dtype"
+    description = "index-selected MLA in PyTorch: each query's rows gathered, fp32 accumulators and softmax"
 
     def prepare(self, spec, inputs) -> Prepared:
         dout = inputs.dout if spec.pass_ == "fwd_bwd" else None
@@ -115,6 +116,8 @@ class FlexSparse(_SparseBackend):
     def extra_reason(self, spec, device) -> str | None:
         if spec.pass_ != "fwd" and device_type(device) == "cpu":
             return "FlexAttention has no backward on the CPU"
+        if spec.repeats:
+            return "a mask names a key once: it cannot count a row that two slots of a query repeat"
         return None
 
     def prepare(self, spec, inputs) -> Prepared:

@@ -1,10 +1,15 @@
-"""Index-selected MLA in plain PyTorch math in the input dtype: the error a hand-written implementation makes.
+"""Index-selected MLA in PyTorch as a careful kernel computes it in the input dtype: the yardstick of the check.
 
-The yardstick of ``accuracy/baseline.py`` for this operator: gather each query's rows, scores ``q · rowsᵀ`` in
-the dtype, the empty slots −inf, a softmax in the dtype, ``probabilities · values`` in the dtype, times a sink's
-complement ``σ(lse − sink)`` (which takes ±inf sink logits as FlashMLA does); the gradients through autograd. Queries go a block at
-a time (``rows`` of them), each block's cache gradients summed in fp32 and rounded to the dtype once at the end.
-Semantics are ``reference.py``'s: lse (Hq, T) without the sink, −inf (and out 0) for a query with no valid slot.
+The yardstick of ``accuracy/baseline.py`` for this operator must not be more biased than a good kernel, or its own
+error loosens the limit a kernel is held to. So it computes as FlashMLA's kernels do: each query's rows gathered,
+scores ``q · rowsᵀ`` with fp32 accumulators (the products of two bf16 numbers are exact in fp32), the empty slots
+−inf, the logsumexp and softmax in fp32, the probabilities rounded to the dtype for ``probabilities · values`` (as
+a kernel feeds them to its tensor cores), that product accumulated in fp32, times a sink's complement
+``σ(lse − sink)`` in fp32 with the sink logit as given (fp32: rounding it to bf16 moves every output of its head by
+up to 0.7%), and the output rounded to the dtype once; the LSE stays fp32, as kernels return it. The gradients
+through autograd. Queries go a block at a time (``rows`` of them), each block's cache gradients summed in fp32 and
+rounded to the dtype once at the end. Semantics are ``reference.py``'s: lse (Hq, T) without the sink, −inf (and out
+0) for a query with no valid slot.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from attnbench.sparse.reference import Selection, caches
 
 
 def _block(q_blk, sources, attn_sink, a: int, b: int, scale: float, d_v: int):
-    """(out (b-a, Hq, d_v), lse (b-a, Hq)) of queries [a, b) (``q_blk``) in the dtype, differentiable."""
+    """(out (b-a, Hq, d_v) in q's dtype, lse (b-a, Hq) fp32) of queries [a, b) (``q_blk``), differentiable."""
     rows, valid = [], []
     for src in sources:
         ok = src.selection.valid(src.rows.shape[0], a, b)
@@ -26,15 +31,16 @@ def _block(q_blk, sources, attn_sink, a: int, b: int, scale: float, d_v: int):
         rows.append(torch.where(ok[..., None], src.rows[idx], 0.0))  # not a product: an unused row may be NaN
         valid.append(ok)
     g, ok = torch.cat(rows, dim=1), torch.cat(valid, dim=1)
-    s = torch.matmul(q_blk, g.transpose(1, 2)) * scale
+    acc = torch.promote_types(q_blk.dtype, torch.float32)  # the accumulators
+    s = torch.matmul(q_blk.to(acc), g.to(acc).transpose(1, 2)) * scale
     s = s.masked_fill(~ok[:, None, :], -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     alone = torch.isneginf(lse)[..., None]  # no valid slot: softmax over zeros, output 0 (never NaN)
     p = torch.softmax(s.masked_fill(alone, 0.0), dim=-1).masked_fill(alone, 0.0)
-    out = torch.matmul(p, g[..., :d_v])
+    out = torch.matmul(p.to(q_blk.dtype).to(acc), g[..., :d_v].to(acc))
     if attn_sink is not None:  # the sink's share of the denominator: exp(lse) / (exp(lse) + exp(sink)), ±inf included
-        out = out * torch.sigmoid(lse.masked_fill(alone[..., 0], 0.0) - attn_sink.to(out.dtype))[..., None]
-    return out, lse
+        out = out * torch.sigmoid(lse.masked_fill(alone[..., 0], 0.0) - attn_sink.to(acc))[..., None]
+    return out.to(q_blk.dtype), lse
 
 
 def baseline_sparse(q: torch.Tensor, kv: torch.Tensor, selection: Selection, *, scale: float, d_v: int = 512,

@@ -147,12 +147,14 @@ class Indexer:
                                  ("passes", "--pass", "fwd")):
             if axes.get(axis) and set(axes[axis]) != {only}:
                 raise ValueError(f"an indexer case is one sequence's FP8 forward: drop {flag}")
-        small = bool(options.get("small"))  # a CPU: 256 queries over 1024 keys, top-k 256 unless given
-        seqs = [s[0] for s in axes.get("seq_lens") or [(256 if small else 4096,)]]
-        specs = [IndexerSpec(s_q=s_q, s_kv=s_kv or max(s_q, 1024 if small else 8192), heads=heads, dim=dim, topk=topk)
+        # a CPU: a fresh sequence's 512 queries over their own 512 keys, top-k 128 unless given (its first 127
+        # queries see fewer keys than top-k: a kernel that pads with keys they cannot see fails)
+        small = bool(options.get("small"))
+        seqs = [s[0] for s in axes.get("seq_lens") or [(512 if small else 4096,)]]
+        specs = [IndexerSpec(s_q=s_q, s_kv=s_kv or max(s_q, 512 if small else 8192), heads=heads, dim=dim, topk=topk)
                  for s_q, s_kv, heads, dim, topk in itertools.product(
                      seqs, axes.get("kv_seq_lens") or [None], axes.get("q_heads") or [INDEX_HEADS],
-                     axes.get("head_sizes") or [INDEX_DIM], axes.get("topks") or [256 if small else INDEX_TOPK])]
+                     axes.get("head_sizes") or [INDEX_DIM], axes.get("topks") or [128 if small else INDEX_TOPK])]
         return list(dict.fromkeys(specs))
 
     def check(self, spec: IndexerSpec, inputs, outputs: Outputs, backend) -> dict:

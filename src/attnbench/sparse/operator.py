@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from attnbench.sparse.spec import SparseSpec, grads_of, make_inputs
+from attnbench.sparse.spec import INVALID_RATE, SparseSpec, grads_of, make_inputs
 
 
 class SparseMla:
@@ -78,8 +78,16 @@ class SparseMla:
     def wanted(self, spec: SparseSpec) -> tuple[str, ...]:
         return ("out", "lse", *(grads_of(spec) if spec.pass_ == "fwd_bwd" else ()))
 
-    def reduction(self, spec: SparseSpec) -> int:
-        return spec.topk + (spec.extra[1] if spec.extra else 0)
+    def reduction(self, spec: SparseSpec) -> dict[str, int]:
+        """A score sums a row's d_qk terms, a query's softmax its slots; a cache row's gradient sums every query's
+        heads that picked it, a sink's every query's d_v values."""
+        slots = spec.topk + (spec.extra[1] if spec.extra else 0)
+        rows = spec.queries * spec.heads
+        return {"*": max(slots, spec.d_qk), "dkv": rows, "dextra_kv": rows, "dattn_sink": spec.queries * spec.d_v}
+
+    def layouts(self, spec: SparseSpec) -> dict:
+        """out, dq (T, Hq, D) and lse, max_logits (Hq, T) by token and head; the caches have one head."""
+        return {"out": (-3, -2), "dq": (-3, -2), "lse": (-1, -2), "max_logits": (-1, -2)}
 
     def expected(self, spec: SparseSpec, inputs, *, grads: bool, blocks=None):
         from attnbench.accuracy.check import Expected
@@ -92,21 +100,23 @@ class SparseMla:
         device = inputs.q.device
         dtype = "float64" if device.type == "cpu" else "float32 (TF32 off)"
         what = "the dequantized FP8 rows" if spec.decode else "the cache"
-        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors()), grads=grads,
+        return Expected(reference=ref, baseline=compare(base.tensors(), ref.tensors(), self.layouts(spec)), grads=grads,
                         label=f"{dtype} {device.type}, exactly the selected rows of {what}")
 
     def sweep(self, axes: dict, options: dict) -> list[SparseSpec]:
         """The cases of a run; what is not given is DeepSeek-V3.2's prefill (4096 queries over 8192 rows, 128 heads,
-        top-k 2048) or decode (2 queries), or on a CPU (``options["small"]``) a case of seconds: 128 queries over
-        1024 rows, 16 heads, top-k 256."""
+        top-k 2048) or decode (2 queries), or on a CPU (``options["small"]``) a case of seconds: a fresh sequence's
+        prefill, 256 queries over their own 256 rows, 16 heads, top-k 128 (its first 127 queries see fewer keys than
+        top-k). Every case empties ``INVALID_RATE`` of its slots unless ``options["invalid"]`` says otherwise
+        (``spec.py``, "Slot kinds")."""
         decode, small = bool(options.get("decode")), bool(options.get("small"))
         seqs = [s[0] if len(s) == 1 else _one(s) for s in axes.get("seq_lens") or []] or [
-            2 if decode else 128 if small else 4096]
-        rows = 1024 if small else 8192
+            2 if decode else 256 if small else 4096]
+        rows = 256 if small else 8192
         specs = []
         for batch, s_q, s_kv, heads, topk, dtype, pass_ in itertools.product(
                 axes.get("batch_sizes") or [1], seqs, axes.get("kv_seq_lens") or [None],
-                axes.get("q_heads") or [16 if small else 128], axes.get("topks") or [256 if small else 2048],
+                axes.get("q_heads") or [16 if small else 128], axes.get("topks") or [128 if small else 2048],
                 axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
             fields = dict(batch=batch, s_q=s_q, s_kv=s_kv or max(rows, s_q), heads=heads, topk=topk, dtype=dtype,
                           pass_=pass_, decode=decode)
@@ -115,8 +125,10 @@ class SparseMla:
                     fields[name] = axes[axis][0]
             if options.get("indices"):
                 fields["indices"] = options["indices"]
+            invalid = options.get("invalid")
             fields.update(sink=bool(options.get("sink")), topk_length=bool(options.get("topk_length")),
-                          extra=options.get("extra"))
+                          extra=options.get("extra"), invalid=INVALID_RATE if invalid is None else invalid,
+                          repeats=options.get("repeats") or 0.0)
             specs.append(SparseSpec(**fields))
         return list(dict.fromkeys(specs))
 

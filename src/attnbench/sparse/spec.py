@@ -11,6 +11,17 @@ Options of the case: ``sink`` (a per-head attention-sink logit, V4), ``topk_leng
 that count — one per request in decode, FlashMLA's ``topk_length``), ``extra`` = (rows, topk) (V4's second,
 compressed cache with index lists of its own, per request), and ``decode``: the cache is V3.2's FP8 layout (656
 bytes a row, ``fp8.py``), the exact reference computes over its dequantized rows, the values a kernel reads.
+
+**Slot kinds.** An index list holds −1 where its query sees fewer keys than top-k, and nowhere else: a kernel that
+reads −1 as row 0, or an index past the cache as a row, would pass every case whose queries all see top-k keys.
+So ``invalid`` empties a fraction of the filled slots anywhere in the list (not only at its end): half −1 and half
+an index past the cache in prefill (FlashMLA's prefill contract: "set to -1 or numbers >= s_kv"), all −1 in decode
+(its FP8 decode reads any other index as a page address). ``repeats`` overwrites a fraction of the slots with
+another slot's row of the same query: a row named twice counts twice (``reference.py``); a kernel that cannot take
+it says so (``flex-sparse-mla``: a mask names a key once). Both are drawn from a generator of their own, so the
+other tensors of the case are the same with them or without them, and both are left out of the stored case when 0,
+so that the ids of cases without them did not change. ``sweep`` draws ``INVALID_RATE`` empty slots unless told
+otherwise; repeats only when asked (``--repeated-slots``) and in ``verify``.
 """
 
 from __future__ import annotations
@@ -31,6 +42,12 @@ DTYPES = ("fp16", "bf16", "fp32")
 PASSES = ("fwd", "fwd_bwd")
 LENGTHS_SEED = 1234
 """``topk_length``'s lengths come from this seed, not the run's: they define the case (its FLOPs count them)."""
+SLOTS_SEED = 4321
+"""Offset of the generator of empty and repeated slots from the run's seed (module doc)."""
+INVALID_RATE = 1 / 64
+"""Fraction of filled slots a run's cases empty by default: 32 of V3.2's 2048 per query, 2 of a CPU case's 128."""
+OMITTED_WHEN_ZERO = ("invalid", "repeats")
+"""Fields a stored case leaves out at 0: cases without them keep the ids they had before the fields existed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +84,10 @@ class SparseSpec:
     """(rows, topk) of V4's extra cache per request, with random index lists of its own; None: none."""
     scale: float = DEEPSEEK_SCALE
     """Softmax scale (DeepSeek-V3: 192^-½)."""
+    invalid: float = 0.0
+    """Fraction of filled slots made empty, anywhere in a list: −1 or past the cache (decode: −1) (module doc)."""
+    repeats: float = 0.0
+    """Fraction of slots overwritten with another slot's row of the same query (module doc)."""
 
     operator: ClassVar[str] = "sparse-mla"
 
@@ -97,6 +118,10 @@ class SparseSpec:
             raise ValueError(f"extra is (rows, topk) of positive integers, got {self.extra!r}")
         if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale must be a positive number, got {self.scale!r}")
+        for name in OMITTED_WHEN_ZERO:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"{name} is a fraction of the slots in [0, 1), got {value!r}")
 
     @property
     def queries(self) -> int:
@@ -111,7 +136,7 @@ class SparseSpec:
 
     def to_dict(self) -> dict:
         out = {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-               for f in dataclasses.fields(self)}
+               for f in dataclasses.fields(self) if not (f.name in OMITTED_WHEN_ZERO and not getattr(self, f.name))}
         return {"operator": self.operator, **out}
 
     @classmethod
@@ -136,6 +161,10 @@ class SparseSpec:
             parts.append("lengths")
         if self.extra is not None:
             parts.append(f"extra{self.extra[0]}x{self.extra[1]}")
+        if self.invalid:
+            parts.append(f"empty{self.invalid:.3g}")
+        if self.repeats:
+            parts.append(f"repeat{self.repeats:.3g}")
         return " ".join(parts)
 
     def lengths(self, device=None) -> torch.Tensor | None:
@@ -185,7 +214,9 @@ def make_inputs(spec: SparseSpec, device="cpu", seed: int = 0) -> SparseInputs:
     for r in range(spec.batch):
         idx = make_indices(spec.indices, spec.s_q, spec.s_kv, spec.topk, generator=gen, device=device)
         lists.append(torch.where(idx >= 0, idx + r * spec.s_kv, idx))
-    selection = Selection(indices=torch.cat(lists).to(torch.int32), lengths=spec.lengths(device))
+    slots = torch.Generator(device=device).manual_seed(seed + SLOTS_SEED)  # module doc: "Slot kinds"
+    selection = Selection(indices=_slot_kinds(spec, torch.cat(lists).to(torch.int32), spec.cache_rows, slots),
+                          lengths=spec.lengths(device))
     extra_kv = extra = None
     if spec.extra is not None:
         rows, width = spec.extra
@@ -193,7 +224,7 @@ def make_inputs(spec: SparseSpec, device="cpu", seed: int = 0) -> SparseInputs:
         # distinct rows of the request's extra cache, in random order
         own = torch.rand(spec.queries, rows, generator=gen, device=device).argsort(dim=-1)[:, :width].to(torch.int32)
         base = (torch.arange(spec.queries, device=device) // spec.s_q * rows).to(torch.int32)[:, None]
-        extra = Selection(indices=own + base)
+        extra = Selection(indices=_slot_kinds(spec, own + base, spec.batch * rows, slots))
     sink = None
     if spec.sink:  # each sink takes a large share of its rows (as indices.make_case draws them)
         valid = selection.valid(spec.cache_rows).sum() + (0 if extra is None else extra.valid(extra_kv.shape[0]).sum())
@@ -209,6 +240,28 @@ def make_inputs(spec: SparseSpec, device="cpu", seed: int = 0) -> SparseInputs:
             extra_kv = fp8.dequantize_rows(extra_rows)
     return SparseInputs(q=q, kv=kv, selection=selection, dout=dout, attn_sink=sink, extra_kv=extra_kv, extra=extra,
                         rows=rows, extra_rows=extra_rows, seed=seed)
+
+
+def _slot_kinds(spec: SparseSpec, idx: torch.Tensor, rows: int, gen: torch.Generator) -> torch.Tensor:
+    """``idx`` (T, K) int32 with ``spec.repeats`` of its slots repeating another slot's row of the same query, then
+    ``spec.invalid`` of its filled slots emptied: −1, or (prefill, half of them) ``rows`` + an offset, past the
+    stacked cache of ``rows`` rows (module doc)."""
+    if not (spec.repeats or spec.invalid):
+        return idx
+    t, k = idx.shape
+    if spec.repeats:
+        hit = torch.rand(t, k, generator=gen, device=idx.device) < spec.repeats
+        src = torch.randint(0, k, (t, k), generator=gen, device=idx.device)
+        idx = torch.where(hit & (idx.gather(1, src) >= 0), idx.gather(1, src), idx)
+    if spec.invalid:
+        hit = (torch.rand(t, k, generator=gen, device=idx.device) < spec.invalid) & (idx >= 0)
+        past = torch.randint(rows, 2 * rows + 1, (t, k), generator=gen, device=idx.device, dtype=torch.int32)
+        if spec.decode:
+            past.fill_(-1)
+        else:
+            past = torch.where(torch.rand(t, k, generator=gen, device=idx.device) < 0.5, past, -1)
+        idx = torch.where(hit, past, idx)
+    return idx.to(torch.int32)
 
 
 def grads_of(spec: SparseSpec) -> tuple[str, ...]:

@@ -5,8 +5,8 @@
 For each run: its wall time and the distribution of each case's CI half-width (95% bootstrap CI of the
 median, from the stored samples), over all backends and by sequence length. With two or more runs: for
 each case that is ``ok`` in every run, the spread of its median across the runs ((max - min) / mean, %),
-beside its within-run CI half-width, per backend and by sequence length, and the noisiest cases.
-Prints markdown.
+beside its within-run CI half-width, per backend and by sequence length, by what the records say went
+on while they were timed (``cause``), and the noisiest cases. Prints markdown.
 """
 
 from __future__ import annotations
@@ -27,6 +27,45 @@ def pct(values, q: float) -> float:
 
 def size_class(seq_len: int) -> str:
     return "S <= 512" if seq_len <= 512 else "S 1k-4k" if seq_len <= 4096 else "S >= 8k"
+
+
+CLOCK_MOVED = 0.02
+"""A case whose SM clock across its timed calls (``gpu_state.window``, median) differs by more than this between
+runs is put down to the clock."""
+
+
+def window_clock(r) -> float | None:
+    """The median SM clock (MHz) across a record's timed calls, where it was sampled."""
+    window = ((r.info or {}).get("gpu_state") or {}).get("window") or {}
+    return (window.get("sm_clock_mhz") or {}).get("median")
+
+
+def cause(records) -> str:
+    """What the records of one case in several runs point at for its spread: ``host-bound`` (a call the host
+    issues slower than the device runs it, in any run), ``clock moved`` (the window's median clock differs by
+    more than CLOCK_MOVED between runs, or fell within a run: ``clock_dropped``), ``steady clock`` (sampled,
+    neither), ``no window`` (no clock sampled: older records, or no NVML)."""
+    if any(((r.info or {}).get("launch") or {}).get("host_bound") for r in records):
+        return "host-bound"
+    clocks = [window_clock(r) for r in records]
+    if any((r.info or {}).get("clock_dropped") for r in records):
+        return "clock moved"
+    if any(c is None for c in clocks):
+        return "no window"
+    return "clock moved" if (max(clocks) - min(clocks)) > CLOCK_MOVED * max(clocks) else "steady clock"
+
+
+def print_causes(rows, records_of) -> None:
+    """The spread of the cases grouped by ``cause``."""
+    by: dict[str, list] = defaultdict(list)
+    for key, spread, _ in rows:
+        by[cause(records_of[key])].append(spread)
+    print("\nSpread by what the records say went on while the case was timed (`cause`):\n")
+    print("| cause | cases | spread median | spread p90 |")
+    print("|---|---:|---:|---:|")
+    for name in ("host-bound", "clock moved", "steady clock", "no window"):
+        if by[name]:
+            print(f"| {name} | {len(by[name])} | {pct(by[name], 50):.2f}% | {pct(by[name], 90):.2f}% |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(runs) < 2:
         return 0
     medians: dict[tuple, list] = defaultdict(list)
+    records_of: dict[tuple, list] = defaultdict(list)
     specs = {}
     for run in runs.values():
         for r in run["records"]:
             medians[(r.backend, r.case_id)].append(r.median_ms)
+            records_of[(r.backend, r.case_id)].append(r)
             specs[(r.backend, r.case_id)] = r
     rows = []
     for key, values in medians.items():
@@ -89,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         g = groups[name]
         print(f"| {name} | {len(g)} | {pct([x[1] for x in g], 50):.2f}% | {pct([x[1] for x in g], 90):.2f}% | "
               f"{pct([x[2] for x in g], 50):.2f}% | {pct([x[2] for x in g], 90):.2f}% |")
+    print_causes(rows, records_of)
     per_backend: dict[str, list] = defaultdict(list)
     for row in rows:
         per_backend[row[0][0]].append(row)
@@ -102,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, spread, within in sorted(rows, key=lambda x: -x[1])[:12]:
         r = specs[key]
         values = ", ".join(f"{v:.4g}" for v in medians[key])
-        print(f"- {r.backend} {r.spec.label()} {r.spec.pass_}: spread "
-              f"{spread:.1f}% (medians {values} ms), within-run CI {within:.2f}%")
+        clocks = ", ".join(f"{c:.0f}" if (c := window_clock(x)) is not None else "-" for x in records_of[key])
+        print(f"- {r.backend} {r.spec.label()} {r.spec.pass_}: spread {spread:.1f}% (medians {values} ms; "
+              f"SM MHz {clocks}), within-run CI {within:.2f}%, {cause(records_of[key])}")
     return 0
 
 

@@ -239,3 +239,19 @@ def test_align_is_queued_before_each_start_event():
     samples = time_events(lambda: x * 2, cfg, dev, align)
     assert len(calls) == len(samples) == 20
     assert max(samples) < 2.0, max(samples)  # the multiply, not the sleep
+
+
+def test_a_record_says_what_the_gpu_did_across_its_timed_calls():
+    """``gpu_state.window`` (with NVML or torch's wrappers installed) holds readings taken inside the timed calls,
+    and ``launch`` compares the host's time to issue a call with the device's."""
+    from attnbench.timing.clocks import ClockMonitor
+    record = _run("sdpa-flash", SMALL, min_time_ms=200.0, max_time_ms=300.0, ci_target_pct=0)
+    assert record.status == "ok", record.reason
+    launch = record.info["launch"]
+    assert launch["host_ms"] > 0 and launch["host_bound"] == (launch["host_ms"] > record.median_ms)
+    if ClockMonitor("cuda").reader() is None:
+        pytest.skip("no NVML and no torch sensor wrappers: no window")
+    window = record.info["gpu_state"]["window"]
+    assert window["over"] == "timed calls" and window["samples"] >= 3, window
+    clock = window["sm_clock_mhz"]
+    assert 100 < clock["min"] <= clock["median"] <= clock["max"] < 5000

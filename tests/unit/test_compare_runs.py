@@ -10,6 +10,7 @@ from attnbench.results import compare as cmp
 from attnbench.results.record import Record
 from attnbench.results.store import ResultStore
 from attnbench.spec import AttnSpec
+from attnbench.timing.stats import bootstrap_median_ci
 
 SPECS = [AttnSpec(seqlens_q=(s,), heads_q=8, head_dim=128, dtype="bf16", causal=c, pass_="fwd")
          for s in (577, 2048) for c in (False, True)]
@@ -51,6 +52,17 @@ def test_bootstrap_interval_holds_the_true_ratio():
     assert low < ratio < high and low < 1.1 < high and high - low < 0.05
     assert cmp.bootstrap_ratio(a, b, seed=3) == (ratio, low, high)  # seeded: reproducible
     assert cmp.bootstrap_ratio([1.0], [2.0]) == (2.0, None, None)
+
+
+def test_the_ratio_resamples_each_side_as_the_records_interval_does():
+    rng = np.random.default_rng(1)
+    a = rng.normal(1.0, 0.02, 77)
+    ratio, low, high = cmp.bootstrap_ratio(a, a.copy(), seed=5)
+    assert ratio == 1.0 and low < 0.995 and high > 1.005  # the same samples twice: still an interval, around 1
+    # its spread is that of the two medians' bootstraps the stored intervals come from, combined
+    lo_a, hi_a = bootstrap_median_ci(a)
+    half = (hi_a - lo_a) / 2 / np.median(a)
+    assert 1.0 < (high - low) / 2 / half < 2.0  # about sqrt(2) for two independent sides
 
 
 def test_thresholds_and_verdicts():

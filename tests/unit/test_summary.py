@@ -116,6 +116,37 @@ def test_ties_at_the_precision_shown_are_all_marked_and_a_busy_rival_leaves_the_
     assert cells["naive"].best and cells["naive"].text == "200?*"
 
 
+def with_ci(r: Record, half_pct: float) -> Record:
+    r.info["median_ci95_ms"] = [r.median_ms * (1 - half_pct / 100), r.median_ms * (1 + half_pct / 100)]
+    return r
+
+
+def test_a_runner_up_within_the_fastests_interval_turns_the_star_into_a_tie():
+    # fa3 1% faster than fa2, each median known to +-0.6%: the intervals overlap, the run cannot rank them
+    close = [with_ci(rec("fa3", 4096, False, "fwd", 505.0), 0.6), with_ci(rec("fa2", 4096, False, "fwd", 500.0), 0.6),
+             with_ci(rec("sdpa-flash", 4096, False, "fwd", 400.0), 0.6)]
+    built = summary.build(close)
+    cells = rows_of(built, "4096")
+    assert cells["fa3"].text == "505≈" and cells["fa3"].best and cells["fa3"].tie
+    assert cells["fa2"].text == "500≈" and not cells["fa2"].best and cells["fa2"].tie
+    assert cells["sdpa-flash"].text == "400" and not cells["sdpa-flash"].tie  # 20% slower: apart
+    lines = rendered(built)
+    assert max(len(line) for line in lines) <= 100
+    assert "≈ fastest, within each other's interval (1 row)" in lines[-2] and "*" not in lines[-2]
+    assert lines[-1].startswith("≈ the fastest exact kernel and those whose 95% interval")
+    # known to +-0.3% each, the same 1% gap is resolved: a star, no tie
+    apart = [with_ci(rec("fa3", 4096, False, "fwd", 505.0), 0.3), with_ci(rec("fa2", 4096, False, "fwd", 500.0), 0.3)]
+    cells = rows_of(summary.build(apart), "4096")
+    assert cells["fa3"].text == "505*" and not cells["fa2"].tie and not cells["fa3"].tie
+    # in ms, lower is better: the same two are tied
+    cells = rows_of(summary.build(close, metric="ms"), "4096")
+    assert cells["fa3"].text.endswith("≈") and cells["fa2"].text.endswith("≈")
+    # a record without an interval (an older store) keeps the star
+    del close[1].info["median_ci95_ms"]
+    cells = rows_of(summary.build(close), "4096")
+    assert cells["fa3"].text == "505*" and not cells["fa2"].tie
+
+
 def test_cpu_rates_in_gflops_and_small_speedups_keep_their_digits():
     records = [rec("naive", 128, False, "fwd", 0.0151), rec("sdpa-math", 128, False, "fwd", 0.0249),
                rec("sdpa-flash", 128, False, "fwd", 0.000061)]

@@ -3,8 +3,9 @@
 Records are grouped by the axes that stay fixed along a line (pass, causal, dtype, heads, ...); in each
 group a pivot has the swept axis (the one with the most values: sequence length in the default sweeps)
 as rows and backends as columns, the chosen metric in the cells. The fastest *exact* kernel of each row
-is marked; approximate kernels (quantized, sparse) report dense-equivalent rates and are kept apart,
-never marked fastest. What did not run becomes counted footnotes, one line per reason.
+is marked (``*``), or, when another exact kernel's 95% interval of the median overlaps its own, it and
+those kernels are marked ``≈``: the run cannot rank them. Approximate kernels (quantized, sparse) report
+dense-equivalent rates and are kept apart, never marked fastest. What did not run becomes counted footnotes, one line per reason.
 
 The layout adapts to the width: when the backends do not fit, API forms of one kernel (``fa2``,
 ``fa2-varlen``, ``fa2-qkvpacked``, ...) share a column showing the best of them, then the approximate
@@ -21,7 +22,15 @@ from dataclasses import dataclass, field
 
 from attnbench import features, metrics, operators
 from attnbench.report.footnotes import cpu_notes, grouped_note, listed, reason_groups, unshown_failures
-from attnbench.results.record import FAILED_VERDICTS, Record, busy_of, clock_of, exact_of, verdict_of
+from attnbench.results.record import (
+    FAILED_VERDICTS,
+    Record,
+    busy_of,
+    clock_of,
+    exact_of,
+    interval_of,
+    verdict_of,
+)
 from attnbench.serving import group_label, short_description, tree_label
 from attnbench.spec import LABEL_SEQUENCES
 
@@ -30,7 +39,7 @@ API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
 """Name suffixes of another entry point to the same kernel: such columns may share their kernel's column."""
 CELL = 6  # characters of a cell (value and marks)
 HEADER_MAX = 10  # a column widens up to this for its title's parts ("flashinfer", "kvcache")
-BEST, DROP, FAILED, BUSY = "*", "↓", "!", "?"
+BEST, TIE, DROP, FAILED, BUSY = "*", "≈", "↓", "!", "?"
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
                "implausible": "imp"}
 
@@ -103,6 +112,8 @@ class Cell:
     best: bool = False
     busy: bool = False
     """Timed while other processes kept the CPU busy (``BUSY``): its time is an upper bound."""
+    tie: bool = False
+    """The fastest exact kernel, or one whose interval overlaps the fastest's (``TIE``): not told apart."""
     record: Record | None = field(default=None, repr=False, compare=False)
     """The record shown (the best of a shared column's), for counting what the marks stand for."""
 
@@ -306,9 +317,13 @@ def _row_cells(row: str, members: dict[str, list[Record]], approx_cols: set[str]
                      and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
         if col in shown and pick.value is not None and ran_exact and col not in approx_cols:
             candidates.append((col, pick))
-    for col in fastest(candidates, scale.metric, scale.higher):
+    top = fastest(candidates, scale.metric, scale.higher)
+    tied = unresolved(top, candidates, scale.higher)
+    for col in top:
         cells[(row, col)].best = True
-        cells[(row, col)].text += BEST
+    for col in dict.fromkeys(top + tied):
+        cells[(row, col)].tie = bool(tied)
+        cells[(row, col)].text += TIE if tied else BEST
     if approx_column:
         cand = [(c, cells[(row, c)]) for c in approx_cols if (row, c) in cells and cells[(row, c)].value is not None]
         if cand:  # a kernel that passed its (looser) check before a faster one that failed it
@@ -329,6 +344,24 @@ def fastest(candidates: list[tuple[str, Cell]], metric: str, higher: bool) -> li
     best = fmt((max if higher else min)(c.value for _, c in candidates), metric)
     top = [col for col, c in candidates if fmt(c.value, metric) == best]
     return [] if any(c.busy for col, c in candidates if col not in top) else top
+
+
+def unresolved(top: list[str], candidates: list[tuple[str, Cell]], higher: bool) -> list[str]:
+    """The candidates this run cannot rank against the fastest (``top``, from ``fastest``): those whose 95%
+    interval of the median (``record.interval_of``) overlaps the fastest's, the fastest ones included; [] when
+    none does or the fastest has no interval. Overlap, not one median inside the other's interval: two kernels
+    1% apart each known to +-0.6% are not ranked."""
+    if not top:
+        return []
+    cells = dict(candidates)
+    sign = 1 if higher else -1
+    lead = max(top, key=lambda col: sign * cells[col].value)
+    ref = interval_of(cells[lead].record.info) if cells[lead].record is not None else None
+    if ref is None:
+        return []
+    near = [col for col, cell in candidates if col != lead and cell.record is not None
+            and (ci := interval_of(cell.record.info)) is not None and ci[0] <= ref[1] and ref[0] <= ci[1]]
+    return [lead, *near] if near else []
 
 
 def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
@@ -352,12 +385,17 @@ def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
 def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
     shown = [g.cells[(row, c)] for pivot in pivots for g in pivot.groups for row in g.rows
              for c in [*pivot.columns, *([pivot.approx_column] if pivot.approx_column else [])] if (row, c) in g.cells]
-    legend = [f"{BEST} fastest exact kernel"] if any(c.best for c in shown) else []
+    legend = [f"{BEST} fastest exact kernel"] if any(c.best and not c.tie for c in shown) else []
+    if ties := sum(1 for c in shown if c.best and c.tie):
+        legend.append(f"{TIE} fastest, within each other's interval ({ties} row{'s' * (ties != 1)})")
     for mark, meaning in ((DROP, "SM clock fell >10% in the case"), (FAILED, "failed its accuracy check"),
                           (BUSY, "CPU busy with other processes")):
         if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
             legend.append(f"{mark} {meaning} ({n})")
     notes = ["   ".join(legend)] if legend else []
+    if ties:
+        notes.append(f"{TIE} the fastest exact kernel and those whose 95% interval of the median overlaps its own: "
+                     "not ranked")
     if any(c.busy for c in shown):
         notes.append(f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine")
     notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)

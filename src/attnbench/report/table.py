@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnbench.report.safe_text import markup as escape
-from attnbench.results.record import Record, busy_of, clock_of, verdict_of
+from attnbench.results.record import Record, busy_of, clock_of, interval_of, verdict_of
 from attnbench.serving import span
 from attnbench.spec import LABEL_SEQUENCES, AttnSpec
 
@@ -35,6 +35,16 @@ def _sig(value, digits: int = 4) -> str:
     return f"{value:#.{digits}g}".rstrip(".")
 
 
+def ci_pct(record: Record) -> str:
+    """Half the width of the 95% interval of the median (``record.interval_of``) in % of the median, two
+    significant digits at most: "0.31", "2.4", "12"; "-" where there is none."""
+    ci = interval_of(record.info)
+    if ci is None or not record.median_ms:
+        return "-"
+    half = 100 * (ci[1] - ci[0]) / 2 / record.median_ms
+    return f"{half:.2f}" if half < 1 else f"{half:.1f}" if half < 10 else f"{half:.0f}"
+
+
 def percent_of_peak(record: Record, peaks: dict[str, float] | None) -> float | None:
     """TF/s of the record as % of the measured matmul peak of its dtype (None when unknown)."""
     peak = (peaks or {}).get(record.spec.dtype)
@@ -50,7 +60,8 @@ def percent_of_bandwidth(record: Record, peaks: dict[str, float] | None) -> floa
 def records_table(records: list[Record], title: str | None = None, peaks: dict[str, float] | None = None,
                   width: int = 100) -> Table:
     """One row per record: backend, case, pass, median ms, it/s, TF/s (GF/s when every rate is under 1 TF/s),
-    [% peak], GB/s, [% BW], [peak MiB], [SM MHz], check, status; laid out for ``width`` columns: the case on
+    [% peak], GB/s, [% BW], [peak MiB], [SM MHz], check, status, with "±%" (half the 95% interval of the median,
+    in % of it) instead of it/s where records have one; laid out for ``width`` columns: the case on
     at most two lines (``case_texts``; it/s gives way where they would not fit), the status folded into what is
     left.
 
@@ -65,6 +76,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
     columns: list[tuple[str, str, object]] = [
         ("backend", "left", lambda r, c: escape(r.backend)), ("case", "left", lambda r, c: ""),
         ("pass", "left", lambda r, c: escape(r.spec.pass_)), ("ms", "right", lambda r, c: _sig(r.median_ms)),
+        # how well the run knows the time, where the records say; else it/s (1000 / ms, which says nothing new)
+        ("±%", "right", lambda r, c: ci_pct(r)) if any(interval_of(r.info) for r in records) else
         ("it/s", "right", lambda r, c: _sig(r.iters_per_s)),
         (unit, "right", lambda r, c: _rate(None if r.tflops is None else r.tflops * scale))]
     if any(k in (peaks or {}) for k in ("bf16", "fp16")):
@@ -91,8 +104,8 @@ def records_table(records: list[Record], title: str | None = None, peaks: dict[s
         if all(len(x) <= line for c in cases for x in c.splitlines()):
             break
         names = [c[0] for c in columns]
-        if "it/s" in names:  # 1000 / ms: the first to give way to a case
-            drop = names.index("it/s")
+        if "it/s" in names or "±%" in names:  # the first to give way to a case
+            drop = names.index("it/s" if "it/s" in names else "±%")
         else:  # then a column with one value in every row (the pass, the clock), into the title
             same = [i for i, name in enumerate(names) if name in TITLE_COLUMNS
                     and len({Text.from_markup(row[i]).plain for row in rows}) == 1]

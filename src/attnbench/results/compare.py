@@ -3,7 +3,9 @@
 Cases are matched by ``case_id`` (same spec, backend and timing mode). For each pair the ratio of
 median times B/A is computed from the stored raw samples, and its confidence interval by resampling
 both sample sets independently (percentile bootstrap, seeded from the case id so that a comparison
-is reproducible). A ratio above 1 means B is slower.
+is reproducible). A ratio above 1 means B is slower. The resampled medians are those of the interval
+each record stores (``timing.stats.bootstrap_medians``, 95%): ``compare`` and the summary's ``≈`` judge
+from the same bootstrap of the same samples.
 
 Verdicts: ``regression`` when the whole interval lies above 1 + threshold, ``slower`` when it lies
 above 1 and within the threshold, ``faster`` when it lies below 1, ``same`` when it lies within
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attnbench.results.record import busy_of
+from attnbench.timing.stats import bootstrap_medians
 
 MIN_SAMPLES = 2
 MIN_CONCLUSIVE = 10
@@ -99,10 +102,10 @@ def bootstrap_ratio(a_ms, b_ms, *, confidence: float = 0.95, resamples: int = 20
     ratio = float(np.median(b) / np.median(a))
     if a.size < MIN_SAMPLES or b.size < MIN_SAMPLES:
         return ratio, None, None
-    rng = np.random.default_rng(seed)
-    med_a = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
-    med_b = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
-    ratios = med_b / med_a
+    # two streams: one seed for both would draw the same order statistics on each side, and two runs of
+    # identical samples would get a ratio of exactly 1 with no width at all
+    seed_a, seed_b = np.random.SeedSequence(seed).spawn(2)
+    ratios = bootstrap_medians(b, resamples, seed_b) / bootstrap_medians(a, resamples, seed_a)
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(ratios, [tail, 100.0 - tail])
     return ratio, float(low), float(high)

@@ -134,6 +134,17 @@ def clock_of(info: dict | str | None) -> tuple[int | None, bool]:
     return (int(end) if isinstance(end, (int, float)) else None), bool(info.get("clock_dropped"))
 
 
+def interval_of(info: dict | str | None) -> tuple[float, float] | None:
+    """The 95% confidence interval of a case's median time in ms (``info["median_ci95_ms"]``: a bootstrap over its
+    samples, ``timing.stats.bootstrap_median_ci``), or None where the record has none."""
+    if isinstance(info, str):
+        info = json.loads(info or "{}")
+    ci = (info or {}).get("median_ci95_ms")
+    if not (isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci)):
+        return None
+    return float(ci[0]), float(ci[1])
+
+
 def busy_of(info: dict | str | None) -> bool:
     """Whether a CPU case was timed while other processes kept its cores busy (``info["cpu"]["busy"]``, judged
     by ``timing.cpu_load.is_busy`` after a retime): its numbers are not the kernel's."""

@@ -39,9 +39,10 @@ def measure(fn: Callable[[], object], config: TimingConfig, device: str | torch.
     return measure_detailed(fn, config, device, align).samples_ms
 
 
-def _events(fn, config: TimingConfig, device: torch.device, align=None) -> list[float]:
-    from attnbench.timing.events import time_events
-    return time_events(fn, config, device, align)
+def _events(fn, config: TimingConfig, device: torch.device, align=None, info: dict | None = None) -> Measurement:
+    from attnbench.timing.events import time_events_detailed
+    samples, seen = time_events_detailed(fn, config, device, align)
+    return Measurement(samples, seen | (info or {}))
 
 
 @contextmanager
@@ -82,8 +83,8 @@ def _measure(fn, config: TimingConfig, device: torch.device, align) -> Measureme
         try:
             samples, info = time_graph(fns, config, device)
         except GraphCaptureError as exc:
-            return Measurement(_events(fns[0], config, device),
-                               {"graph_fallback": f"CUDA graph capture failed, timed with events: {exc}"})
+            return _events(fns[0], config, device,
+                           info={"graph_fallback": f"CUDA graph capture failed, timed with events: {exc}"})
         return Measurement(samples, info)
     if config.mode == "profiler":
         from attnbench.timing.profiler import time_profiler
@@ -92,4 +93,4 @@ def _measure(fn, config: TimingConfig, device: torch.device, align) -> Measureme
         return Measurement(samples, info)
     if config.external:
         raise ValueError(f"timing mode {config.mode!r} re-runs the case under a profiler: use timing.external")
-    return Measurement(_events(fns[0], config, device, align))
+    return _events(fns[0], config, device, align)

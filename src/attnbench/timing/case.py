@@ -1,7 +1,9 @@
 """Timing one prepared case the way its TimingConfig says, with everything the record should know.
 
 The runner calls ``time_prepared`` once per case. It adds to the record's info: the CI of the median
-and the outliers, the GPU clock/temperature at the start and end (and ``clock_dropped``), what the
+and the outliers, the GPU clock/temperature at the start and end, their min/median/max across the timed
+calls (``gpu_state.window``; ``clock_dropped`` when the clock fell by over 10% from the start's, at the end
+or anywhere in the window), the host's cost to issue a call (``launch``, events mode), what the
 method reports (kernel names, graph copies and whether inputs were cold, a fallback and its reason),
 on a GPU whether the calls left work running off the timed stream (``timing.streams``, ``off_stream``),
 with ``--fresh-inputs`` how many input sets the calls rotated over (``timing.fresh``) and, with a trace
@@ -20,7 +22,7 @@ import torch
 
 from attnbench import operators
 from attnbench.timing import cpu_load, measure_detailed, streams
-from attnbench.timing.clocks import ClockMonitor, clock_dropped
+from attnbench.timing.clocks import ClockMonitor, WindowSampler, clock_dropped, window_summary
 from attnbench.timing.config import RETIME_CI_PCT, TimingConfig
 from attnbench.timing.stats import describe, median_ci_half_width_pct
 
@@ -138,6 +140,27 @@ def time_side_calls(side: dict, ctx: CaseContext) -> dict:
     return out
 
 
+def window_sampler(clocks: ClockMonitor) -> WindowSampler | None:
+    """A sampler of the device's clock, power and temperature, or None where no read is cheap enough."""
+    found = clocks.reader()
+    return WindowSampler(found[0], source=found[1]) if found else None
+
+
+def _lowest(window: dict) -> float | None:
+    return (window.get("sm_clock_mhz") or {}).get("min")
+
+
+def gpu_state(start: dict, end: dict, window: dict) -> dict:
+    """``gpu_state`` (the readings at the start and end, the window's summary) and ``clock_dropped`` when the SM
+    clock fell by more than ``clocks.CLOCK_DROP`` from the start's at the end or at its lowest in the window."""
+    if not (start or end or window):
+        return {}
+    out: dict = {"gpu_state": {"start": start, "end": end} | ({"window": window} if window else {})}
+    if clock_dropped(start, end) or clock_dropped(start, {"sm_clock_mhz": _lowest(window)}):
+        out["clock_dropped"] = True
+    return out
+
+
 def trace_path(trace_dir: str, spec, backend_name: str) -> Path:
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{backend_name}_{spec.label()}_{spec.pass_}").strip("_")
     return Path(trace_dir) / f"{stem}.json"
@@ -149,24 +172,32 @@ def time_prepared(spec, backend, inputs, prepared, ctx: CaseContext,
     (``timing.fresh.FreshInputs``, ``--fresh-inputs``): the timed calls rotate over its input sets."""
     info: dict = {}
     start = clocks.sample() if clocks else {}
-    if ctx.config.external:
-        samples, extra = _external(spec, backend, ctx)
-    elif ctx.config.mode == "graph" and ctx.device.type == "cuda":
-        fns, extra = graph_closures(spec, backend, inputs, prepared, ctx, fresh)
-        samples, measured_info = _measure_settled(fns, ctx)
-        extra = extra | measured_info
-        del fns
-    else:
-        samples, extra = _measure_settled(prepared.fn if fresh is None else fresh.rotation(), ctx)
+    # an external profiler times the case in a process of its own, at a moment this one does not know
+    sampler = window_sampler(clocks) if clocks and not ctx.config.external else None
+    if sampler is not None:
+        sampler.start()
+    try:
+        if ctx.config.external:
+            samples, extra = _external(spec, backend, ctx)
+        elif ctx.config.mode == "graph" and ctx.device.type == "cuda":
+            fns, extra = graph_closures(spec, backend, inputs, prepared, ctx, fresh)
+            samples, measured_info = _measure_settled(fns, ctx)
+            extra = extra | measured_info
+            del fns
+        else:
+            samples, extra = _measure_settled(prepared.fn if fresh is None else fresh.rotation(), ctx)
+    finally:
+        readings = sampler.stop() if sampler is not None else []
     end = clocks.sample() if clocks else {}
+    timed = extra.pop("timed_s", None)
     info.update(extra)
-    if start or end:
-        info["gpu_state"] = {"start": start, "end": end}
-        if clock_dropped(start, end):
-            info["clock_dropped"] = True
-            # recorded (info.clock_dropped) and shown as a mark in the summary; a log line per case would bury it
-            log.info("%s %s %s: SM clock dropped from %s to %s MHz during the case", backend.name, spec.label(),
-                        spec.pass_, start.get("sm_clock_mhz"), end.get("sm_clock_mhz"))
+    window = window_summary(readings, tuple(timed) if timed else None, source=sampler.source,
+                            interval_ms=sampler.interval_ms) if sampler is not None else {}
+    info.update(gpu_state(start, end, window))
+    if info.get("clock_dropped"):
+        # recorded (info.clock_dropped) and shown as a mark in the summary; a log line per case would bury it
+        log.info("%s %s %s: SM clock fell from %s MHz during the case (lowest %s, at the end %s)", backend.name,
+                 spec.label(), spec.pass_, start.get("sm_clock_mhz"), _lowest(window), end.get("sm_clock_mhz"))
     info.update(describe(samples))
     if fresh is not None:
         info["fresh_inputs"] = fresh.describe()

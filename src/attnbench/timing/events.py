@@ -105,8 +105,26 @@ def _timed_batch(fn: Callable[[], object], count: int, flush: L2Flusher | None, 
 
 def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.device,
                 align: Callable[[], object] | None = None) -> list[float]:
+    """Milliseconds per call of ``fn`` (``time_events_detailed``'s samples)."""
+    return time_events_detailed(fn, config, device, align)[0]
+
+
+def launch_info(host_call_ms: list[float], samples_ms: list[float]) -> dict:
+    """What the host paid to issue one call against what the device spent on it: ``host_ms`` is the median host
+    time of the later warm-up calls (queued without waiting, so the launch and the Python around it, L2 flush
+    excluded), ``host_bound`` whether it exceeds the median device time: in a loop without the launch-ahead
+    spin such a call runs at the host's pace, and its number here is the kernel's alone."""
+    host = statistics.median(host_call_ms[len(host_call_ms) // 2:])
+    device = statistics.median(samples_ms)
+    return {"host_ms": round(host, 5), "host_bound": host > device}
+
+
+def time_events_detailed(fn: Callable[[], object], config: TimingConfig, device: torch.device,
+                         align: Callable[[], object] | None = None) -> tuple[list[float], dict]:
     """Milliseconds per call of ``fn`` after ``config.warmup`` calls, one event pair per call, the L2
-    flushed before each call when ``config.cold_l2``.
+    flushed before each call when ``config.cold_l2``; and what the timing saw beside them: ``timed_s``, the
+    ``time.perf_counter`` seconds the timed calls began and ended (warm-up excluded: the window over which
+    ``clocks.WindowSampler`` readings describe them), and ``launch`` (``launch_info``).
 
     ``align``, for processes whose calls meet each other (the ranks of a distributed job): it queues, on
     the current stream, a wait until every process's device has reached the same point (a collective),
@@ -124,14 +142,17 @@ def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.de
     flush = L2Flusher(device) if config.cold_l2 else None
     samples: list[float] = []
     with torch.cuda.device(device):
-        host_ms = []
+        host_ms, call_ms = [], []
 
         def warm_call() -> None:
             t0 = time.perf_counter()
             if flush is not None:
                 flush()
+            t1 = time.perf_counter()
             fn()
-            host_ms.append((time.perf_counter() - t0) * 1e3)
+            t2 = time.perf_counter()
+            host_ms.append((t2 - t0) * 1e3)
+            call_ms.append((t2 - t1) * 1e3)
 
         t0 = time.perf_counter()
         warm_call()
@@ -148,4 +169,5 @@ def time_events(fn: Callable[[], object], config: TimingConfig, device: torch.de
             device_ms = min(samples) if samples else 0.0
             idle = config.idle_ratio * (statistics.median(samples) if samples else first_ms)
             samples += _timed_batch(fn, count, flush, device, per_call, device_ms, idle, align)
-    return samples
+        end = time.perf_counter()
+    return samples, {"timed_s": [start, end], "launch": launch_info(call_ms, samples)}

@@ -28,7 +28,8 @@ def summarize(samples_ms) -> dict:
     }
 
 
-def bootstrap_medians(samples_ms, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> np.ndarray:
+def bootstrap_medians(samples_ms, resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int | np.random.SeedSequence = 0) -> np.ndarray:
     """Medians of ``resamples`` bootstrap resamples (n draws with replacement) of the samples.
 
     Drawn without building the resamples: with x sorted, a resample's k-th smallest value is x at the

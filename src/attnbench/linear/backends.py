@@ -35,7 +35,13 @@ from attnbench.linear import cudnn_kda, fla
 from attnbench.linear import flashinfer as fi
 from attnbench.linear import flashqla as qla
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.linear.torch_forms import chunked, chunked_form, naive_recurrent, recurrent_form
+from attnbench.linear.torch_forms import (
+    chunk_workspace_bytes,
+    chunked,
+    chunked_form,
+    naive_recurrent,
+    recurrent_form,
+)
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
@@ -91,6 +97,10 @@ class TorchChunked(_RecurrenceBackend):
 
     def functional(self, spec):
         return _in_dtype(chunked_form, spec)
+
+    def workspace_bytes(self, spec) -> int:
+        """The chunk form's per-chunk matrices (``torch_forms.chunk_workspace_bytes``), for the memory guard."""
+        return chunk_workspace_bytes(spec)
 
 
 class _Fla(_RecurrenceBackend):

@@ -1,0 +1,75 @@
+"""Every path that allocates a case's memory asks its guard first: a case that cannot fit is refused in one line
+(or recorded as ``oom``) before anything is allocated. The guards are called with a small fake free-memory figure,
+so nothing here allocates what it estimates."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnbench import cli, memory, operators
+from attnbench.backends import registry
+from attnbench.cli import run as run_cmd
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class Accepted(BaseException):
+    """Raised instead of running a plan: the input was accepted."""
+
+
+@pytest.fixture
+def no_execution(monkeypatch):
+    def refuse(plan, **kwargs):
+        raise Accepted(plan)
+    monkeypatch.setattr(run_cmd, "execute", refuse)
+
+
+def refused(argv, capsys) -> str:
+    """The one line of a command line refused with exit status 2."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnbench") and "Traceback" not in err, err
+    return lines[0]
+
+
+def free(monkeypatch, nbytes: int) -> None:
+    monkeypatch.setattr(memory, "available_bytes", lambda device: nbytes)
+
+
+# ---- recurrences: the chunk ----------------------------------------------------------------------------------
+def test_a_chunk_longer_than_every_sequence_is_refused(capsys, no_execution, tmp_path):
+    line = refused(["run", "--device", "cpu", "--op", "gdn", "--seq-lens", "64", "--chunk", "100000",
+                    "--db", str(tmp_path / "r.db")], capsys)
+    assert "--chunk 100000" in line and "64 tokens" in line and "at most 64" in line
+    assert not (tmp_path / "r.db").exists()
+    with pytest.raises(ValueError, match="--chunk 100000"):
+        import attnbench
+        attnbench.plan(op="gdn", seq_lens=[64], chunk=100000, device="cpu")
+    # a chunk up to the longest sequence of the sweep (or the default 64) is a case
+    for argv in (["--seq-lens", "64", "4096", "--chunk", "128"], ["--seq-lens", "17", "--chunk", "64"]):
+        with pytest.raises(Accepted):
+            cli.main(["run", "--device", "cpu", "--op", "gdn", *argv, "--db", str(tmp_path / "r.db")])
+
+
+@pytest.mark.parametrize("kind, expected", [("gdn", 24), ("kda", 12 * 32)])
+def test_the_chunk_forms_matrices_count_in_the_recurrence_guard(monkeypatch, kind, expected):
+    from attnbench.linear.spec import RecurrenceSpec
+    op = operators.get("recurrence")
+    chunked = registry.get("torch-chunked")
+    small = RecurrenceSpec(kind=kind, seqlens=(64,), heads_qk=2, d_k=32, chunk=64)
+    big = small.replace(chunk=4096)
+    assert chunked.workspace_bytes(big) == 1 * 2 * 4096 * 4096 * expected
+    free(monkeypatch, 64 * MiB)  # the inputs and the 64-token chunks fit; 4096 x 4096 matrices do not
+    assert op.memory_guard(small, chunked, "cpu") is None
+    assert op.memory_guard(big, None, "cpu", inputs_allocated=False) is None  # the inputs alone are small
+    reason = op.memory_guard(big, chunked, "cpu")
+    assert reason and "needs about" in reason and "64.0 MiB free" in reason
+    assert op.memory_guard(big, registry.get("torch-recurrent"), "cpu") is None  # the token loop has no chunks
+    # a fwd_bwd keeps every chunk's matrices for the backward
+    long = RecurrenceSpec(kind=kind, seqlens=(1000,), heads_qk=2, d_k=32, chunk=100, pass_="fwd_bwd")
+    assert chunked.workspace_bytes(long) == 10 * chunked.workspace_bytes(long.replace(seqlens=(100,)))

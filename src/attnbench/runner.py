@@ -209,7 +209,7 @@ class Runner:
             unsupported = backend.supports(spec, self.device)
             if inputs is None and not unsupported:  # made for the shape's first case a backend takes, so a
                 with self.clock.phase("inputs"):  # shape no backend takes costs nothing (a paged batch on a CPU)
-                    inputs = self._make_inputs(spec)
+                    inputs = self.make_inputs_guarded(spec)
             if unsupported:
                 record = self._record(spec, backend, status="unsupported", reason=unsupported,
                                       info=backend.base_info())
@@ -226,8 +226,9 @@ class Runner:
             records.append(record)
         return records
 
-    def _make_inputs(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
-        """The case's inputs, or (status, reason) when they cannot be made (too large for the device)."""
+    def make_inputs_guarded(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
+        """The case's inputs, or (status, reason) when they cannot be made (too large for the device: the
+        operator's memory guard is asked first, so nothing is allocated for a case that cannot fit)."""
         op = operators.of(spec)
         reason = op.memory_guard(spec, None, self.device, inputs_allocated=False)
         if reason:
@@ -239,6 +240,10 @@ class Runner:
             return "oom", f"inputs: {_first_line(exc)}"
         except (RuntimeError, ValueError) as exc:  # e.g. a shape too large to index
             return "error", f"inputs: {type(exc).__name__}: {_first_line(exc)}"
+
+    def record_of(self, spec: AttnSpec, backend: Backend, *, status: str, reason: str, info: dict) -> Record:
+        """The record of a case that did not run (``status``, ``reason``), as this runner writes records."""
+        return self._record(spec, backend, status=status, reason=reason, info=info)
 
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         if not self.options.inputs.is_default:

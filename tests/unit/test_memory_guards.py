@@ -73,3 +73,39 @@ def test_the_chunk_forms_matrices_count_in_the_recurrence_guard(monkeypatch, kin
     # a fwd_bwd keeps every chunk's matrices for the backward
     long = RecurrenceSpec(kind=kind, seqlens=(1000,), heads_qk=2, d_k=32, chunk=100, pass_="fwd_bwd")
     assert chunked.workspace_bytes(long) == 10 * chunked.workspace_bytes(long.replace(seqlens=(100,)))
+
+
+# ---- verify: run's guard -----------------------------------------------------------------------------------------
+def test_verify_refuses_a_sweep_whose_inputs_cannot_fit_before_allocating(capsys, monkeypatch, tmp_path):
+    import attnbench
+    free(monkeypatch, 1 * MiB)
+    db = tmp_path / "v.db"
+    line = refused(["verify", "--device", "cpu", "--seq-lens", "64k", "--backends", "naive", "--db", str(db)], capsys)
+    assert "too large for cpu" in line and "s65536" in line and "1.0 MiB free" in line and "--seq-lens" in line
+    assert not db.exists()
+    with pytest.raises(ValueError, match="too large for cpu"):
+        attnbench.verify(seq_lens=[10**9], device="cpu", db=str(db))
+    with pytest.raises(ValueError, match="too large for cpu"):  # run's plan is the same
+        attnbench.plan(seq_lens=["64k"], device="cpu", backends="naive", db=str(db))
+    assert not db.exists()
+
+
+def test_verify_guards_each_shapes_inputs(monkeypatch):
+    """A sweep where some shapes fit: the others are oom records, their inputs never made."""
+    import attnbench.inputs as inputs_mod
+    from attnbench.cli import verify as verify_cmd
+    made = []
+    real = inputs_mod.make_inputs
+
+    def spy(spec, *args, **kwargs):
+        made.append(spec.seqlens_q)
+        return real(spec, *args, **kwargs)
+    monkeypatch.setattr(inputs_mod, "make_inputs", spy)
+    plan = verify_cmd.verify_plan({"device": "cpu", "seq_lens": ["16", "4096"], "backends": ["naive"],
+                                   "q_heads": ["4"], "head_size": ["64"], "dtype": "fp32"})
+    free(monkeypatch, 2 * MiB)  # the 16-token case fits; the 4096-token one's inputs (4 MiB each) do not
+    records = verify_cmd.run_checks(plan, "r", None, lambda record: None)
+    by = {r.spec.seqlens_q[0]: r for r in records}
+    assert by[4096].status == "oom" and by[4096].reason.startswith("inputs: needs"), by[4096].reason
+    assert by[16].status == "ok"
+    assert (4096,) not in made

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from attnbench import features, interrupt, metrics, plausibility, presets
+from attnbench import features, interrupt, memory, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -337,6 +337,9 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
         check_runnable(specs, backends, device, configured)
     check_summary_options(opts, backends)
+    if (too_big := memory.inputs_refusal(specs, device)) is not None:  # before anything is allocated or stored
+        raise UserError(f"too large for {device}: {too_big}; give smaller sizes "
+                        "(--seq-lens, --batch-size, --q-heads)")
     output = text(opts, "output")
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
     if output is not None:

@@ -109,3 +109,22 @@ def test_verify_guards_each_shapes_inputs(monkeypatch):
     assert by[4096].status == "oom" and by[4096].reason.startswith("inputs: needs"), by[4096].reason
     assert by[16].status == "ok"
     assert (4096,) not in made
+
+
+# ---- the indexer -------------------------------------------------------------------------------------------------
+def test_the_indexer_guard_counts_its_queries_and_the_product_per_head(capsys, monkeypatch, no_execution, tmp_path):
+    from attnbench.sparse.indexer_op import IndexerSpec
+    op = operators.get("indexer")
+    many_heads = IndexerSpec(s_q=16, s_kv=16, heads=1_000_000, dim=128, topk=16)
+    free(monkeypatch, 4 * GiB)  # the (T, Hi, S) product is 1 GiB; q alone is 2 GiB in e4m3, 41 GB while drawn
+    assert op.memory_guard(many_heads, None, "cpu", inputs_allocated=False)
+    line = refused(["run", "--device", "cpu", "--op", "indexer", "--seq-lens", "16", "--kv-seq-lens", "16",
+                    "--q-heads", "1000000", "--topk", "16", "--db", str(tmp_path / "i.db")], capsys)
+    assert "too large for cpu" in line and "h1000000" in line
+    # a call holds fp32 q·k for every head: 8 bytes per (query, head, key)
+    wide = IndexerSpec(s_q=256, s_kv=4096, heads=1024, dim=64, topk=16)
+    assert op.memory_guard(wide, None, "cpu", inputs_allocated=False) is None  # its inputs are 0.3 GiB drawn
+    reason = op.memory_guard(wide, registry.get("indexer-torch"), "cpu")  # 256 x 1024 x 4096 x 8 = 8 GiB
+    assert reason and "needs about 8." in reason
+    free(monkeypatch, 16 * GiB)
+    assert op.memory_guard(wide, registry.get("indexer-torch"), "cpu") is None

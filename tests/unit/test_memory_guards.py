@@ -128,3 +128,20 @@ def test_the_indexer_guard_counts_its_queries_and_the_product_per_head(capsys, m
     assert reason and "needs about 8." in reason
     free(monkeypatch, 16 * GiB)
     assert op.memory_guard(wide, registry.get("indexer-torch"), "cpu") is None
+
+
+# ---- a shared prefix written out per request ------------------------------------------------------------------
+def test_the_guard_counts_a_shared_prefix_written_out_for_every_request(monkeypatch):
+    """A kernel that takes no shared prefix gets every request's keys with the prefix in front (``expanded``, made
+    in prepare, beside the inputs that store the prefix once): the guard, asked once the inputs exist, must count
+    that copy (the serving trace's first step, 193 requests over a 1k prefix, held 22 GB on a CPU)."""
+    from attnbench.spec import AttnSpec
+    spec = AttnSpec(seqlens_q=(1,) * 64, seqlens_k=(4096,) * 64, heads_q=8, heads_kv=8, head_dim=64, dtype="bf16",
+                    causal=True, shared_prefix=4032, pass_="fwd")
+    naive, flex = registry.get("naive"), registry.get("flex")
+    written_out = 64 * 4096 * 8 * 128 * 2  # every request's keys and values: 512 MiB
+    assert memory.estimate(spec, naive).copies == written_out and memory.estimate(spec, flex).copies == 0
+    free(monkeypatch, 256 * MiB)  # the scores and outputs fit; the written-out keys do not
+    reason = memory.guard(spec, naive, "cpu")
+    assert reason and "256.0 MiB free" in reason
+    assert memory.guard(spec, flex, "cpu") is None  # a kernel that takes the prefix stored once

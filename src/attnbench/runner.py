@@ -277,6 +277,8 @@ class Runner:
             return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
         except Exception as exc:  # a failing kernel is a result, not the end of the sweep
             log.debug("case failed", exc_info=True)
+            if host_out_of_memory(exc):  # the CPU allocator's refusal is an OOM too, not a kernel's error
+                return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
             if (limit := backend.build_limit(exc)) is not None and not self._context_lost():
                 _free(self.device)
                 return self._record(spec, backend, status="unsupported", reason=f"the installed build: {limit}",
@@ -586,6 +588,16 @@ def repeat_agreement(a: Outputs, b: Outputs) -> dict:
     if differs:
         result["differs"] = differs
     return result
+
+
+CPU_ALLOC_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "alloc_cpu.cpp")
+"""What the CPU allocator's RuntimeError says when a request is more than the host can give (it raises no
+``torch.OutOfMemoryError``)."""
+
+
+def host_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the CPU allocator refusing an allocation."""
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in CPU_ALLOC_FAILURES)
 
 
 def _first_line(exc: BaseException) -> str:

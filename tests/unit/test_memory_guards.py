@@ -145,3 +145,48 @@ def test_the_guard_counts_a_shared_prefix_written_out_for_every_request(monkeypa
     reason = memory.guard(spec, naive, "cpu")
     assert reason and "256.0 MiB free" in reason
     assert memory.guard(spec, flex, "cpu") is None  # a kernel that takes the prefix stored once
+
+
+# ---- sparse MLA on FlexAttention's math --------------------------------------------------------------------------
+def test_uncompiled_flex_sparse_mla_counts_its_expanded_rows(monkeypatch):
+    """Eager FlexAttention (the CPU) expands the one KV head to every query head: at the V4 decode preset that is
+    the 128 GiB allocation the CPU allocator refused; the guard refuses it first."""
+    from attnbench.sparse.spec import SparseSpec
+    op = operators.get("sparse-mla")
+    flex = registry.get("flex-sparse-mla")
+    v4 = SparseSpec(batch=64, s_q=2, s_kv=16384, heads=64, topk=128, d_qk=512, d_v=512, extra=(16384, 512),
+                    sink=True, indices="random")
+    expanded = 64 * 64 * 32768 * 1024  # rows, heads, keys (main and extra cache), d_qk + d_v
+    assert flex.workspace_bytes(v4, "cpu") >= expanded * 6  # bf16, and again in fp32
+    assert flex.workspace_bytes(v4, "cuda") == 0  # compiled: a fused kernel
+    free(monkeypatch, 64 * GiB)
+    assert op.memory_guard(v4, None, "cpu", inputs_allocated=False) is None  # the inputs fit
+    reason = op.memory_guard(v4, flex, "cpu")
+    assert reason and "64.0 GiB free" in reason
+    small = SparseSpec(batch=2, s_q=2, s_kv=2048, heads=16, topk=64, indices="random")
+    free(monkeypatch, 1 * GiB)  # measured: 389 MiB
+    assert flex.workspace_bytes(small, "cpu") >= 389 * MiB and op.memory_guard(small, flex, "cpu") is None
+
+
+def test_a_cpu_allocation_failure_is_an_oom_record():
+    import math
+
+    from attnbench.backends.base import Backend, Capabilities
+    from attnbench.plausibility import Ceilings
+    from attnbench.runner import Runner, RunOptions
+    from attnbench.spec import AttnSpec
+    from attnbench.timing import TimingConfig
+
+    class Greedy(Backend):
+        name = "test-greedy"
+        capabilities = Capabilities(dtypes=("fp32",), backward=False)
+
+        def prepare(self, spec, inputs):
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] data. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 137438953472 bytes.")
+    registry.register(Greedy.name, Greedy)
+    out = []
+    Runner(RunOptions(device="cpu", backends=(Greedy.name,), timing=TimingConfig(warmup=0, repeat=1),
+                      ceilings=Ceilings(tflops=math.inf, gbps=math.inf, source="test")), run_id="r", env_id=None,
+           sink=out.append).run([AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32", pass_="fwd")])
+    assert [r.status for r in out] == ["oom"] and "can't allocate memory" in out[0].reason

@@ -102,9 +102,11 @@ def workspace_bytes(spec: AttnSpec, backend) -> int:
     if name not in SCORE_MATERIALIZING:
         return 0
     extra = 0
-    if spec.gqa:  # K and V are expanded to the query heads first
-        _, tk = _tokens(spec)
-        extra = tk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
+    if spec.gqa:  # K and V are expanded to the query heads first: a varlen case's one request at a time (each
+        # request's copy freed with it in a forward, kept for the backward), as its scores are
+        per_seq = [sk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
+                   for _, sk in spec.sequences]
+        extra = max(per_seq) if spec.is_varlen and spec.pass_ == "fwd" else sum(per_seq)
     elem = 4 if name in FP32_SCORES and spec.torch_dtype.itemsize < 4 else spec.torch_dtype.itemsize
     return score_bytes(spec, elem, SCORE_COPIES[name]) + extra
 

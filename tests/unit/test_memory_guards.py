@@ -190,3 +190,20 @@ def test_a_cpu_allocation_failure_is_an_oom_record():
                       ceilings=Ceilings(tflops=math.inf, gbps=math.inf, source="test")), run_id="r", env_id=None,
            sink=out.append).run([AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32", pass_="fwd")])
     assert [r.status for r in out] == ["oom"] and "can't allocate memory" in out[0].reason
+
+
+# ---- a serving batch on the materialising backends ---------------------------------------------------------------
+def test_grouped_kv_is_expanded_one_request_at_a_time_in_a_forward():
+    """naive and sdpa-math run a serving batch a request at a time: the K/V heads they expand for GQA (MLA's one
+    latent head for 128 query heads) are one request's in a forward, not the batch's (DeepSeek-V3's decode batch
+    of 128 requests over 1k..32k keys was estimated at 611.8 GiB)."""
+    from attnbench.spec import AttnSpec
+    lengths = (1024, 4096, 32768)
+    spec = AttnSpec(seqlens_q=(1,) * 3, seqlens_k=lengths, heads_q=128, heads_kv=1, head_dim=576, head_dim_v=512,
+                    dtype="bf16", causal=True, pass_="fwd")
+    naive = registry.get("naive")
+    one_request = 32768 * 128 * (576 + 512) * 2
+    assert memory.estimate(spec, naive).workspace == memory.score_bytes(spec, 2, (2, 3)) + one_request
+    every_request = sum(lengths) * 128 * (576 + 512) * 2  # a backward keeps every request's
+    bwd = spec.replace(pass_="fwd_bwd")
+    assert memory.estimate(bwd, naive).workspace == memory.score_bytes(bwd, 2, (2, 3)) + every_request

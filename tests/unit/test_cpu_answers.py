@@ -54,3 +54,26 @@ def test_a_backward_asked_for_with_a_page_size_says_what_to_do(capsys, tmp_path)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
     assert "page size is an inference feature: forward only (not fwd_bwd); give --pass fwd" in err
+
+
+def test_a_gpu_backend_on_a_machine_without_a_gpu_says_so_first(capsys, monkeypatch, tmp_path):
+    import json
+
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["run", "--device", "cpu", "--backends", "fa3", "--db", str(tmp_path / "r.db")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("attnbench: error: backend fa3 runs on cuda: no GPU here"), err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["backends", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None)
+    assert "no GPU here:" in out and out.index("no GPU here:") < out.index("install")
+    with pytest.raises(SystemExit):
+        cli.main(["backends", "--device", "cpu", "--json"])
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["fa3"]["reason"].startswith("no GPU here; ") and rows["fa3"]["install"]  # for a GPU machine
+    assert rows["naive"]["available"]

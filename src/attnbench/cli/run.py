@@ -239,6 +239,9 @@ def cannot_run(name: str, device: str, options: dict | None = None) -> str | Non
     from attnbench.backends.base import device_type
     backend = registry.get(name, (options or {}).get(name))
     reason = backend.unavailable_reason()
+    if backend.needs_absent_gpu() and not backend.device_hint(device):  # first: no install can help here
+        return (f"backend {name} runs on {'/'.join(backend.capabilities.devices)}: no GPU here"
+                + (f" (on a GPU machine it also needs: {backend.install_hint()})" if reason else ""))
     if reason:
         return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
     if device_type(device) not in backend.capabilities.devices:

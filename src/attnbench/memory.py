@@ -4,6 +4,9 @@ The estimate is deliberately simple and errs low (a case the guard lets through 
 memory; that real OOM is caught by the runner as before). For one call of a case, in bytes:
 
 - inputs: q, k, v and dout in the case's dtype;
+- copies: the keys and values a backend writes out when it prepares (a shared prefix put in front of every
+  request's keys for a kernel that takes none; a paged cache). They are the backend's own, so the guard counts
+  them with what a case needs beyond the shared inputs;
 - outputs: out, plus the fp32 log-sum-exp (4 bytes per query row and head);
 - grads (bwd and fwd_bwd): dq, dk, dv, the size of q, k, v;
 - workspace: what the backend allocates beyond that. Backends that materialise the score matrix
@@ -57,14 +60,18 @@ class MemoryEstimate:
     """dq, dk, dv (0 for fwd)."""
     workspace: int
     """Backend-specific temporaries (e.g. the score matrix)."""
+    copies: int = 0
+    """Keys and values the backend writes out beside the inputs when it prepares: a shared prefix put in front
+    of every request's keys for a kernel that takes none, a paged cache."""
 
     @property
     def total(self) -> int:
-        return self.inputs + self.outputs + self.grads + self.workspace
+        return self.inputs + self.outputs + self.grads + self.workspace + self.copies
 
     @property
     def beyond_inputs(self) -> int:
-        """What the case needs once its inputs exist (inputs are shared by the backends of a shape)."""
+        """What the case needs once its inputs exist (inputs are shared by the backends of a shape; the copies a
+        backend makes of them are its own)."""
         return self.total - self.inputs
 
 
@@ -95,9 +102,11 @@ def workspace_bytes(spec: AttnSpec, backend) -> int:
     if name not in SCORE_MATERIALIZING:
         return 0
     extra = 0
-    if spec.gqa:  # K and V are expanded to the query heads first
-        _, tk = _tokens(spec)
-        extra = tk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
+    if spec.gqa:  # K and V are expanded to the query heads first: a varlen case's one request at a time (each
+        # request's copy freed with it in a forward, kept for the backward), as its scores are
+        per_seq = [sk * spec.heads_q * (spec.head_dim + spec.head_dim_v) * spec.torch_dtype.itemsize
+                   for _, sk in spec.sequences]
+        extra = max(per_seq) if spec.is_varlen and spec.pass_ == "fwd" else sum(per_seq)
     elem = 4 if name in FP32_SCORES and spec.torch_dtype.itemsize < 4 else spec.torch_dtype.itemsize
     return score_bytes(spec, elem, SCORE_COPIES[name]) + extra
 
@@ -107,11 +116,12 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
     elem, kv_elem = spec.torch_dtype.itemsize, spec.kv_torch_dtype.itemsize
     tq, tk = _tokens(spec)
     caps = getattr(backend, "capabilities", None)
-    if spec.shared_prefix:  # the inputs store it once; a backend that takes no prefix gets it written out again
-        compact = kv_tokens(spec)
-        tk = compact if backend is None or caps.shared_prefix else tk + compact
+    copied = 0  # key/value tokens the backend writes out in prepare, beside the inputs
+    if spec.shared_prefix:  # the inputs store it once; a backend that takes no prefix gets every request's keys
+        copied = tk if backend is not None and not caps.shared_prefix else 0  # written out (inputs.expanded)
+        tk = kv_tokens(spec)
     if caps is not None and caps.paged:  # the cache a paged kernel builds beside the inputs
-        tk += kv_tokens(spec)
+        copied += kv_tokens(spec)
     q = tq * spec.heads_q * spec.head_dim * elem
     k = tk * spec.heads_kv * spec.head_dim * kv_elem
     v = tk * spec.heads_kv * spec.head_dim_v * kv_elem
@@ -121,7 +131,8 @@ def estimate(spec: AttnSpec, backend=None) -> MemoryEstimate:
         kept = 2 * kv_tokens(spec) * spec.heads_kv * (spec.head_dim + spec.head_dim_v)
     return MemoryEstimate(inputs=q + k + v + out + kept, outputs=out + tq * spec.heads_q * LSE_BYTES,
                           grads=(q + k + v) if spec.pass_ != "fwd" else 0,
-                          workspace=workspace_bytes(spec, backend) if backend is not None else 0)
+                          workspace=workspace_bytes(spec, backend) if backend is not None else 0,
+                          copies=copied * spec.heads_kv * (spec.head_dim + spec.head_dim_v) * kv_elem)
 
 
 def host_available_bytes() -> int | None:
@@ -175,3 +186,26 @@ def too_big(need: float, device: str | torch.device, *, rough: bool = False) -> 
     if free is None or need <= free:
         return None
     return f"needs {'about ' * rough}{format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
+
+
+def inputs_refusal(specs, device: str | torch.device) -> str | None:
+    """Why not one of ``specs`` can have its inputs made on ``device`` (its operator's guard, ``memory_guard`` with
+    no backend), naming the smallest case; None as soon as one fits, or where free memory is unknown. A sweep
+    refused here would only record out-of-memory cases, after allocating for none of them."""
+    from attnbench import operators
+    smallest = None
+    for spec in specs:
+        op = operators.of(spec)
+        reason = op.memory_guard(spec, None, device, inputs_allocated=False)
+        if reason is None:
+            return None
+        size = op.bytes_moved(spec)
+        if smallest is None or size < smallest[0]:
+            smallest = (size, spec, reason)
+    if smallest is None:
+        return None
+    _, spec, reason = smallest
+    what = spec.label() if len(specs) == 1 else f"none of the {len(specs)} cases fits; the smallest, {spec.label()},"
+    reason = reason.replace(" (estimated; not run)", "").replace(", ", " for its inputs and outputs, ", 1)
+    return f"{what} {reason} (estimated)"
+

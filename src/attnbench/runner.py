@@ -209,7 +209,7 @@ class Runner:
             unsupported = backend.supports(spec, self.device)
             if inputs is None and not unsupported:  # made for the shape's first case a backend takes, so a
                 with self.clock.phase("inputs"):  # shape no backend takes costs nothing (a paged batch on a CPU)
-                    inputs = self._make_inputs(spec)
+                    inputs = self.make_inputs_guarded(spec)
             if unsupported:
                 record = self._record(spec, backend, status="unsupported", reason=unsupported,
                                       info=backend.base_info())
@@ -226,8 +226,9 @@ class Runner:
             records.append(record)
         return records
 
-    def _make_inputs(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
-        """The case's inputs, or (status, reason) when they cannot be made (too large for the device)."""
+    def make_inputs_guarded(self, spec: AttnSpec) -> AttnInputs | tuple[str, str]:
+        """The case's inputs, or (status, reason) when they cannot be made (too large for the device: the
+        operator's memory guard is asked first, so nothing is allocated for a case that cannot fit)."""
         op = operators.of(spec)
         reason = op.memory_guard(spec, None, self.device, inputs_allocated=False)
         if reason:
@@ -239,6 +240,10 @@ class Runner:
             return "oom", f"inputs: {_first_line(exc)}"
         except (RuntimeError, ValueError) as exc:  # e.g. a shape too large to index
             return "error", f"inputs: {type(exc).__name__}: {_first_line(exc)}"
+
+    def record_of(self, spec: AttnSpec, backend: Backend, *, status: str, reason: str, info: dict) -> Record:
+        """The record of a case that did not run (``status``, ``reason``), as this runner writes records."""
+        return self._record(spec, backend, status=status, reason=reason, info=info)
 
     def _record(self, spec: AttnSpec, backend: Backend, **fields) -> Record:
         if not self.options.inputs.is_default:
@@ -272,6 +277,8 @@ class Runner:
             return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
         except Exception as exc:  # a failing kernel is a result, not the end of the sweep
             log.debug("case failed", exc_info=True)
+            if host_out_of_memory(exc):  # the CPU allocator's refusal is an OOM too, not a kernel's error
+                return self._record(spec, backend, status="oom", reason=_first_line(exc), info=info)
             if (limit := backend.build_limit(exc)) is not None and not self._context_lost():
                 _free(self.device)
                 return self._record(spec, backend, status="unsupported", reason=f"the installed build: {limit}",
@@ -581,6 +588,16 @@ def repeat_agreement(a: Outputs, b: Outputs) -> dict:
     if differs:
         result["differs"] = differs
     return result
+
+
+CPU_ALLOC_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "alloc_cpu.cpp")
+"""What the CPU allocator's RuntimeError says when a request is more than the host can give (it raises no
+``torch.OutOfMemoryError``)."""
+
+
+def host_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the CPU allocator refusing an allocation."""
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in CPU_ALLOC_FAILURES)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -232,8 +232,9 @@ class AttnSpec:
                 raise ValueError("MLA with absorbed weights is a forward of 16-bit inputs here (decode and prefill "
                                  f"of the latent cache): no backward, fp8, trees or {_names(features.NAMES)}")
         if self.serving_features and self.pass_ != "fwd":
-            raise ValueError(f"{', '.join(self.serving_features)} are inference features: forward only "
-                             f"(not {self.pass_})")
+            what = " and ".join(self.serving_features)
+            what += " is an inference feature" if len(self.serving_features) == 1 else " are inference features"
+            raise ValueError(f"{what}: forward only (not {self.pass_}); give --pass fwd")
         if (self.shared_prefix or self.tree is not None or self.kv_dtype) and (self.variants or self.sta is not None):
             raise ValueError(f"{_names(self.variants) or 'tile masks'} do not combine with shared prefixes, trees or "
                              "fp8 KV caches")

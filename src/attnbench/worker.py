@@ -48,7 +48,7 @@ def serve(lines, proto) -> None:
         spec, backend = operators.spec_from_dict(msg["spec"]), backends[msg["backend"]]
         if spec.shape_key() != inputs_key:  # consecutive cases of one shape share their inputs
             inputs, inputs_key = None, spec.shape_key()
-            inputs = runner._make_inputs(spec)
+            inputs = runner.make_inputs_guarded(spec)
         if not isinstance(inputs, tuple):
             record = runner.run_case(spec, backend, inputs, check=runner.checker is not None)
         else:

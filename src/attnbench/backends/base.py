@@ -226,6 +226,11 @@ class Backend:
     """Devices outside ``capabilities.devices`` that a constructor option named after the device offers the
     backend on (``--backend-opt NAME.cpu=true``), each with why it is off by default."""
 
+    def needs_absent_gpu(self) -> bool:
+        """Whether the backend runs on a GPU only and this machine has none (torch sees no CUDA device): what
+        would install it cannot help here."""
+        return "cpu" not in self.capabilities.devices and not torch.cuda.is_available()
+
     def device_hint(self, device: str | torch.device) -> str | None:
         """How to have the backend on ``device``'s type where an option offers it (``device_options``), else None."""
         dev = device_type(device)

@@ -395,6 +395,8 @@ def build_sweep(opts: dict, device: str) -> Sweep:
             head_v = head_v or "512"
             kv = kv or ["1"]
             passes = passes or ["fwd"]
+        if any(v not in (None, 0) for key in INFERENCE_AXES for v in serving.get(key, ())):
+            passes = passes or ["fwd"]  # a page size, a prefix, a tree or an fp8 cache: forward only, so the default
         return Sweep(
             batches=batches, **serving, mla=mla,
             head_size_v=parse_int(head_v, "--head-size-v") if head_v else None,
@@ -569,6 +571,11 @@ Indices = Annotated[str | None, typer.Option(
 SERVING_DEFAULT = Sweep(q_heads=(32,), kv_heads=None, head_sizes=(128,), dtypes=("bf16",), causal=(True,),
                         passes=("fwd",))
 """The axes a serving batch takes when not given: causal, forward, bf16, 32 heads of 128 (a Llama-style 8B)."""
+
+
+INFERENCE_AXES = ("page_sizes", "shared_prefixes", "trees", "kv_dtypes")
+"""The serving axes that make a case forward only (``AttnSpec.serving_features``): asked for, the pass defaults to
+fwd."""
 
 
 def serving_axes(opts: dict) -> dict:

@@ -48,6 +48,10 @@ def backends(
         table.add_row(r["name"], r["version"] or "-", r["capabilities"], escape(r["description"]))
     common.console.print(table)
     missing = [r for r in rows if not r["available"]]
+    gpu_only = [r for r in missing if r["reason"].startswith(NO_GPU)]
+    if gpu_only:  # before any install hint: none of them can help on this machine
+        common.console.print(f"no GPU here: {len(gpu_only)} of the backends run on a GPU only; their installs "
+                             "below are for a machine with one", highlight=False, markup=False)
     if missing:
         common.console.print(_missing_table(missing, dev))
 
@@ -64,6 +68,8 @@ def _backend_row(name: str, dev: str) -> dict:
     reason, install = backend.unavailable_reason(), None
     if reason is not None:
         install = backend.install_hint()
+    if backend.needs_absent_gpu() and not backend.device_hint(dev):  # said first: installing cannot help here
+        reason = NO_GPU + (f"; {_why(reason)}" if reason else "")
     elif device_type(dev) not in backend.capabilities.devices:
         hint = backend.device_hint(dev)  # flex on CPU: an option away
         reason = f"runs on {'/'.join(backend.capabilities.devices)}" + (f"; {hint}" if hint else f", not {device_type(dev)}")
@@ -75,6 +81,8 @@ def _backend_row(name: str, dev: str) -> dict:
             + (" bwd" if backend.capabilities.backward else "")}
 
 
+NO_GPU = "no GPU here"
+"""The first words of why a GPU-only backend cannot run on a machine without one."""
 MISSING_MODULE = re.compile(r"^(\S+) not importable: ModuleNotFoundError: No module named '([^']+)'")
 
 

@@ -62,7 +62,38 @@ def report_nothing_ran(records: list) -> None:
     reasons = collections.Counter(f"{r.status}: {r.reason or '?'}" for r in records)
     counted = "; ".join(f"{n} {why}" for why, n in reasons.most_common(3))
     more = f"; +{len(reasons) - 3} more reasons" if len(reasons) > 3 else ""
-    common.err_console.print(f"attnbench: none of the {len(records)} cases ran here ({counted}{more}); "
+    takers = takers_elsewhere(list(dict.fromkeys(r.spec for r in records if r.status == "unsupported")),
+                              {r.backend for r in records})
+    them = "it" if len({r.spec for r in records}) == 1 else "them"
+    where = f"; {takers} would take {them}" if takers else ""
+    common.err_console.print(f"attnbench: none of the {len(records)} cases ran here ({counted}{more}){where}; "
                              "attnbench show --table lists them; exit status 2", markup=False, highlight=False,
                              soft_wrap=True)
     raise typer.Exit(2)
+
+
+def takers_elsewhere(specs: list, tried: set[str]) -> str | None:
+    """'flashinfer-paged (cuda), fa3 (cuda)': the backends besides ``tried`` whose capabilities take one of
+    ``specs`` on a device of theirs, installed here or not (at most four named); None when there are none."""
+    from attnbench.backends import registry
+    from attnbench.backends.base import check_capabilities, check_operator_capabilities
+    found = []
+    for name in registry.names():
+        if name in tried:
+            continue
+        try:
+            backend = registry.get(name)
+        except Exception:  # a broken plug-in takes nothing
+            continue
+        caps = backend.capabilities
+        for spec in specs:
+            if getattr(spec, "operator", "attention") != backend.operator:
+                continue
+            check = check_capabilities if backend.operator == "attention" else check_operator_capabilities
+            device = next((d for d in caps.devices if check(caps, spec, d) is None), None)
+            if device is not None:
+                found.append(f"{name} ({device})")
+                break
+    if not found:
+        return None
+    return ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")

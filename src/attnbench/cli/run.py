@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from attnbench import features, interrupt, metrics, plausibility, presets
+from attnbench import features, interrupt, memory, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -239,6 +239,9 @@ def cannot_run(name: str, device: str, options: dict | None = None) -> str | Non
     from attnbench.backends.base import device_type
     backend = registry.get(name, (options or {}).get(name))
     reason = backend.unavailable_reason()
+    if backend.needs_absent_gpu() and not backend.device_hint(device):  # first: no install can help here
+        return (f"backend {name} runs on {'/'.join(backend.capabilities.devices)}: no GPU here"
+                + (f" (on a GPU machine it also needs: {backend.install_hint()})" if reason else ""))
     if reason:
         return f"backend {name} cannot run here: {reason}; install: {backend.install_hint()}"
     if device_type(device) not in backend.capabilities.devices:
@@ -337,6 +340,9 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
         check_runnable(specs, backends, device, configured)
     check_summary_options(opts, backends)
+    if (too_big := memory.inputs_refusal(specs, device)) is not None:  # before anything is allocated or stored
+        raise UserError(f"too large for {device}: {too_big}; give smaller sizes "
+                        "(--seq-lens, --batch-size, --q-heads)")
     output = text(opts, "output")
     db = common.check_db_path(Path(text(opts, "db") or DEFAULT_DB))
     if output is not None:
@@ -688,5 +694,4 @@ def run(
         if hint:
             common.console.print(hint, highlight=False, markup=False, soft_wrap=True)
     outcome.report_wrong_cases(records, approx_too=common.option_bool(plan.config, "fail_on_approx"))
-    if not common.option_bool(plan.config, "skip_missing"):
-        outcome.report_nothing_ran(records)
+    outcome.report_nothing_ran(records)  # --skip-missing too: a run that ran nothing answered nothing

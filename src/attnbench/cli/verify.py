@@ -122,7 +122,6 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
 def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
     """Every (case, backend) with the checker on; forward-only backends get the fwd pass."""
     from attnbench.accuracy.check import AccuracyChecker  # these import torch
-    from attnbench.inputs import make_inputs
     from attnbench.runner import Runner
 
     runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, checker=AccuracyChecker())
@@ -137,8 +136,12 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
             if case.shape_key() != inputs_key:
                 inputs, inputs_key = None, case.shape_key()  # free the previous shape's tensors first
             if inputs is None and backend.supports(case, runner.device) is None:  # made once a backend takes it
-                inputs = make_inputs(case, runner.device, plan.options.seed, plan.options.inputs)
-            record = runner.run_case(case, backend, inputs, check=True)
+                inputs = runner.make_inputs_guarded(case)  # run's memory guard first: nothing allocated past it
+            if isinstance(inputs, tuple):  # the shape's inputs could not be made (too large): every backend says so
+                status, reason = inputs
+                record = runner.record_of(case, backend, status=status, reason=reason, info=backend.base_info())
+            else:
+                record = runner.run_case(case, backend, inputs, check=True)
             sink(record)
             records.append(record)
     return records

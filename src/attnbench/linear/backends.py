@@ -37,7 +37,13 @@ from attnbench.linear import flashinfer as fi
 from attnbench.linear import flashqla as qla
 from attnbench.linear.inputs import FP32_INPUTS
 from attnbench.linear.spec import RecurrenceSpec
-from attnbench.linear.torch_forms import careful_recurrent_form, chunked, chunked_form, naive_recurrent
+from attnbench.linear.torch_forms import (
+    careful_recurrent_form,
+    chunk_workspace_bytes,
+    chunked,
+    chunked_form,
+    naive_recurrent,
+)
 
 DTYPES = ("fp16", "bf16", "fp32", "fp64")
 
@@ -87,6 +93,10 @@ class TorchChunked(_RecurrenceBackend):
 
     def functional(self, spec):
         return _torch_form(chunked_form, spec)
+
+    def workspace_bytes(self, spec) -> int:
+        """The chunk form's per-chunk matrices (``torch_forms.chunk_workspace_bytes``), for the memory guard."""
+        return chunk_workspace_bytes(spec)
 
 
 class _Fla(_RecurrenceBackend):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from attnbench.linear.spec import DELTA_KINDS, RecurrenceSpec
+from attnbench.linear.spec import DEFAULT_CHUNK, DEFAULT_SEQLEN, DELTA_KINDS, RecurrenceSpec
 
 
 class Recurrence:
@@ -56,9 +56,12 @@ class Recurrence:
 
     def memory_guard(self, spec: RecurrenceSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
         """The inputs and outputs (and gradients) at their sizes, plus the fp64 copies the check makes on the
-        device: about four times the bytes a call moves (estimated, as ``memory.guard``)."""
+        device: about four times the bytes a call moves (estimated, as ``memory.guard``); plus what ``backend``
+        declares it allocates beyond them (``workspace_bytes``: the chunk form's C x C matrices)."""
         from attnbench.memory import too_big
-        return too_big(4 * self.bytes_moved(spec), device, rough=True)
+        declared = getattr(backend, "workspace_bytes", None)
+        workspace = int(declared(spec)) if callable(declared) else 0
+        return too_big(4 * self.bytes_moved(spec) + workspace, device, rough=True)
 
     def columns(self, spec: RecurrenceSpec) -> dict:
         return dict(batch=spec.batch, seq_len=max(spec.seqlens), seq_len_k=max(spec.seqlens),
@@ -124,6 +127,13 @@ class Recurrence:
         if options.get("decay_bound") is not None and kind != "kda":
             raise ValueError(f"--decay-bound is kda's bounded decay: {kind} has none")
         lengths = axes.get("seq_lens") or [None]
+        chunk = options.get("chunk")
+        longest = max((max(group) for group in lengths if group), default=None)
+        if chunk and not decode and chunk > max(longest or DEFAULT_SEQLEN, DEFAULT_CHUNK):
+            # a chunk past a sequence's end only pads it with zeros, at C x C (x K) a chunk
+            raise ValueError(f"--chunk {chunk} is longer than the longest sequence ({longest or DEFAULT_SEQLEN} "
+                             f"tokens): a chunk past its end only adds zero tokens; give at most "
+                             f"{max(longest or DEFAULT_SEQLEN, DEFAULT_CHUNK)}")
         specs = []
         for batch, seqlens, heads, v_heads, d_k, d_v, dtype, pass_ in itertools.product(
                 axes.get("batch_sizes") or [1], lengths, axes.get("q_heads") or [16],
@@ -131,7 +141,7 @@ class Recurrence:
                 axes.get("dtypes") or ["bf16"], axes.get("passes") or ["fwd"]):
             specs.append(RecurrenceSpec(kind=kind, batch=batch, seqlens=None if decode else seqlens, heads_qk=heads,
                                         heads_v=v_heads, d_k=d_k, d_v=d_v, dtype=dtype, pass_=pass_, decode=decode,
-                                        chunk=options.get("chunk") or 64, skip=kind == "mamba2",
+                                        chunk=chunk or DEFAULT_CHUNK, skip=kind == "mamba2",
                                         initial_state=True if options.get("initial_state") is None and not decode
                                         else options.get("initial_state"),
                                         l2norm=False if options.get("qk_prenormed") else None,

@@ -36,6 +36,8 @@ MAX_HEAD_DIM = 1024
 """Largest d_k / d_v accepted (models use 64..256)."""
 DEFAULT_SEQLEN = 2048
 """Tokens per sequence when no lengths are given (prefill); decode gives each sequence one."""
+DEFAULT_CHUNK = 64
+"""Tokens per chunk when none is given (fla's default)."""
 DELTA_KINDS = ("gdn", "kda")
 """Kinds with the delta rule (and so a ``beta``)."""
 UNGATED_KINDS = ("gdn", "linear")
@@ -71,7 +73,7 @@ class RecurrenceSpec:
     l2norm: bool | None = None
     """q and k L2-normalised per head inside the op (fla's ``use_qk_l2norm_in_kernel``); None = on for gdn and
     kda (as their layers call it), off for mamba2 and linear."""
-    chunk: int = 64
+    chunk: int = DEFAULT_CHUNK
     """Tokens per chunk of the chunked forms (fla's default 64; the recurrent forms ignore it)."""
     scale: float | None = None
     """Factor on the output ``S_tᵀ q_t``; None = 1/sqrt(d_k), or 1 for mamba2."""

@@ -96,6 +96,23 @@ def chunk_steps(spec: RecurrenceSpec, ops: dict, size: int) -> tuple[torch.Tenso
     return torch.cat(outs, dim=1)[:, :steps], s
 
 
+CHUNK_TEMP_BYTES = {(False, "fwd"): 24, (False, "fwd_bwd"): 36, (True, "fwd"): 12, (True, "fwd_bwd"): 24}
+"""Bytes held per element of a chunk's C x C (kda: C x C x K) matrices, per sequence and value head, keyed by
+(per-channel decay, pass): the decays, Q Kᵀ, K Kᵀ, the solve's matrix and their fp32 transients. Peak RSS on a
+CPU (bf16 and fp32, d_k 32-64, C 128-2048): gdn 23-24 in a forward, 33 per chunk in a fwd_bwd (autograd keeps
+every chunk's); kda 11 and 22. Not rounded down: on a CPU running out is the OOM killer, not an exception."""
+
+
+def chunk_workspace_bytes(spec: RecurrenceSpec, chunk: int | None = None) -> int:
+    """Bytes the chunk form's per-chunk temporaries take (``CHUNK_TEMP_BYTES``): one chunk's in a forward, every
+    chunk's in a fwd_bwd. A sequence is padded to a whole number of chunks, so a chunk longer than the sequence
+    costs its full C x C."""
+    size = chunk or spec.chunk
+    chunks = -(-max(spec.seqlens) // size) if spec.pass_ == "fwd_bwd" else 1
+    per_chunk = spec.num_seqs * spec.heads_v * size * size * (spec.d_k if spec.per_channel else 1)
+    return per_chunk * chunks * CHUNK_TEMP_BYTES[(spec.per_channel, spec.pass_)]
+
+
 def _one_chunk(spec: RecurrenceSpec, s, q, k, v, g, beta):
     """One chunk, head-major operands (N, HV, C, ·), state (N, HV, K, V) -> (o (N, HV, C, V), next state).
 

@@ -120,6 +120,17 @@ class FlexSparse(_SparseBackend):
             return "a mask names a key once: it cannot count a row that two slots of a query repeat"
         return None
 
+    def workspace_bytes(self, spec, device="cpu") -> int:
+        """Bytes beyond the inputs, for the memory guard: uncompiled (the CPU), FlexAttention's math expands the
+        one KV head's rows to every query head, in the dtype and again in fp32 (peak RSS on a CPU: 2.9x the bf16
+        expansion), and holds the scores in fp32 (three copies); compiled, a fused kernel (none)."""
+        if self.compile if self.compile is not None else device_type(device) == "cuda":
+            return 0
+        keys = spec.s_kv + (spec.extra[0] if spec.extra else 0)
+        elem = 2 if spec.dtype != "fp32" else 4
+        expanded = spec.batch * spec.heads * keys * (spec.d_qk + spec.d_v) * (elem + 4)
+        return expanded + 3 * 4 * spec.batch * spec.heads * spec.s_q * keys
+
     def prepare(self, spec, inputs) -> Prepared:
         import time
 

@@ -39,6 +39,11 @@ from attnbench.sparse.indexer import (
     indexer_baseline,
 )
 
+INDEXER_DRAW_BYTES = 20
+"""Bytes per element of q (T x Hi x Di) and k (S x Di) while the inputs are drawn: fp32 normals, their bf16, the
+fp32 tiles and quotient of the quantisation, the e4m3 result (peak RSS on a CPU: 14-19)."""
+INDEXER_CALL_BYTES = 8
+"""Bytes per (query, head, key) of a call that holds the plain product: fp32 q·k and its ReLU (peak RSS: 8.0)."""
 LOGITS_REL_L2 = 2 ** -8
 """Largest rel-L2 of a kernel's logits over the visible keys (one bf16 round-off)."""
 
@@ -130,8 +135,16 @@ class Indexer:
         return {}
 
     def memory_guard(self, spec: IndexerSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
+        """Why the case cannot fit (``memory.too_big``): the inputs as they are drawn (``backend`` None), or a call
+        that holds the plain (T, Hi, S) product (``INDEXER_CALL_BYTES``), beside the inputs unless they already
+        sit on the device."""
         from attnbench.memory import too_big
-        return too_big(4.0 * spec.s_q * spec.s_kv * (spec.heads + 2), device, rough=True)  # the plain (T, Hi, S) product
+        t, s, hd = spec.s_q, spec.s_kv, spec.heads * spec.dim
+        if backend is None:
+            return too_big(INDEXER_DRAW_BYTES * (t * hd + s * spec.dim) + 4 * t * spec.heads, device, rough=True)
+        held = t * hd + s * spec.dim + 4 * (s + t * spec.heads + 2 * t)  # e4m3 q and k, scales, weights, bounds
+        call = 4 * t * hd + INDEXER_CALL_BYTES * t * spec.heads * s + 9 * t * s  # fp32 q, the product, the logits
+        return too_big(call + (0 if inputs_allocated else held), device, rough=True)
 
     def columns(self, spec: IndexerSpec) -> dict:
         return dict(batch=1, seq_len=spec.s_q, seq_len_k=spec.s_kv, num_seqs=1, total_q=spec.s_q, heads_q=spec.heads,

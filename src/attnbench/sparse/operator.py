@@ -60,8 +60,12 @@ class SparseMla:
                 "dense_bytes": c.dense_bytes}
 
     def memory_guard(self, spec: SparseSpec, backend, device, *, inputs_allocated: bool = True) -> str | None:
+        """About four times the bytes a call moves, plus what ``backend`` declares it allocates beyond them on
+        ``device`` (``workspace_bytes(spec, device)``: an unfused kernel's expanded rows and scores)."""
         from attnbench.memory import too_big
-        return too_big(4 * self.bytes_moved(spec), device, rough=True)
+        declared = getattr(backend, "workspace_bytes", None)
+        workspace = int(declared(spec, device)) if callable(declared) else 0
+        return too_big(4 * self.bytes_moved(spec) + workspace, device, rough=True)
 
     def columns(self, spec: SparseSpec) -> dict:
         return dict(batch=spec.batch, seq_len=spec.s_q, seq_len_k=spec.s_kv, num_seqs=spec.batch,

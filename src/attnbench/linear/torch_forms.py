@@ -96,11 +96,11 @@ def chunk_steps(spec: RecurrenceSpec, ops: dict, size: int) -> tuple[torch.Tenso
     return torch.cat(outs, dim=1)[:, :steps], s
 
 
-CHUNK_TEMP_BYTES = {(False, "fwd"): 24, (False, "fwd_bwd"): 36, (True, "fwd"): 12, (True, "fwd_bwd"): 24}
+CHUNK_TEMP_BYTES = {(False, "fwd"): 44, (False, "fwd_bwd"): 50, (True, "fwd"): 18, (True, "fwd_bwd"): 24}
 """Bytes held per element of a chunk's C x C (kda: C x C x K) matrices, per sequence and value head, keyed by
-(per-channel decay, pass): the decays, Q Kᵀ, K Kᵀ, the solve's matrix and their fp32 transients. Peak RSS on a
-CPU (bf16 and fp32, d_k 32-64, C 128-2048): gdn 23-24 in a forward, 33 per chunk in a fwd_bwd (autograd keeps
-every chunk's); kda 11 and 22. Not rounded down: on a CPU running out is the OOM killer, not an exception."""
+(per-channel decay, pass): the decays, Q Kᵀ, K Kᵀ, the solve's matrix, their fp32 accumulators and rounded copies.
+Peak RSS on a CPU (bf16, d_k 32, C 256-1024, two chunks): gdn 41 in a forward, 47 per chunk in a fwd_bwd (autograd
+keeps every chunk's); kda 17 and 21. Not rounded down: on a CPU running out is the OOM killer, not an exception."""
 
 
 def chunk_workspace_bytes(spec: RecurrenceSpec, chunk: int | None = None) -> int:

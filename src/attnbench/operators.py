@@ -17,7 +17,9 @@ between operators and nothing else:
 - ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
   ``wanted``: the tensors a kernel must return;
 - ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor);
-- ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection).
+- ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection);
+- ``bug_prone``: ``attnbench verify``'s cases, the shapes where the operator's kernel bugs hide, for the settings
+  of an asked-for case (attention's are ``cli.verify.bug_prone_specs``).
 
 Backends declare which operator they run (``Backend.operator``); a run's backends are those of its cases'
 operator. Operators are imported when a case of theirs is met, so attention alone never imports the others.

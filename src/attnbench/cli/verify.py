@@ -1,7 +1,8 @@
 """`attnbench verify`: every backend against the exact reference, forward and backward.
 
-Takes the same case options as ``run``. The default pass is ``fwd_bwd`` (output and gradients in
-one call); a forward-only backend is checked on ``fwd`` instead. Timing is minimal (no warm-up, one
+Takes the same case options as ``run``, ``--op`` included: without lengths given, each operator's bug-prone
+shapes (attention's ``bug_prone_specs``, another operator's ``bug_prone``). The default pass is ``fwd_bwd``
+(output and gradients in one call); a forward-only backend is checked on ``fwd`` instead. Timing is minimal (no warm-up, one
 call) unless ``--warmup`` / ``--repeat`` say otherwise. Records go to the store like ``run``'s.
 Exit status 1 when any exact backend fails (accuracy mismatch, NaN/Inf, or an error).
 """
@@ -84,17 +85,48 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     return verify_plan(run_cmd.options_of(ctx))
 
 
+OPERATOR_SHAPES = ("seq_lens", "kv_seq_lens", "batch_size", "topk")
+"""Options that give another operator's cases their lengths: with one, verify checks the cases as asked."""
+OPERATOR_SETTINGS = ("q_heads", "v_heads", "head_size", "head_size_v", "chunk", "decode", "sink", "topk_lengths",
+                     "extra_cache", "indices")
+"""Options that the bug-prone cases of another operator keep (``bug_prone``'s ``given``)."""
+
+
+def operator_cases(asked: list, cfg: dict, device: str) -> list:
+    """Another operator's verify cases: its bug-prone shapes (``Operator.bug_prone``) for each asked-for case's
+    settings (kind, dtype, heads a preset or the user gave...), unless lengths are given."""
+    from attnbench import operators
+    if any(cfg.get(name) for name in OPERATOR_SHAPES):
+        return asked
+    given = frozenset(name for name in OPERATOR_SETTINGS if cfg.get(name) not in (None, False, [], ()))
+    try:
+        return list(dict.fromkeys(spec for a in asked for spec in operators.of(a).bug_prone(a, given, device)))
+    except ValueError as exc:
+        raise common.UserError(f"{exc}: verify's default shapes do not take it; give --seq-lens to check other "
+                               "shapes") from None
+
+
+def _fwd_bwd(spec):
+    """``spec`` with both passes, where its operator has a backward (the indexer has none)."""
+    try:
+        return spec.replace(pass_="fwd_bwd")
+    except ValueError:
+        return spec
+
+
 def verify_plan(opts: dict) -> run_cmd.RunPlan:
     """``run``'s plan of merged options, with verify's defaults (``build_verify_plan``)."""
     plan = run_cmd.plan_from_options(opts, timed=False)
     cfg = plan.config
     specs = plan.specs
-    if not any(cfg.get(name) for name in SHAPE_OPTIONS):
+    if common.OPS[common.operator_choice(cfg)] != "attention":
+        specs = operator_cases(specs, cfg, plan.options.device)
+    elif not any(cfg.get(name) for name in SHAPE_OPTIONS):
         defaults = bug_prone_specs(plan.options.device, tuple(dict.fromkeys(s.dtype for s in specs)),
                                    tuple(dict.fromkeys(s.causal for s in specs)) if cfg.get("causal_mode") else (False, True))
         specs = with_variants(defaults, specs)
     if not cfg.get("pass_"):
-        specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
+        specs = list(dict.fromkeys(_fwd_bwd(s) for s in specs))
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
                           repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1).fixed()
     return dataclasses.replace(plan, specs=specs, options=dataclasses.replace(plan.options, timing=timing))
@@ -120,9 +152,9 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
 
 
 def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
-    """Every (case, backend) with the checker on; forward-only backends get the fwd pass."""
+    """Every (case, backend) with the checker on; a backend without a backward for the case gets the fwd pass."""
+    from attnbench import operators
     from attnbench.accuracy.check import AccuracyChecker  # these import torch
-    from attnbench.inputs import make_inputs
     from attnbench.runner import Runner
 
     runner = Runner(plan.options, run_id=run_id, env_id=env_id, sink=sink, checker=AccuracyChecker())
@@ -130,18 +162,31 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
     inputs, inputs_key = None, None
     for spec in plan.specs:
         for backend in runner.backends:
-            case = spec if spec.pass_ == "fwd" or backend.capabilities.backward else spec.replace(pass_="fwd")
+            case = forward_if_only(spec, backend, runner.device)
             if (case, backend.name) in seen:
                 continue
             seen.add((case, backend.name))
             if case.shape_key() != inputs_key:
                 inputs, inputs_key = None, case.shape_key()  # free the previous shape's tensors first
             if inputs is None and backend.supports(case, runner.device) is None:  # made once a backend takes it
-                inputs = make_inputs(case, runner.device, plan.options.seed, plan.options.inputs)
+                inputs = operators.of(case).make_inputs(case, runner.device, plan.options.seed, plan.options.inputs)
             record = runner.run_case(case, backend, inputs, check=True)
             sink(record)
             records.append(record)
     return records
+
+
+def forward_if_only(spec, backend, device):
+    """The case a backend is checked on: ``spec``, or its fwd pass where the backend has no backward or refuses
+    the backward of this case alone (FlexAttention's sparse MLA on a CPU)."""
+    if spec.pass_ == "fwd":
+        return spec
+    fwd = spec.replace(pass_="fwd")
+    if not backend.capabilities.backward:
+        return fwd
+    if backend.supports(spec, device) is not None and backend.supports(fwd, device) is None:
+        return fwd
+    return spec
 
 
 def _g(value) -> str:
@@ -236,12 +281,24 @@ def verify(
     q_heads: common.QHeads = None,
     kv_heads: common.KvHeads = None,
     head_size: common.HeadSize = None,
+    head_size_v: common.HeadSizeV = None,
     emb_dim: common.EmbDim = None,
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
     softmax_scale: common.SoftmaxScale = None,
     preset: common.Preset = None,
+    op: common.Op = None,
+    v_heads: common.VHeads = None,
+    decode: common.Decode = None,
+    chunk: common.Chunk = None,
+    qk_prenormed: common.QkPrenormed = None,
+    decay_bound: common.DecayBound = None,
+    topk: common.TopK = None,
+    indices: common.Indices = None,
+    sink: common.Sink = None,
+    topk_lengths: common.TopkLengths = None,
+    extra_cache: common.ExtraCache = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     kv_seq_lens: common.KvSeqLens = None,

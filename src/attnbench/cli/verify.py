@@ -214,7 +214,8 @@ def print_record(record: Record) -> None:
         if stat in tensors.get(name, {}):
             word = "max" if stat == "max_abs" else "mean"
             out.print(f"{LABELS[name]} {word} diff: {_g(tensors[name][stat])}", markup=False, highlight=False)
-    out.print(_metrics_table(acc))
+    for table in _metrics_tables(acc, out.width):
+        out.print(table)
     if "unquantized" in acc:
         m = acc["unquantized"]["tensors"].get("out", {})
         if "cosine" in m:
@@ -244,10 +245,25 @@ MEASURES = (("max abs", lambda m, base, limit, worst: _g(m.get("max_abs"))),
 """The rows of a record's error table: one measure each, a column per tensor (fits 100 columns)."""
 
 
-def _metrics_table(acc: dict) -> Table:
+COLUMN_WIDTH = 16
+"""Characters a tensor's column of the error table takes (``0.39 (mean_abs)`` and its padding)."""
+
+
+def _metrics_tables(acc: dict, width: int) -> list[Table]:
+    """The error table, split into tables of as many tensors as fit ``width`` across (a recurrence's gradients
+    are eight: at 100 columns, two tables of four whole numbers rather than one of folded ones)."""
+    names = list(acc.get("tensors", {}))
+    per = max(1, (width - COLUMN_WIDTH) // COLUMN_WIDTH)
+    parts = -(-len(names) // per) or 1
+    size = -(-len(names) // parts) if names else 0
+    return [_metrics_table(acc, names[i:i + size]) for i in range(0, len(names), size)] if names else \
+        [_metrics_table(acc, [])]
+
+
+def _metrics_table(acc: dict, names: list[str]) -> Table:
     from attnbench.accuracy.tolerance import worst_ratio
 
-    tensors = acc.get("tensors", {})
+    tensors = {name: acc["tensors"][name] for name in names}
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("")
     for name in tensors:

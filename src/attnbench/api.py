@@ -7,8 +7,8 @@ command line's, by parameter name (the YAML keys): ``seq_lens``, ``backends``, `
 ``pass_`` (or ``pass``), ``preset``, a feature by its name (its value as in YAML; a list of values is an axis), ``device``, ``db``...
 A value may be a scalar or a list, as in YAML. Bad input raises ``ValueError`` with the CLI's one-line message.
 
-``verify(**options)`` is ``attnbench verify``: the bug-prone shapes unless shapes are given, one call each,
-every record checked. ``frame(records)`` is a pandas DataFrame of the export columns.
+``verify(**options)`` is ``attnbench verify``: the bug-prone shapes unless shapes are given (``op=`` or an
+operator's ``preset``: that operator's), one call each, every record checked. ``frame(records)`` is a pandas DataFrame of the export columns.
 """
 
 from __future__ import annotations

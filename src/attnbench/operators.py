@@ -19,7 +19,9 @@ between operators and nothing else:
 - ``reduction``: the longest sum a kernel accumulates over (the verdict's fp32 floor), for every tensor or by
   tensor name (``"*"``: the others); ``layouts``: (token dim, head dim) of each tensor by name, for the block and
   per-head measures (``accuracy.compare``);
-- ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection).
+- ``check`` (optional): a verdict of its own instead of the tensor comparison (an indexer's selection);
+- ``bug_prone``: ``attnbench verify``'s cases, the shapes where the operator's kernel bugs hide, for the settings
+  of an asked-for case (attention's are ``cli.verify.bug_prone_specs``).
 
 Backends declare which operator they run (``Backend.operator``); a run's backends are those of its cases'
 operator. Operators are imported when a case of theirs is met, so attention alone never imports the others.

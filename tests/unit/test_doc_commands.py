@@ -99,6 +99,9 @@ CLASSES: dict[str, tuple[str, str]] = {
     "attnbench verify --seq-lens 4096 --q-heads 16 --head-size 128 --dtype bf16 --causal both": (
         PLAN, "8.5 minutes on a 2-core CPU (2026-11-28): bf16 4096-token backward passes"),
     "attnbench verify --device cpu --seq-lens 77 16,33": (CPU, ""),
+    "attnbench verify --op gdn --device cpu": (CPU, ""),
+    "attnbench verify --preset deepseek-v3.2-sparse-prefill": (
+        PLAN, "4096 queries over 8192 rows, 128 heads, top-k 2048: a GPU's work"),
     "attnbench plot --x seq_len --y ms": (CPU, ""),
     "attnbench plot --run A --run B --x seq_len --y tflops -o cmp.svg": (CPU, ""),
     "attnbench compare RUN_A RUN_B --fail-on-regression 5%": (
@@ -293,7 +296,7 @@ def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
     assert (tmp_path / "traces").is_dir() and any((tmp_path / "traces").iterdir())  # run --trace traces/
     assert (tmp_path / "cmp.svg").is_file() and (tmp_path / "sweep-1.db").is_file()  # plot -o; shard 1 of 4 (0-based)
     kinds = [c.split()[1] for _, c in _runs(tmp_path)]
-    assert kinds.count("run") == 4 and kinds.count("verify") == 2 and kinds.count("e2e") == 4
+    assert kinds.count("run") == 4 and kinds.count("verify") == 3 and kinds.count("e2e") == 4
 
 
 def test_the_shipped_trace_takes_the_readmes_shared_prefix():

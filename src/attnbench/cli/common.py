@@ -685,8 +685,8 @@ def write_output(records: list, output: Path, db: Path, run_id: str) -> None:
 
 
 def flag_name(name: str) -> str:
-    """Parameter name -> the flag a user types (``pass_`` -> ``--pass``)."""
-    return "--" + name.rstrip("_").replace("_", "-")
+    """Parameter name -> the flag a user types (``pass_`` -> ``--pass``, ``causal_mode`` -> ``--causal``)."""
+    return "--causal" if name == "causal_mode" else "--" + name.rstrip("_").replace("_", "-")
 
 
 def option_text(opts: dict, name: str) -> str | None:

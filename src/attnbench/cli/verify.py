@@ -1,7 +1,8 @@
 """`attnbench verify`: every backend against the exact reference, forward and backward.
 
-Takes the same case options as ``run``. The default pass is ``fwd_bwd`` (output and gradients in
-one call); a forward-only backend is checked on ``fwd`` instead. Timing is minimal (no warm-up, one
+Takes the same case options as ``run``, ``--op`` included: without lengths given, each operator's bug-prone
+shapes (attention's ``bug_prone_specs``, another operator's ``bug_prone``). The default pass is ``fwd_bwd``
+(output and gradients in one call); a forward-only backend is checked on ``fwd`` instead. Timing is minimal (no warm-up, one
 call) unless ``--warmup`` / ``--repeat`` say otherwise. Records go to the store like ``run``'s.
 Exit status 1 when any exact backend fails (accuracy mismatch, NaN/Inf, or an error).
 """
@@ -84,17 +85,48 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
     return verify_plan(run_cmd.options_of(ctx))
 
 
+OPERATOR_SHAPES = ("seq_lens", "kv_seq_lens", "batch_size", "topk")
+"""Options that give another operator's cases their lengths: with one, verify checks the cases as asked."""
+OPERATOR_SETTINGS = ("q_heads", "v_heads", "head_size", "head_size_v", "chunk", "decode", "sink", "topk_lengths",
+                     "extra_cache", "indices")
+"""Options that the bug-prone cases of another operator keep (``bug_prone``'s ``given``)."""
+
+
+def operator_cases(asked: list, cfg: dict, device: str) -> list:
+    """Another operator's verify cases: its bug-prone shapes (``Operator.bug_prone``) for each asked-for case's
+    settings (kind, dtype, heads a preset or the user gave...), unless lengths are given."""
+    from attnbench import operators
+    if any(cfg.get(name) for name in OPERATOR_SHAPES):
+        return asked
+    given = frozenset(name for name in OPERATOR_SETTINGS if cfg.get(name) not in (None, False, [], ()))
+    try:
+        return list(dict.fromkeys(spec for a in asked for spec in operators.of(a).bug_prone(a, given, device)))
+    except ValueError as exc:
+        raise common.UserError(f"{exc}: verify's default shapes do not take it; give --seq-lens to check other "
+                               "shapes") from None
+
+
+def _fwd_bwd(spec):
+    """``spec`` with both passes, where its operator has a backward (the indexer has none)."""
+    try:
+        return spec.replace(pass_="fwd_bwd")
+    except ValueError:
+        return spec
+
+
 def verify_plan(opts: dict) -> run_cmd.RunPlan:
     """``run``'s plan of merged options, with verify's defaults (``build_verify_plan``)."""
     plan = run_cmd.plan_from_options(opts, timed=False)
     cfg = plan.config
     specs = plan.specs
-    if not any(cfg.get(name) for name in SHAPE_OPTIONS):
+    if common.OPS[common.operator_choice(cfg)] != "attention":
+        specs = operator_cases(specs, cfg, plan.options.device)
+    elif not any(cfg.get(name) for name in SHAPE_OPTIONS):
         defaults = bug_prone_specs(plan.options.device, tuple(dict.fromkeys(s.dtype for s in specs)),
                                    tuple(dict.fromkeys(s.causal for s in specs)) if cfg.get("causal_mode") else (False, True))
         specs = with_variants(defaults, specs)
     if not cfg.get("pass_"):
-        specs = list(dict.fromkeys(s.replace(pass_="fwd_bwd") for s in specs))
+        specs = list(dict.fromkeys(_fwd_bwd(s) for s in specs))
     timing = TimingConfig(warmup=cfg["warmup"] if cfg.get("warmup") is not None else 0,
                           repeat=cfg["repeat"] if cfg.get("repeat") is not None else 1).fixed()
     return dataclasses.replace(plan, specs=specs, options=dataclasses.replace(plan.options, timing=timing))
@@ -120,7 +152,7 @@ def execute_checks(plan: run_cmd.RunPlan) -> tuple[str, list[Record]]:
 
 
 def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Record]:
-    """Every (case, backend) with the checker on; forward-only backends get the fwd pass."""
+    """Every (case, backend) with the checker on; a backend without a backward for the case gets the fwd pass."""
     from attnbench.accuracy.check import AccuracyChecker  # these import torch
     from attnbench.runner import Runner
 
@@ -129,7 +161,7 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
     inputs, inputs_key = None, None
     for spec in plan.specs:
         for backend in runner.backends:
-            case = spec if spec.pass_ == "fwd" or backend.capabilities.backward else spec.replace(pass_="fwd")
+            case = forward_if_only(spec, backend, runner.device)
             if (case, backend.name) in seen:
                 continue
             seen.add((case, backend.name))
@@ -145,6 +177,19 @@ def run_checks(plan: run_cmd.RunPlan, run_id: str, env_id: str, sink) -> list[Re
             sink(record)
             records.append(record)
     return records
+
+
+def forward_if_only(spec, backend, device):
+    """The case a backend is checked on: ``spec``, or its fwd pass where the backend has no backward or refuses
+    the backward of this case alone (FlexAttention's sparse MLA on a CPU)."""
+    if spec.pass_ == "fwd":
+        return spec
+    fwd = spec.replace(pass_="fwd")
+    if not backend.capabilities.backward:
+        return fwd
+    if backend.supports(spec, device) is not None and backend.supports(fwd, device) is None:
+        return fwd
+    return spec
 
 
 def _g(value) -> str:
@@ -172,7 +217,8 @@ def print_record(record: Record) -> None:
         if stat in tensors.get(name, {}):
             word = "max" if stat == "max_abs" else "mean"
             out.print(f"{LABELS[name]} {word} diff: {_g(tensors[name][stat])}", markup=False, highlight=False)
-    out.print(_metrics_table(acc))
+    for table in _metrics_tables(acc, out.width):
+        out.print(table)
     if "unquantized" in acc:
         m = acc["unquantized"]["tensors"].get("out", {})
         if "cosine" in m:
@@ -202,10 +248,25 @@ MEASURES = (("max abs", lambda m, base, limit, worst: _g(m.get("max_abs"))),
 """The rows of a record's error table: one measure each, a column per tensor (fits 100 columns)."""
 
 
-def _metrics_table(acc: dict) -> Table:
+COLUMN_WIDTH = 16
+"""Characters a tensor's column of the error table takes (``0.39 (mean_abs)`` and its padding)."""
+
+
+def _metrics_tables(acc: dict, width: int) -> list[Table]:
+    """The error table, split into tables of as many tensors as fit ``width`` across (a recurrence's gradients
+    are eight: at 100 columns, two tables of four whole numbers rather than one of folded ones)."""
+    names = list(acc.get("tensors", {}))
+    per = max(1, (width - COLUMN_WIDTH) // COLUMN_WIDTH)
+    parts = -(-len(names) // per) or 1
+    size = -(-len(names) // parts) if names else 0
+    return [_metrics_table(acc, names[i:i + size]) for i in range(0, len(names), size)] if names else \
+        [_metrics_table(acc, [])]
+
+
+def _metrics_table(acc: dict, names: list[str]) -> Table:
     from attnbench.accuracy.tolerance import worst_ratio
 
-    tensors = acc.get("tensors", {})
+    tensors = {name: acc["tensors"][name] for name in names}
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("")
     for name in tensors:
@@ -239,12 +300,24 @@ def verify(
     q_heads: common.QHeads = None,
     kv_heads: common.KvHeads = None,
     head_size: common.HeadSize = None,
+    head_size_v: common.HeadSizeV = None,
     emb_dim: common.EmbDim = None,
     dtype: common.Dtype = None,
     causal_mode: common.CausalMode = None,
     window: common.Window = None,
     softmax_scale: common.SoftmaxScale = None,
     preset: common.Preset = None,
+    op: common.Op = None,
+    v_heads: common.VHeads = None,
+    decode: common.Decode = None,
+    chunk: common.Chunk = None,
+    qk_prenormed: common.QkPrenormed = None,
+    decay_bound: common.DecayBound = None,
+    topk: common.TopK = None,
+    indices: common.Indices = None,
+    sink: common.Sink = None,
+    topk_lengths: common.TopkLengths = None,
+    extra_cache: common.ExtraCache = None,
     pass_: common.Passes = None,
     seq_lens: common.SeqLens = None,
     kv_seq_lens: common.KvSeqLens = None,

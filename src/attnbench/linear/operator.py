@@ -15,6 +15,7 @@ checker ask of a ``RecurrenceSpec`` case.
   ``accuracy.tolerance.judge``; a tensor a kernel does not return fails.
 - **Store columns**: heads_q/heads_kv hold the q/k and value heads, head_dim/head_dim_v d_k and d_v, seq_len the
   longest sequence; the label names the kind (``gdn b1 s4096 h16/32 ...``).
+- **verify's cases** (``bug_prone``): the shapes where a recurrence kernel's bugs hide.
 """
 
 from __future__ import annotations
@@ -148,6 +149,36 @@ class Recurrence:
                                         decay_bound=options.get("decay_bound")))
         return list(dict.fromkeys(specs))
 
+    def bug_prone(self, asked: RecurrenceSpec, given: frozenset[str], device: str) -> list[RecurrenceSpec]:
+        """verify's cases for the kind, dtype and pass of ``asked``: a varlen group with odd lengths and a length-1
+        sequence (state leaking across packed sequences, a dropped tail) starting from a state handed in (an
+        initial state ignored or read at the wrong sequence), with twice as many value heads as q/k heads (GVA:
+        value head hv must read q/k head hv // 2); a dense batch from a zero state; one decode step; each with a
+        chunk that divides no length (a lost partial chunk). ``given``: the options the user set (``q_heads``,
+        ``v_heads``, ``head_size``, ``head_size_v``, ``chunk``, ``decode``); those keep ``asked``'s values (a
+        preset's heads), and ``decode`` keeps the decode case alone."""
+        gpu = device.startswith("cuda")
+        h, d, dv, chunk = (4, 128, 128, 64) if gpu else (2, 16, 24, 16)
+        shapes = [dict(seqlens=(1000, 1, 577, 300) if gpu else (37, 1, 70), initial_state=True, group=2),
+                  dict(batch=2, seqlens=(1000,) if gpu else (45,), initial_state=False, group=1),
+                  dict(batch=8 if gpu else 3, seqlens=None, decode=True, initial_state=True, group=2)]
+        if "decode" in given:
+            shapes = [s for s in shapes if s.get("decode")]
+        out = []
+        for shape in shapes:
+            fields = {**dict(batch=1, decode=False, heads_qk=h, d_k=d, d_v=dv, chunk=chunk), **shape}
+            fields["heads_v"] = fields.pop("group") * fields["heads_qk"]
+            for option, names in (("q_heads", ("heads_qk",)), ("head_size", ("d_k", "d_v")),
+                                  ("head_size_v", ("d_v",)), ("chunk", ("chunk",))):
+                if option in given:
+                    fields.update({name: getattr(asked, name) for name in names})
+            if "v_heads" in given:
+                fields["heads_v"] = asked.heads_v
+            elif "q_heads" in given:  # the shape's ratio of value heads to q/k heads, over the given q/k heads
+                fields["heads_v"] = fields["heads_qk"] * (fields["heads_v"] // h)
+            out.append(asked.replace(**fields))
+        return out
+
     def axes(self, spec: RecurrenceSpec) -> dict[str, str]:
         """The case's position on the summary's axes (``report.summary.axes``)."""
         from attnbench.serving import group_label
@@ -156,4 +187,5 @@ class Recurrence:
                 "pass": spec.pass_, "dtype": spec.dtype, "batch": f"b{spec.batch}",
                 "seq": str(spec.seqlens[0]) if not spec.is_varlen else group_label(spec.seqlens),
                 "heads": f"h{spec.heads_qk}" + (f"/{spec.heads_v}" if spec.heads_v != spec.heads_qk else ""),
-                "head_dim": f"d{spec.d_k}" + (f"/{spec.d_v}" if spec.d_v != spec.d_k else "")}
+                "head_dim": f"d{spec.d_k}" + (f"/{spec.d_v}" if spec.d_v != spec.d_k else ""),
+                "state": "" if spec.decode else "h0" if spec.initial_state else "no h0", "chunk": f"c{spec.chunk}"}

@@ -23,16 +23,51 @@ def worst(record: Record) -> float | None:
     return None if found is None else found["ratio"]
 
 
+NAME_ORDER = ("op", "batch", "seq", "keys", "topk", "heads", "head_dim", "dtype", "window", *features.NAMES,
+              "layout", "mask")
+"""The order of the axes in a case's name; an operator's other axes (``Operator.axes``) follow in its order."""
+
+
+def case_key(record: Record) -> str:
+    """The case of a record whatever its pass (a label leaves the pass out: a forward-only backend's record sits
+    in the same column)."""
+    return record.spec.label()
+
+
+def axis_keys(positions) -> list[str]:
+    """The axes of the cases in naming order: ``NAME_ORDER``, then an operator's own, the pass left out."""
+    return list(dict.fromkeys([*NAME_ORDER, *(k for a in positions for k in a if k not in NAME_ORDER and k != "pass")]))
+
+
 def case_names(records: list[Record]) -> dict[str, str]:
-    """A short name per case (the values of the axes that differ between cases), keyed by the case label."""
-    specs = {r.spec.replace(pass_="fwd_bwd").label(): axes(r) for r in records}
-    varying = [k for k in ("batch", "seq", "keys", "heads", "head_dim", "dtype", "window", *features.NAMES,
-                           "layout", "mask") if len({a.get(k, "") for a in specs.values()}) > 1]
+    """A short name per case (the values of the axes that differ between cases), keyed by ``case_key``. The
+    words every case's operator shares (``gdn`` of ``gdn`` and ``gdn decode``) are the title's, not the names'."""
+    specs = {case_key(r): axes(r) for r in records}
+    varying = [k for k in axis_keys(specs.values()) if len({a.get(k, "") for a in specs.values()}) > 1]
+    shared = common_op(specs.values())
+
     def name(a: dict) -> str:  # an axis at its default ("no mask", "no window", ...) goes unnamed
-        parts = [("s" if k == "seq" else "") + a.get(k, "") for k in varying
-                 if a.get(k, "") and not a.get(k, "").startswith("no ")]
-        return " ".join(parts)
+        values = [(k, " ".join(w for w in a.get(k, "").split() if k != "op" or w not in shared)) for k in varying]
+        return " ".join(("s" if k == "seq" else "") + v for k, v in values if v and not v.startswith("no "))
     return {label: name(a) or label for label, a in specs.items()}
+
+
+def common_op(positions) -> list[str]:
+    """The words of the ``op`` axis every case shares (none for attention, which has no such axis)."""
+    ops = [p.get("op", "").split() for p in positions]
+    return [w for w in ops[0] if all(w in o for o in ops)] if ops else []
+
+
+def operator_lead(positions: list[dict]) -> str:
+    """Another operator's title lead: the words its cases share on the ``op`` axis, then the value of each other
+    axis every case has, unless it is the default ("no sink"): ``gdn h16/64 d128 bf16 c16``. Empty for
+    attention (no ``op`` axis), whose title names the features every case has instead."""
+    op = common_op(positions)
+    if not op:
+        return ""
+    fixed = [v for k in axis_keys(positions) if k != "op" and len(values := {p.get(k, "") for p in positions}) == 1
+             and (v := next(iter(values))) and not v.startswith("no ")]
+    return " ".join([*op, *fixed])
 
 
 def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]:
@@ -41,15 +76,16 @@ def build(records: list[Record]) -> tuple[list[str], list[str], dict, list[str]]
     cases = list(names)
     backends = list(dict.fromkeys(r.backend for r in records))
     cells: dict[tuple[str, str], str] = {}
+    backward = any(r.spec.pass_ != "fwd" for r in records)  # else forward is all there was to check: no mark
     for r in records:
-        key = (r.backend, r.spec.replace(pass_="fwd_bwd").label())
+        key = (r.backend, case_key(r))
         verdict = verdict_of(r.status, r.accuracy)
         if r.accuracy is None or r.status in ("unsupported", "oom", "error"):
             cells[key] = STATUS_CELL.get(r.status, "-")
             continue
         ratio = worst(r)
-        text = "-" if ratio is None else ratio_text(ratio)
-        if r.spec.pass_ == "fwd":
+        text = ratio_text(ratio) if ratio is not None else "ok" if verdict == "pass" else "-"
+        if r.spec.pass_ == "fwd" and backward:
             text += FORWARD
         if verdict in FAILED_VERDICTS or r.status in ("mismatch", "nan", "implausible"):
             text += FAIL
@@ -105,10 +141,11 @@ def render(records: list[Record], console, tolerance: Tolerance | None = None) -
     tol = tolerance or Tolerance()
     width = console.width
     backends, cases, cells, legend = build(records)
-    title = "worst error / limit per backend and case (a pass is below 1)"
     positions = [axes(r) for r in records]
-    every = [v for k in features.NAMES if len(v := {p[k] for p in positions}) == 1
-             and not next(iter(v)).startswith("no ")]
+    lead = operator_lead(positions)
+    title = (f"{lead}: " if lead else "") + "worst error / limit per backend and case (a pass is below 1)"
+    every = [v for k in features.NAMES if len(v := {p.get(k, "") for p in positions}) == 1
+             and next(iter(v)) and not next(iter(v)).startswith("no ")]
     if every:  # features every case has (one that only some cases have is named in their legend)
         title += "; every case with " + ", ".join(next(iter(v)) for v in every)
     console.print(title, highlight=False, markup=False)
@@ -132,8 +169,17 @@ def render(records: list[Record], console, tolerance: Tolerance | None = None) -
     marks = [f"{mark} {text}" for mark, text in ((FAIL, "failed its check"),
                                                   (FORWARD, "forward only (no backward to check)"))
              if any(mark in t for t in shown)]  # the marks the tables show, not every mark there is
-    notes = ["; ".join([*marks, f"exact kernels: the worst error / its limit, a limit {tol.k:g} x the error of "
-                        f"PyTorch math in the same dtype ({tol.k_max:g} x for the largest element) + a floor"])]
+    checked = [r for r in records if r.accuracy is not None]
+    own: dict[str, list[str]] = {}  # an operator's check of its own (the indexer's selection): its rule, stated
+    for r in checked:
+        if r.accuracy.get("rule"):
+            own.setdefault(r.accuracy["rule"], []).append(r.backend)
+    rule = [f"exact kernels: the worst error / its limit, a limit {tol.k:g} x the error of PyTorch math in the same "
+            f"dtype ({tol.k_max:g} x for the largest element) + a floor"] \
+        if not own or any(not r.accuracy.get("rule") for r in checked) else []
+    notes = ["; ".join([*marks, *rule])] if marks or rule else []
+    notes += [f"{', '.join(dict.fromkeys(names))}: {text}; a cell is the worst measure / its limit, ok where the "
+              "check measures none" for text, names in own.items()]
     if approx:
         notes.append(f"approximate kernels ({', '.join(approx)}): rel-L1 vs its limit; their cosine is checked too")
     for status, reason, n, names in reason_groups([r for r in records if r.accuracy is None]):

@@ -46,6 +46,9 @@ INDEXER_CALL_BYTES = 8
 """Bytes per (query, head, key) of a call that holds the plain product: fp32 q·k and its ReLU (peak RSS: 8.0)."""
 LOGITS_REL_L2 = 2 ** -8
 """Largest rel-L2 of a kernel's logits over the visible keys (one bf16 round-off)."""
+RULE = ("the selection has no key missing, unseen, repeated or below the k-th score, and the logits, where returned, "
+        "are within one bf16 round-off (rel-L2 2^-8) of the exact ones")
+"""The check's rule in words, as a verdict's record states it (``check``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,6 +173,18 @@ class Indexer:
                      axes.get("head_sizes") or [INDEX_DIM], axes.get("topks") or [128 if small else INDEX_TOPK])]
         return list(dict.fromkeys(specs))
 
+    def bug_prone(self, asked: IndexerSpec, given: frozenset[str], device: str) -> list[IndexerSpec]:
+        """verify's cases at ``asked``'s heads and head size: a causal prefill whose queries are the whole sequence
+        (s_q = s_kv), so the first top-k − 1 queries see fewer keys than top-k (a kernel that pads their lists with
+        keys they cannot see, or with repeats, fails), and odd sizes with queries shorter than the keys (a causal
+        mask aligned to the wrong corner, a dropped tail block). ``given`` changes nothing here: the heads and head
+        size given are ``asked``'s already."""
+        if device.startswith("cuda"):
+            shapes = [dict(s_q=4096, s_kv=4096, topk=2048), dict(s_q=1000, s_kv=4999, topk=2048)]
+        else:
+            shapes = [dict(s_q=77, s_kv=77, topk=32), dict(s_q=33, s_kv=301, topk=50)]
+        return [asked.replace(**shape) for shape in shapes]
+
     def check(self, spec: IndexerSpec, inputs, outputs: Outputs, backend) -> dict:
         """The accuracy dict of a kernel's selection (module doc)."""
         got = outputs.tensors()
@@ -177,7 +192,7 @@ class Indexer:
             return {"verdict": "fail", "exact": True, "reason": "indices: not returned", "tensors": {}}
         sel = check_selection(got["indices"], inputs.inputs, spec.topk)
         result = {"verdict": "pass", "exact": True, "reference": "the exact logits (fp64 cpu / fp32 gpu, TF32 off)",
-                  "tensors": {}, "selection": dataclasses.asdict(sel)}
+                  "tensors": {}, "selection": dataclasses.asdict(sel), "rule": RULE}
         problems = [f"{n} {k}" for k, n in (("missing", sel.missing), ("unseen", sel.unseen),
                                              ("repeated", sel.repeated), ("below the k-th score", sel.below),
                                              ("mismatched", sel.mismatched)) if n]

@@ -9,6 +9,7 @@
   (``baseline.baseline_sparse``). In decode both read the dequantized FP8 rows: the values the kernel computes
   with. A kernel returns ``out`` and ``lse`` (and prefill's ``max_logits``, compared where given); fwd_bwd adds
   dq, dkv and the extra cache's and sink's gradients.
+- **verify's cases** (``bug_prone``): the shapes where a sparse kernel's bugs hide.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 
+from attnbench.sparse.reference import LATENT, ROPE
 from attnbench.sparse.spec import INVALID_RATE, SparseSpec, grads_of, make_inputs
 
 
@@ -77,7 +79,47 @@ class SparseMla:
         return {"op": "sparse-mla" + (" fp8 decode" if spec.decode else ""), "pass": spec.pass_,
                 "dtype": spec.dtype, "batch": f"b{spec.batch}", "seq": str(spec.s_q), "keys": f"keys {spec.s_kv}",
                 "topk": f"top-k {spec.topk} {spec.indices}", "heads": f"h{spec.heads}",
-                "head_dim": f"d{spec.d_qk}/{spec.d_v}"}
+                "head_dim": f"d{spec.d_qk}/{spec.d_v}", "sink": "sink" if spec.sink else "no sink",
+                "lengths": "lengths" if spec.topk_length else "no lengths",
+                "extra": f"extra {spec.extra[0]}x{spec.extra[1]}" if spec.extra else "no extra"}
+
+    def bug_prone(self, asked: SparseSpec, given: frozenset[str], device: str) -> list[SparseSpec]:
+        """verify's cases for the dtype and pass of ``asked``: a causal prefill whose queries are the whole
+        sequence (s_q = s_kv, as a fresh sequence's prefill), so the first top-k − 1 queries see fewer keys than
+        top-k and have empty (−1) slots (read as row 0, or not masked); top-k lengths (slots past a query's
+        length counted); a sink (left out, or at the wrong head); an extra cache (dropped, or its rows read from
+        the main cache); decode over FP8 rows (bf16 only: the rows are V3.2's layout); repeated slots (a row
+        counted once) — with odd sizes and several requests, whose slots name rows of their own block of the stacked
+        cache, and empty slots (−1 and past the cache) drawn anywhere in every list. ``given``: the options the user
+        set; ``q_heads``, ``head_size``, ``head_size_v`` keep ``asked``'s values, ``sink``, ``topk_lengths``,
+        ``extra_cache`` and ``indices`` are added to every case, and ``decode`` keeps the decode case alone."""
+        gpu = device.startswith("cuda")
+        shapes = [dict(s_q=4096, s_kv=4096, topk=2048) if gpu else dict(s_q=77, s_kv=77, topk=32),
+                  dict(batch=2, s_q=1000, s_kv=4096, topk=2048, indices="random", topk_length=True) if gpu
+                  else dict(batch=2, s_q=33, s_kv=130, topk=48, indices="random", topk_length=True),
+                  dict(s_q=1000, s_kv=4096, topk=2048, sink=True) if gpu else dict(s_q=40, s_kv=100, topk=24, sink=True),
+                  dict(batch=2, s_q=577, s_kv=4096, topk=512, extra=(2048, 512)) if gpu
+                  else dict(batch=2, s_q=17, s_kv=90, topk=20, extra=(40, 12), indices="random"),
+                  dict(batch=16, s_q=2, s_kv=8192, topk=2048, decode=True) if gpu
+                  else dict(batch=3, s_q=2, s_kv=300, topk=64, decode=True, indices="random"),
+                  dict(s_q=1000, s_kv=4096, topk=2048, repeats=0.05) if gpu
+                  else dict(s_q=33, s_kv=130, topk=48, indices="random", repeats=0.05)]
+        if "decode" in given:
+            shapes = [s for s in shapes if s.get("decode")]
+        elif asked.dtype != "bf16" or asked.d_qk != LATENT + ROPE:  # FP8 rows are V3.2's bf16 rows of 576
+            shapes = [s for s in shapes if not s.get("decode")]
+        kept = {"q_heads": ("heads",), "head_size": ("d_qk",), "head_size_v": ("d_v",), "sink": ("sink",),
+                "topk_lengths": ("topk_length",), "extra_cache": ("extra",), "indices": ("indices",),
+                "empty_slots": ("invalid",), "repeated_slots": ("repeats",)}
+        out = []
+        for shape in shapes:
+            fields = {**dict(batch=1, heads=128 if gpu else 4, indices="indexer", decode=False, sink=False,
+                             topk_length=False, extra=None, invalid=INVALID_RATE, repeats=0.0), **shape}
+            for option, names in kept.items():
+                if option in given:
+                    fields.update({name: getattr(asked, name) for name in names})
+            out.append(asked.replace(**fields))
+        return out
 
     def wanted(self, spec: SparseSpec) -> tuple[str, ...]:
         return ("out", "lse", *(grads_of(spec) if spec.pass_ == "fwd_bwd" else ()))

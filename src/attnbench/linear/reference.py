@@ -108,10 +108,11 @@ def recurrence_steps(spec: RecurrenceSpec, s: torch.Tensor, q, k, v, g, beta, *,
     return torch.stack(outs, dim=1), s
 
 
-def run_recurrence(spec: RecurrenceSpec, ops: dict, *, block: int | None = None, checkpointed: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def run_recurrence(spec: RecurrenceSpec, ops: dict, *, block: int | None = None, checkpointed: bool = False,
+                   rounded=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over ``operands``' output, in blocks of ``block`` tokens (checkpointed for the backward
-    when ``checkpointed``); returns (o (N, T, HV, V), final state (N, HV, K, V))."""
+    when ``checkpointed``); returns (o (N, T, HV, V), final state (N, HV, K, V)). ``rounded`` as
+    ``recurrence_steps``."""
     q, v = ops["q"], ops["v"]
     n, steps, hv, dk, dv = *q.shape[:3], q.shape[-1], v.shape[-1]
     s = ops["h0"] if ops["h0"] is not None else q.new_zeros(n, hv, dk, dv)
@@ -122,9 +123,10 @@ def run_recurrence(spec: RecurrenceSpec, ops: dict, *, block: int | None = None,
         part = [None if ops[name] is None else ops[name][:, start:start + block]
                 for name in ("q", "k", "v", "g", "beta")]
         if checkpointed:
-            o, s = checkpoint(lambda s_, *p: recurrence_steps(spec, s_, *p), s, *part, use_reentrant=False)
+            o, s = checkpoint(lambda s_, *p: recurrence_steps(spec, s_, *p, rounded=rounded), s, *part,
+                              use_reentrant=False)
         else:
-            o, s = recurrence_steps(spec, s, *part)
+            o, s = recurrence_steps(spec, s, *part, rounded=rounded)
         outs.append(o)
     return torch.cat(outs, dim=1), s
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.linear.inputs import RecurrenceInputs, validate, with_gradients
-from attnbench.linear.reference import finish, operands, recurrence_steps
+from attnbench.linear.reference import finish, operands, run_recurrence
 from attnbench.linear.spec import RecurrenceSpec
 from attnbench.outputs import Outputs
 
@@ -67,8 +67,10 @@ def recurrent_form(spec: RecurrenceSpec, t: dict[str, torch.Tensor], rounded=Non
     """The token loop on the inputs by name (``spec.input_names``, the input layout), differentiable, in the dtype
     they come in: (out, final_state); ``rounded`` as ``reference.recurrence_steps``."""
     ops = operands(spec, t)
-    s = ops["h0"] if ops["h0"] is not None else _zero_state(ops)
-    o, state = recurrence_steps(spec, s, ops["q"], ops["k"], ops["v"], ops["g"], ops["beta"], rounded=rounded)
+    if ops["h0"] is None:
+        ops["h0"] = _zero_state(ops)
+    # blocks of √T tokens, checkpointed under autograd: one state per block is kept, not one per token
+    o, state = run_recurrence(spec, ops, checkpointed=torch.is_grad_enabled(), rounded=rounded)
     return finish(spec, o, t), state
 
 

@@ -40,6 +40,9 @@ def run(plan_or_none=None, /, *, run_id: str | None = None, quiet: bool = True, 
     """Run a plan (or ``plan(**options)``) and return its records, as ``attnbench run`` stores them (under
     ``run_id`` if given); ``quiet=False`` prints the progress lines ``run`` prints."""
     from attnbench.cli.run import execute
+    from attnbench.results.store import check_run_id
+    if run_id is not None:  # refused before anything is written, as the command line's --run-id is
+        check_run_id(run_id, "run_id")
     the_plan = plan_or_none if plan_or_none is not None else plan(**options)
     checker = None
     if the_plan.config.get("check", True) is not False:

@@ -282,19 +282,31 @@ RESERVED_RUN_IDS = ("latest",)
 """Words the views read as something else (``--run latest`` = the newest run)."""
 
 
-def check_run_id(run_id: str) -> str:
-    """A run id a user gave, or ValueError: 1..64 of letters, digits, ``. _ - +``, not starting with ``.`` or
-    ``-`` (it names plot folders and files, so no path separators, no ``..``), not a reserved word."""
+class BadRunId(ValueError):
+    """A run id that may not name a run (``check_run_id``): bad input, one line."""
+
+
+def check_run_id(run_id: str, what: str = "--run-id") -> str:
+    """``run_id`` if it may name a run, else BadRunId: 1..64 of letters, digits, ``. _ - +``, not starting with
+    ``.`` or ``-`` (it names plot folders and files, so no path separators, no ``..``), not a reserved word.
+
+    The one check of every id, wherever it comes from (``what`` says where, for the message): the command line,
+    the Python API, ``--resume``, a store merged in, a stored id read back to name a file, and a new run's claim
+    (``ResultStore.start_run``)."""
     rule = f"use 1 to {MAX_RUN_ID} letters, digits, '.', '_', '-' or '+'"
+    if not isinstance(run_id, str):
+        raise BadRunId(f"bad {what} {run_id!r:.80}: it is a {type(run_id).__name__}, not text; {rule}")
+    shown = f"{run_id!r:.80}"
     if not run_id or len(run_id) > MAX_RUN_ID:
-        raise ValueError(f"it has {len(run_id)} characters; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it has {len(run_id)} characters; {rule}")
     bad = sorted(set(run_id) - RUN_ID_CHARS)
     if bad:
-        raise ValueError(f"it holds {''.join(bad)[:10]!r}; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it holds {''.join(bad)[:10]!r}; {rule}")
     if run_id[0] in ".-" or ".." in run_id:
-        raise ValueError(f"it may not start with '.' or '-' nor hold '..'; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it may not start with '.' or '-' nor hold '..'; {rule}")
     if run_id.lower() in RESERVED_RUN_IDS:
-        raise ValueError(f"{run_id!r} is reserved (--run latest means the newest run); use another id")
+        raise BadRunId(f"bad {what} {shown}: {run_id!r} is reserved (--run latest means the newest run); use "
+                       "another id")
     return run_id
 
 
@@ -619,7 +631,9 @@ class ResultStore:
                   resume: bool = False) -> None:
         """Claim ``run_id`` for this process, atomically: a new id is inserted; an existing one is taken only
         by a resume (``resume=True``) and only when the process that ran it is gone. Raises RunClaimed
-        otherwise, so two processes never write one run."""
+        otherwise, so two processes never write one run; BadRunId for an id ``check_run_id`` refuses (views
+        name files after it)."""
+        check_run_id(run_id, "run id")
         with self._writing(run_id):
             self._claim(run_id, command, config, env_id, version, resume)
 

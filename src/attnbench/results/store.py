@@ -417,7 +417,10 @@ class ResultStore:
             files.fsync_folder(self.path.parent)
         except BaseException as exc:
             for p in (tmp, *(tmp.with_name(tmp.name + s) for s in files.SIDE_SUFFIXES)):
-                p.unlink(missing_ok=True)
+                # on a read-only file system even a name that is not there fails to go (EROFS, not ENOENT): the
+                # failure that brought us here is the one to tell
+                with contextlib.suppress(OSError):
+                    p.unlink(missing_ok=True)
             for folder in made:  # deepest first; only what this call made and left empty
                 try:
                     folder.rmdir()

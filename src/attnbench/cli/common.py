@@ -254,11 +254,20 @@ CONFIG_ALIASES = {"causal": "causal_mode", "pass": "pass_", "passes": "pass_", "
                   "seq_len": "seq_lens", "kv_seq_len": "kv_seq_lens", "num_heads": "q_heads", "backend": "backends"}
 
 
+def check_known(names, allowed: set[str], where: str) -> None:
+    """UserError naming each of ``names`` (option names) that is not ``allowed``, with the nearest allowed one: a
+    misspelt option would otherwise be dropped without a word."""
+    import difflib
+    unknown = sorted(set(names) - allowed)
+    if unknown:
+        near = [m for name in unknown for m in difflib.get_close_matches(name, allowed, n=1)]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise UserError(f"unknown key(s) in {where}: {', '.join(unknown)}{hint}; allowed: {', '.join(sorted(allowed))}")
+
+
 def merge_options(ctx: typer.Context, config: dict, allowed: set[str]) -> dict:
     """Config values, overridden by options given explicitly on the command line."""
-    unknown = sorted(set(config) - allowed)
-    if unknown:
-        raise UserError(f"unknown key(s) in config: {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    check_known(config, allowed, "config")
     merged = dict(config)
     for name, value in ctx.params.items():
         source = ctx.get_parameter_source(name)

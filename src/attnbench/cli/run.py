@@ -19,7 +19,7 @@ from attnbench.cli.inflight import InFlight, describe, heartbeat, record_abandon
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
-from attnbench.results.store import DEFAULT_DB, ResultStore, StoreFull, new_run_id
+from attnbench.results.store import DEFAULT_DB, ResultStore, StoreFull, check_run_id, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
 from attnbench.version import __version__
@@ -299,6 +299,11 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     too (``check_runnable``, ``check_named_backends``)."""
     from attnbench.runner import RunOptions  # imports torch and the measuring code
 
+    if opts.get("run_id") is not None:  # a YAML key or the API's option: checked as --run-id is, before anything
+        try:
+            check_run_id(common.option_text(opts, "run_id"))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     device = common.resolve_device(common.option_text(opts, "device"))
     opts["device"] = device  # stored resolved, so --resume runs on the same device
     opts[DIGESTS] = input_digests(opts)  # stored too: a resumed run reads the very files it started with

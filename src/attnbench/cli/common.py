@@ -434,7 +434,8 @@ OPS = {"attention": "attention", "gdn": "recurrence", "kda": "recurrence", "mamb
 
 def operator_choice(opts: dict) -> str:
     """--op (default attention), checked."""
-    value = option_text(opts, "op") or "attention"
+    value = option_text(opts, "op")
+    value = "attention" if value is None else value  # --op '' is a bad value, not the default
     if value not in OPS:
         raise UserError(f"bad --op {shown(value)}; allowed: {', '.join(OPS)}")
     wrong = [flag for flag, name, owners in OPERATOR_FLAGS
@@ -477,11 +478,10 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         ints = {name: tuple(parse_int_list(values, flag_name(name))) if (values := axis_values(opts, name)) else None
                 for name in ("batch_size", "q_heads", "v_heads", "head_size", "topk")}
         axes = {"batch_sizes": ints["batch_size"], "q_heads": ints["q_heads"], "v_heads": ints["v_heads"],
-                "head_sizes": ints["head_size"], "head_sizes_v": (parse_int(head_v, "--head-size-v"),) if head_v
-                else None, "topks": ints["topk"],
+                "head_sizes": ints["head_size"], "head_sizes_v": (parse_int(head_v, "--head-size-v"),)
+                if head_v is not None else None, "topks": ints["topk"],
                 "seq_lens": [tuple(x) for x in parse_seq_lens([str(v) for v in seq])] if seq else None,
-                "kv_seq_lens": [x[0] for x in parse_seq_lens([str(v) for v in kv_seq], "--kv-seq-lens")]
-                if kv_seq else None,
+                "kv_seq_lens": one_length_each(kv_seq, "--kv-seq-lens", op) if kv_seq else None,
                 "dtypes": [str(d) for d in axis_values(opts, "dtype") or []] or None,
                 "passes": [str(p) for p in axis_values(opts, "pass_") or []] or None}
         chunk = option_text(opts, "chunk")
@@ -492,7 +492,8 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
                 raise UserError(f"bad --extra-cache {shown(extra)}: give ROWSxTOPK, e.g. 16384x512")
             extra = (parse_int(parts[0], "--extra-cache rows"), parse_int(parts[1], "--extra-cache top-k"))
         options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
-                   "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
+                   "chunk": parse_int(chunk, "--chunk") if chunk is not None else None,
+                   "sink": option_bool(opts, "sink"),
                    "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
                    "qk_prenormed": option_bool(opts, "qk_prenormed"),
                    "decay_bound": parse_decay_bound(option_text(opts, "decay_bound")),
@@ -502,6 +503,18 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def one_length_each(values: list, flag: str, op: str) -> list[int]:
+    """``--kv-seq-lens`` of an operator whose case has one key length: a length per case; a group (``128,64``,
+    attention's batch of sequences) is refused, where taking its first length would drop the others."""
+    cases = parse_seq_lens([str(v) for v in values], flag)
+    group = next((c for c in cases if len(c) > 1), None)
+    if group is not None:
+        text = ",".join(map(str, group))
+        raise UserError(f"bad {flag} {shown(text)}: --op {op} takes one length per case, not a group; give "
+                        f"{flag} {' '.join(map(str, group))} for a case each")
+    return [c[0] for c in cases]
 
 
 Op = Annotated[str | None, typer.Option(

@@ -617,7 +617,7 @@ def run(
     fresh_inputs: Annotated[bool, typer.Option(
         "--fresh-inputs", rich_help_panel="Timing", help="Hand each timed call inputs of values of its own (a few sets "
         "drawn with other seeds, in turn) and check the last call's outputs and a call on new values at a seen "
-        "address: catches kernels that cache their output by input address.")] = False,
+        "address: catches kernels that cache their output by input address (so not with --no-check).")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
     threads: Annotated[int | None, typer.Option(

@@ -148,7 +148,12 @@ class Indexer:
             if axes.get(axis) and set(axes[axis]) != {only}:
                 raise ValueError(f"an indexer case is one sequence's FP8 forward: drop {flag}")
         small = bool(options.get("small"))  # a CPU: 256 queries over 1024 keys, top-k 256 unless given
-        seqs = [s[0] for s in axes.get("seq_lens") or [(256 if small else 4096,)]]
+        groups = axes.get("seq_lens") or [(256 if small else 4096,)]
+        if any(len(s) > 1 for s in groups):  # its first length alone would be measured
+            raise ValueError(f"an indexer case is one sequence, not a group "
+                             f"({','.join(map(str, next(s for s in groups if len(s) > 1)))}): give --seq-lens "
+                             "a length per case")
+        seqs = [s[0] for s in groups]
         specs = [IndexerSpec(s_q=s_q, s_kv=s_kv or max(s_q, 1024 if small else 8192), heads=heads, dim=dim, topk=topk)
                  for s_q, s_kv, heads, dim, topk in itertools.product(
                      seqs, axes.get("kv_seq_lens") or [None], axes.get("q_heads") or [INDEX_HEADS],

@@ -19,7 +19,7 @@ from attnbench.cli.inflight import InFlight, describe, heartbeat, record_abandon
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
-from attnbench.results.store import DEFAULT_DB, ResultStore, StoreFull, check_run_id, new_run_id
+from attnbench.results.store import DEFAULT_DB, ResultStore, RunFinished, StoreFull, check_run_id, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
 from attnbench.version import __version__
@@ -277,12 +277,24 @@ def input_digests(opts: dict) -> dict[str, str]:
         out[name] = digest.hexdigest()
     stored = opts.get(DIGESTS) if opts.get("resume") is not None else None
     if isinstance(stored, dict):
+        gone = [common.flag_name(n) + " " + str(opts.get(n)) for n in sorted(stored) if n not in out]
+        if gone:  # not there, which is not the same as changed
+            raise UserError(f"--resume {opts['resume']}: {', '.join(gone)}: no such file (a relative path is read "
+                            f"from the folder the command runs in, {shown_cwd()}); run it from the folder the run "
+                            "started in, or restore the file")
         changed = [common.flag_name(n) + " " + str(opts.get(n)) for n in sorted(set(stored) | set(out))
                    if stored.get(n) != out.get(n)]
         if changed:
             raise UserError(f"--resume {opts['resume']}: {', '.join(changed)} changed since the run started, so its "
                             "cases would be another sweep's; restore the file or start a new run")
     return out
+
+
+def shown_cwd() -> str:
+    try:
+        return str(Path.cwd())
+    except OSError:  # the folder was removed under the process
+        return "a folder that is gone"
 
 
 def options_of(ctx: typer.Context) -> dict:
@@ -670,7 +682,14 @@ def run(
     if common.option_bool(plan.config, "check", default=True):
         from attnbench.accuracy.check import AccuracyChecker
         checker = AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in plan.specs))
-    run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
+    try:
+        run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
+    except RunFinished as exc:  # nothing to do, which is what was asked: the line, the export if asked, exit 0
+        common.err_console.print(f"attnbench: {exc}", markup=False, highlight=False, soft_wrap=True)
+        if plan.output is not None:
+            with ResultStore(plan.db, readonly=True) as store:
+                common.write_output(store.records(run_id), plan.output, plan.db, run_id)
+        return
     if plan.resume:  # show and export the whole run, not only the cases run now
         with ResultStore(plan.db, readonly=True) as store:
             records = store.records(run_id)

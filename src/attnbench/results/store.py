@@ -245,6 +245,10 @@ class RunClaimed(StoreError):
     """A run id that this process may not write to (it exists, or another live process writes it)."""
 
 
+class RunFinished(RunClaimed):
+    """A resume of a run that finished: every case has its record, and the run is left as it is."""
+
+
 _CHECKED: set[tuple] = set()
 """``file_stamp`` of the stores found sound in this process (a store is checked once per state)."""
 def check_layout(conn: sqlite3.Connection, path: Path) -> int | None:
@@ -650,6 +654,9 @@ class ResultStore:
             if row is not None and not resume:
                 raise RunClaimed(f"run {run_id} already exists in {self.path}; choose another --run-id "
                                  f"(or --resume {run_id} to complete it)")
+            if row is not None and row["status"] == "done":  # its end (time, process) stays as it was
+                raise RunFinished(f"run {run_id} already finished: {self.path} holds a record of each of its cases; "
+                                  "nothing to resume")
             if row is not None and row["status"] == "running" and row["pid"] is not None:
                 if row["host"] != host:
                     raise RunClaimed(f"run {run_id} is marked running by pid {row['pid']} on {row['host']}; "

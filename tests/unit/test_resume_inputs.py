@@ -52,6 +52,8 @@ import pytest  # noqa: E402
 @pytest.mark.parametrize("args, needle", [
     (["--softcap", "4e38"], "softcap 4e+38 does not fit fp32"),
     (["--softcap", "70000", "--dtype", "fp16"], "softcap 70000 does not fit fp16"),
+    (["--softcap", "1e-320"], "softcap 9.99989e-321 underflows fp32"),  # 0 in fp32: the scores / 0 are NaN
+    (["--softcap", "1e-5", "--dtype", "fp16"], "softcap 1e-05 underflows fp16"),
     (["--softmax-scale", "1e39"], "softmax scale 1e+39 does not fit fp32"),
     (["--mla", "--kv-heads", "2"], "one KV head, not 2"),
 ])
@@ -136,3 +138,10 @@ def test_resuming_a_finished_run_leaves_it_as_it_was(tmp_path):
                                                "of its cases; nothing to resume"]
     assert row() == before and before[0][0] == "done"
     assert len(json.loads((tmp_path / "o.json").read_text())) == 2  # the run's records, exported as asked
+
+
+def test_a_softcap_the_dtype_holds_as_a_normal_number_is_taken():
+    from attnbench.features.softcap import FEATURE
+    from attnbench.spec import AttnSpec
+    for cap, dtype in ((1e-37, "fp32"), (1e-4, "fp16"), (50.0, "bf16")):
+        FEATURE.check(cap, AttnSpec(batch=1, seqlens_q=(64,), heads_q=1, head_dim=8, dtype=dtype))

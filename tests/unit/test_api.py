@@ -97,3 +97,16 @@ def test_a_new_store_on_a_read_only_file_system_is_one_line(tmp_path):
     res = in_read_only(ro, code=code)
     assert res.returncode == 0 and res.stdout.startswith("StoreError | "), res.stdout + res.stderr
     assert len(res.stdout.strip().splitlines()) == 1 and list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", ["csv", "json"])
+def test_exports_take_a_path_as_text(tmp_path, suffix):
+    from results_fixtures import synthetic_record
+
+    from attnbench.results import export
+    from attnbench.spec import AttnSpec
+    rec = synthetic_record("r", AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32", pass_="fwd"), "naive",
+                           [1.0, 1.2])
+    path = str(tmp_path / f"x.{suffix}")
+    export.write([rec], path)
+    assert [(row["run_id"], row["backend"], row["seq_len"]) for row in export.read(path)] == [("r", "naive", 17)]

@@ -37,22 +37,24 @@ def _attnbench_cmd(args) -> str:
     return shlex.join([sys.executable, "-m", "attnbench", *map(str, args)])
 
 
-def in_read_only(folder: Path, *args, timeout=300) -> subprocess.CompletedProcess:
-    """``attnbench ARGS`` with ``folder`` read-only for it (and only for it)."""
+def in_read_only(folder: Path, *args, timeout=300, code: str | None = None) -> subprocess.CompletedProcess:
+    """``attnbench ARGS`` (or, with ``code``, ``python -c CODE``) with ``folder`` read-only for it (and only for
+    it)."""
+    argv = ["-c", code] if code is not None else ["-m", "attnbench", *map(str, args)]
     if not ROOT:
         modes = {p: p.stat().st_mode for p in [folder, *folder.iterdir()]}
         try:
             for p in modes:
                 p.chmod(0o555 if p.is_dir() else 0o444)
-            return subprocess.run([sys.executable, "-m", "attnbench", *map(str, args)], capture_output=True,
-                                  text=True, env=env(), timeout=timeout)
+            return subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env(),
+                                  timeout=timeout)
         finally:
             for p, mode in modes.items():
                 p.chmod(mode)
     if not can_mount():
         pytest.skip("root without CAP_SYS_ADMIN: no way to make a folder read-only for root here")
     f = shlex.quote(str(folder))
-    script = f"mount --bind {f} {f} && mount -o remount,bind,ro {f} {f} && exec {_attnbench_cmd(args)}"
+    script = f"mount --bind {f} {f} && mount -o remount,bind,ro {f} {f} && exec {shlex.join([sys.executable, *argv])}"
     return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=env(),
                           timeout=timeout)
 

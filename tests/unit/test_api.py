@@ -46,3 +46,67 @@ def test_backend_options_reach_the_run_and_leave_the_registry_alone(tmp_path):
         records = attnbench.run(plan if not isolate else plan.__class__(**{**plan.__dict__, "isolate": True}))
         assert records[0].status == "ok", records[0].reason
         assert records[0].info["target_sparsity"] == 0.5, records[0].info  # the option, not the default
+
+
+def test_an_unknown_option_is_refused_as_a_yaml_key_is():
+    import attnbench
+    with pytest.raises(ValueError, match=r"unknown key\(s\) in attnbench.plan's options: sofcap \(did you mean softcap"):
+        attnbench.plan(device="cpu", seq_lens="64", sofcap=30)
+    with pytest.raises(ValueError, match="unknown key.*: seqlens .*seq_lens"):
+        attnbench.verify(device="cpu", seqlens=64)
+    with pytest.raises(ValueError, match="unknown key.*: shard"):  # the command line's: run() runs the whole sweep
+        attnbench.plan(device="cpu", seq_lens="64", shard="0/2")
+    with pytest.raises(ValueError, match="bad --run-id"):
+        attnbench.plan(device="cpu", seq_lens="64", run_id="../x")
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda a: a.run(5), "takes a plan .* not a int"), (lambda a: a.run("plan"), "not a str"),
+    (lambda a: a.frame([1, 2]), "records of attnbench.run or verify, not a int"),
+    (lambda a: a.frame(5), "a list of records, not a int"),
+])
+def test_what_is_not_a_plan_or_records_is_a_type_error(call, needle):
+    import attnbench
+    with pytest.raises(TypeError, match=needle):
+        call(attnbench)
+
+
+def test_the_plans_run_id_and_output_are_honoured(tmp_path):
+    import attnbench
+    from attnbench.results import export
+    plan = attnbench.plan(device="cpu", seq_lens="16", q_heads=1, head_size=8, dtype="fp32", pass_="fwd",
+                          causal=False, backends="naive", warmup=0, repeat=1, db=str(tmp_path / "s.db"),
+                          run_id="mine", output=str(tmp_path / "o.csv"))
+    records = attnbench.run(plan)
+    assert [r.run_id for r in records] == ["mine"]
+    assert [row["run_id"] for row in export.read(tmp_path / "o.csv")] == ["mine"]
+
+
+def test_a_new_store_on_a_read_only_file_system_is_one_line(tmp_path):
+    from fs_helpers import in_read_only
+    from reliability_helpers import TINY
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    res = in_read_only(ro, "run", *TINY, "--seq-lens", "16", "--backends", "naive", "--db", ro / "new.db")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "OSError" not in res.stderr, res.stderr
+    assert lines[0].startswith("attnbench: error: ") and "new.db" in lines[0], lines[0]
+    code = ("import attnbench\ntry:\n    attnbench.run(device='cpu', seq_lens='16', q_heads=1, head_size=8, "
+            f"backends='naive', pass_='fwd', warmup=0, repeat=1, db={str(ro / 'new.db')!r})\n"
+            "except Exception as exc:\n    print(type(exc).__name__, '|', exc)\n")
+    res = in_read_only(ro, code=code)
+    assert res.returncode == 0 and res.stdout.startswith("StoreError | "), res.stdout + res.stderr
+    assert len(res.stdout.strip().splitlines()) == 1 and list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", ["csv", "json"])
+def test_exports_take_a_path_as_text(tmp_path, suffix):
+    from results_fixtures import synthetic_record
+
+    from attnbench.results import export
+    from attnbench.spec import AttnSpec
+    rec = synthetic_record("r", AttnSpec(seqlens_q=(17,), heads_q=2, head_dim=8, dtype="fp32", pass_="fwd"), "naive",
+                           [1.0, 1.2])
+    path = str(tmp_path / f"x.{suffix}")
+    export.write([rec], path)
+    assert [(row["run_id"], row["backend"], row["seq_len"]) for row in export.read(path)] == [("r", "naive", 17)]

@@ -503,3 +503,22 @@ def test_calibrate_sizes_are_bounded_by_memory(capsys, monkeypatch):
     assert_rejected(["calibrate", "--device", "cpu", "--db", str(DB), "--size", "30000"], capsys, "--size 30000",
                     "1.0 GiB available")
     assert_rejected(["calibrate", "--device", "cpu", "--db", str(DB), "--size", "99999999"], capsys, "1..1048576")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--op", "sparse-mla", "--kv-seq-lens", "128,64", "--topk", "32"], ("--kv-seq-lens '128,64'", "a case each")),
+    (["--op", "indexer", "--kv-seq-lens", "1024,2048"], ("--kv-seq-lens '1024,2048'",)),
+    (["--op", "indexer", "--seq-lens", "128,64"], ("(128,64)",)),
+    (["--op", ""], ("bad --op ''",)), (["--op", "sparse-mla", "--indices", ""], ("--indices ''",)),
+    (["--op", "gdn", "--chunk", ""], ("--chunk ''",)), (["--op", "gdn", "--head-size-v", ""], ("--head-size-v ''",)),
+    (["--fresh-inputs", "--no-check"], ("--fresh-inputs", "--no-check")),
+])
+def test_what_would_be_dropped_ignored_or_read_as_the_default_is_refused(capsys, argv, needles):
+    assert_rejected(["run", *BASE, *argv], capsys, *needles)
+
+
+def test_key_lengths_of_sparse_mla_are_a_case_each(capsys):
+    code, err = invoke(["run", *BASE, "--op", "sparse-mla", "--seq-lens", "32", "--kv-seq-lens", "128", "64",
+                        "--topk", "32"], capsys)
+    assert code == "accepted", err
+    assert sorted(s.s_kv for s in LAST_PLAN[0].specs) == [64, 128]

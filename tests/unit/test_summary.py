@@ -266,3 +266,13 @@ def test_a_column_widens_for_a_long_title_instead_of_cutting_it():
     assert header_lines("flashinfer-decode") == "flashinfer\ndecode"
     assert header_lines("sdpa-cudnn") == "sdpa\ncudnn" and column_width("fa3") == 6
     assert header_lines("fa2-varlen-qkvpacked") == "fa2\nvarlen-qk…"
+
+
+def test_a_kernel_alone_in_its_row_is_not_marked_fastest():
+    records = [rec("naive", 128, False, "fwd", 0.02), rec("sdpa-math", 128, False, "fwd", 0.03),
+               rec("naive", 256, False, "fwd", 0.02), rec("sdpa-math", 256, False, "fwd", None, status="unsupported")]
+    built = summary.build(records)
+    assert rows_of(built, "128")["sdpa-math"].best  # two ran: the faster is marked
+    alone = rows_of(built, "256")
+    assert not any(c.best for c in alone.values()) and "*" not in alone["naive"].text
+    assert not any(c.best for c in rows_of(summary.build(records[:1]), "128").values())  # one kernel in the run

@@ -24,7 +24,7 @@ from attnbench.cli import links as links_cmd
 from attnbench.cli import run as run_cmd
 from attnbench.cli import verify as verify_cmd
 from attnbench.results.files import FileRefused
-from attnbench.results.store import StoreError
+from attnbench.results.store import BadRunId, StoreError
 
 # typer may vendor its own click: take the exception classes from wherever typer's come from.
 _click_exceptions = sys.modules[typer.BadParameter.__module__]
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         common.fail(where + " ".join(exc.format_message().split()), 2)
     except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C (and SIGTERM/SIGHUP, see entry.py) into Abort
         common.fail(interrupt.stopped(), interrupt.exit_status())
-    except (common.UserError, FileNotFoundError, StoreError, FileRefused) as exc:
+    except (common.UserError, BadRunId, FileNotFoundError, StoreError, FileRefused) as exc:
         if debug:
             raise
         common.fail(" ".join(str(exc).split()), 2)

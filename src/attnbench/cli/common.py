@@ -254,11 +254,20 @@ CONFIG_ALIASES = {"causal": "causal_mode", "pass": "pass_", "passes": "pass_", "
                   "seq_len": "seq_lens", "kv_seq_len": "kv_seq_lens", "num_heads": "q_heads", "backend": "backends"}
 
 
+def check_known(names, allowed: set[str], where: str) -> None:
+    """UserError naming each of ``names`` (option names) that is not ``allowed``, with the nearest allowed one: a
+    misspelt option would otherwise be dropped without a word."""
+    import difflib
+    unknown = sorted(set(names) - allowed)
+    if unknown:
+        near = [m for name in unknown for m in difflib.get_close_matches(name, allowed, n=1)]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise UserError(f"unknown key(s) in {where}: {', '.join(unknown)}{hint}; allowed: {', '.join(sorted(allowed))}")
+
+
 def merge_options(ctx: typer.Context, config: dict, allowed: set[str]) -> dict:
     """Config values, overridden by options given explicitly on the command line."""
-    unknown = sorted(set(config) - allowed)
-    if unknown:
-        raise UserError(f"unknown key(s) in config: {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    check_known(config, allowed, "config")
     merged = dict(config)
     for name, value in ctx.params.items():
         source = ctx.get_parameter_source(name)
@@ -427,7 +436,8 @@ OPS = {"attention": "attention", "gdn": "recurrence", "kda": "recurrence", "mamb
 
 def operator_choice(opts: dict) -> str:
     """--op (default attention), checked."""
-    value = option_text(opts, "op") or "attention"
+    value = option_text(opts, "op")
+    value = "attention" if value is None else value  # --op '' is a bad value, not the default
     if value not in OPS:
         raise UserError(f"bad --op {shown(value)}; allowed: {', '.join(OPS)}")
     wrong = [flag for flag, name, owners in OPERATOR_FLAGS
@@ -473,11 +483,10 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
         ints = {name: tuple(parse_int_list(values, flag_name(name))) if (values := axis_values(opts, name)) else None
                 for name in ("batch_size", "q_heads", "v_heads", "head_size", "topk")}
         axes = {"batch_sizes": ints["batch_size"], "q_heads": ints["q_heads"], "v_heads": ints["v_heads"],
-                "head_sizes": ints["head_size"], "head_sizes_v": (parse_int(head_v, "--head-size-v"),) if head_v
-                else None, "topks": ints["topk"],
+                "head_sizes": ints["head_size"], "head_sizes_v": (parse_int(head_v, "--head-size-v"),)
+                if head_v is not None else None, "topks": ints["topk"],
                 "seq_lens": [tuple(x) for x in parse_seq_lens([str(v) for v in seq])] if seq else None,
-                "kv_seq_lens": [x[0] for x in parse_seq_lens([str(v) for v in kv_seq], "--kv-seq-lens")]
-                if kv_seq else None,
+                "kv_seq_lens": one_length_each(kv_seq, "--kv-seq-lens", op) if kv_seq else None,
                 "dtypes": [str(d) for d in axis_values(opts, "dtype") or []] or None,
                 "passes": [str(p) for p in axis_values(opts, "pass_") or []] or None}
         chunk = option_text(opts, "chunk")
@@ -488,7 +497,8 @@ def operator_specs(opts: dict, op: str, device: str = "cpu") -> list:
                 raise UserError(f"bad --extra-cache {shown(extra)}: give ROWSxTOPK, e.g. 16384x512")
             extra = (parse_int(parts[0], "--extra-cache rows"), parse_int(parts[1], "--extra-cache top-k"))
         options = {"kind": op, "decode": option_bool(opts, "decode"), "indices": option_text(opts, "indices"),
-                   "chunk": parse_int(chunk, "--chunk") if chunk else None, "sink": option_bool(opts, "sink"),
+                   "chunk": parse_int(chunk, "--chunk") if chunk is not None else None,
+                   "sink": option_bool(opts, "sink"),
                    "topk_length": option_bool(opts, "topk_lengths"), "extra": extra,
                    "qk_prenormed": option_bool(opts, "qk_prenormed"),
                    "invalid": parse_rate(option_text(opts, "empty_slots"), "--empty-slots"),
@@ -515,6 +525,18 @@ def parse_rate(text: str | None, flag: str) -> float | None:
     if not 0 <= value < 1:
         raise UserError(f"bad {flag} {shown(text)}: give a fraction of the slots in [0, 1), e.g. 0.02 or 1/64")
     return value
+
+
+def one_length_each(values: list, flag: str, op: str) -> list[int]:
+    """``--kv-seq-lens`` of an operator whose case has one key length: a length per case; a group (``128,64``,
+    attention's batch of sequences) is refused, where taking its first length would drop the others."""
+    cases = parse_seq_lens([str(v) for v in values], flag)
+    group = next((c for c in cases if len(c) > 1), None)
+    if group is not None:
+        text = ",".join(map(str, group))
+        raise UserError(f"bad {flag} {shown(text)}: --op {op} takes one length per case, not a group; give "
+                        f"{flag} {' '.join(map(str, group))} for a case each")
+    return [c[0] for c in cases]
 
 
 Op = Annotated[str | None, typer.Option(

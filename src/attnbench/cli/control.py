@@ -19,7 +19,7 @@ import typer
 
 from attnbench import interrupt
 from attnbench.cli.common import MAX_WAIT_S, UserError, check_db_path, shown
-from attnbench.results.store import DEFAULT_DB, ResultStore
+from attnbench.results.store import DEFAULT_DB, ResultStore, check_run_id
 
 RESUME_OVERRIDES = ("db", "quiet", "isolate", "case_timeout", "output", "resume")
 """Options that may accompany --resume; the sweep itself always comes from the stored run."""
@@ -37,6 +37,10 @@ def _explicit(ctx: typer.Context, name: str) -> bool:
 def resumed_options(ctx: typer.Context) -> dict:
     """The stored options of run ``--resume ID``, with the few allowed overrides; UserError otherwise."""
     run_id = str(ctx.params["resume"]).strip()
+    try:  # the id names the run's files (report, plots) as a new one does
+        check_run_id(run_id, "--resume")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     given = [_flag(name) for name in ctx.params if _explicit(ctx, name) and name not in RESUME_OVERRIDES]
     if given:
         raise UserError(f"--resume {run_id} re-runs that run's stored options: drop {', '.join(given)} "

@@ -19,7 +19,7 @@ from attnbench.cli.inflight import InFlight, describe, heartbeat, record_abandon
 from attnbench.report.table import records_table
 from attnbench.results import env as envmod
 from attnbench.results import export
-from attnbench.results.store import DEFAULT_DB, ResultStore, StoreFull, new_run_id
+from attnbench.results.store import DEFAULT_DB, ResultStore, RunFinished, StoreFull, check_run_id, new_run_id
 from attnbench.spec import AttnSpec
 from attnbench.timing.peaks import measured_peaks
 from attnbench.version import __version__
@@ -280,12 +280,24 @@ def input_digests(opts: dict) -> dict[str, str]:
         out[name] = digest.hexdigest()
     stored = opts.get(DIGESTS) if opts.get("resume") is not None else None
     if isinstance(stored, dict):
+        gone = [common.flag_name(n) + " " + str(opts.get(n)) for n in sorted(stored) if n not in out]
+        if gone:  # not there, which is not the same as changed
+            raise UserError(f"--resume {opts['resume']}: {', '.join(gone)}: no such file (a relative path is read "
+                            f"from the folder the command runs in, {shown_cwd()}); run it from the folder the run "
+                            "started in, or restore the file")
         changed = [common.flag_name(n) + " " + str(opts.get(n)) for n in sorted(set(stored) | set(out))
                    if stored.get(n) != out.get(n)]
         if changed:
             raise UserError(f"--resume {opts['resume']}: {', '.join(changed)} changed since the run started, so its "
                             "cases would be another sweep's; restore the file or start a new run")
     return out
+
+
+def shown_cwd() -> str:
+    try:
+        return str(Path.cwd())
+    except OSError:  # the folder was removed under the process
+        return "a folder that is gone"
 
 
 def options_of(ctx: typer.Context) -> dict:
@@ -302,6 +314,11 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     too (``check_runnable``, ``check_named_backends``)."""
     from attnbench.runner import RunOptions  # imports torch and the measuring code
 
+    if opts.get("run_id") is not None:  # a YAML key or the API's option: checked as --run-id is, before anything
+        try:
+            check_run_id(common.option_text(opts, "run_id"))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     device = common.resolve_device(common.option_text(opts, "device"))
     opts["device"] = device  # stored resolved, so --resume runs on the same device
     opts[DIGESTS] = input_digests(opts)  # stored too: a resumed run reads the very files it started with
@@ -621,7 +638,7 @@ def run(
     fresh_inputs: Annotated[bool, typer.Option(
         "--fresh-inputs", rich_help_panel="Timing", help="Hand each timed call inputs of values of its own (a few sets "
         "drawn with other seeds, in turn) and check the last call's outputs and a call on new values at a seen "
-        "address: catches kernels that cache their output by input address.")] = False,
+        "address: catches kernels that cache their output by input address (so not with --no-check).")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", rich_help_panel="Timing", help="Write a Chrome/Perfetto trace per case to DIR.")] = None,
     cooldown: Annotated[float | None, typer.Option("--cooldown", rich_help_panel="Timing", help="Seconds to pause between cases.")] = None,
     threads: Annotated[int | None, typer.Option(
@@ -674,7 +691,14 @@ def run(
     if common.option_bool(plan.config, "check", default=True):
         from attnbench.accuracy.check import AccuracyChecker
         checker = AccuracyChecker(grads_ahead=any(s.pass_ != "fwd" for s in plan.specs))
-    run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
+    try:
+        run_id, records, phases = execute(plan, run_id=run_id, quiet=quiet, checker=checker)
+    except RunFinished as exc:  # nothing to do, which is what was asked: the line, the export if asked, exit 0
+        common.err_console.print(f"attnbench: {exc}", markup=False, highlight=False, soft_wrap=True)
+        if plan.output is not None:
+            with ResultStore(plan.db, readonly=True) as store:
+                common.write_output(store.records(run_id), plan.output, plan.db, run_id)
+        return
     if plan.resume:  # show and export the whole run, not only the cases run now
         with ResultStore(plan.db, readonly=True) as store:
             records = store.records(run_id)

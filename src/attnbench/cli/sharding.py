@@ -37,7 +37,7 @@ def apply(plan, shard_text: str | None, run_id: str | None):
         try:
             check_run_id(run_id)
         except ValueError as exc:
-            raise UserError(f"bad --run-id {shown(run_id)}: {exc}") from None
+            raise UserError(str(exc)) from None
     template = plan.db
     db = shardmod.db_path(plan.db, part)
     device = shardmod.device_for(plan.options.device, part)

@@ -71,6 +71,8 @@ def resolve(opts: dict, device: str) -> tuple[TimingConfig, str]:
     if device == "cpu" and (mode != "events" or profiler != "none"):
         what = f"--profiler {profiler}" if profiler != "none" else f"--timing {timing}"
         raise UserError(f"{what} needs a CUDA/ROCm device; on CPU attnbench times with perf_counter")
+    if opts.get("fresh_inputs") is True and opts.get("check") is False:  # it would rotate inputs, catching nothing
+        raise UserError("--fresh-inputs checks what the timed calls return, which --no-check turns off: drop one")
     cpu = device == "cpu"
     precise = PRECISE if opts.get("precise") is True else {}
     if precise and cpu:

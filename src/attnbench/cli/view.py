@@ -14,7 +14,7 @@ from attnbench.cli.common import UserError
 from attnbench.results import export as exportmod
 from attnbench.results import files
 from attnbench.results.record import STATUSES
-from attnbench.results.store import DEFAULT_DB, ResultStore
+from attnbench.results.store import DEFAULT_DB, ResultStore, check_run_id
 from attnbench.spec import PASSES
 
 Runs = Annotated[list[str] | None, typer.Option(
@@ -98,6 +98,19 @@ def resolve_runs(store: ResultStore, runs: list[str] | None) -> list[str]:
     return list(dict.fromkeys(resolve_run(store, r) for r in items))
 
 
+def file_stem(db: Path, run_ids: list[str]) -> str:
+    """The part of a file's name that names ``run_ids`` (``report-ID.html``, a plot's ``ID-ms-vs-seq_len``). Each
+    stored id must pass ``check_run_id``, which keeps it one plain name: an id written into the store by other
+    means (``../../x``) would otherwise put the file outside its folder."""
+    for run_id in run_ids:
+        try:
+            check_run_id(run_id, "stored run id")
+        except ValueError as exc:
+            raise UserError(f"{exc}; {db} holds it, and it cannot name a file: give the file's name with -o FILE"
+                            ) from None
+    return "+".join(run_ids)
+
+
 def chosen_line(store: ResultStore, runs: list[str] | None) -> str | None:
     """``latest_line`` when ``runs`` asks for ``latest`` (or nothing); None when the runs were named. A view
     prints it on stderr once it has done its work (a refusal stays one line)."""
@@ -173,7 +186,7 @@ def plot(
     outs = {}
     for item in ys:
         if output is None:
-            outs[item] = folder / f"{'+'.join(run_ids)}-{item}-vs-{x}"
+            outs[item] = folder / f"{file_stem(store.path, run_ids)}-{item}-vs-{x}"
         else:
             outs[item] = output if len(ys) == 1 else output.with_name(f"{output.stem}-{item}{output.suffix}")
         for path in plots.output_paths(outs[item]):  # all refused before any is drawn
@@ -212,7 +225,8 @@ def report(
         run_ids = resolve_runs(store, run)
         if output is None:  # beside the store, as plots are, not into whatever folder the command ran in
             more = f"+{len(run_ids) - 1}" if len(run_ids) > 1 else ""
-            output = files.check_output(store.path.parent / f"report-{run_ids[0]}{more}.html",
+            name = f"report-{file_stem(store.path, run_ids[:1])}{more}.html"
+            output = files.check_output(store.path.parent / name,
                                         "report (no -o given)", stores=(store.path,))
         text = html.build(store, run_ids)
         chosen = chosen_line(store, run)

@@ -250,6 +250,21 @@ def fits(value: float, dtype: str, what: str) -> None:
                          "would compute infinities; give a smaller value")
 
 
+SMALLEST = {"fp16": 6.103515625e-05, "bf16": 1.1754943508222875e-38, "fp32": 1.1754943508222875e-38,
+            "fp64": 2.2250738585072014e-308, "fp8": 1.1754943508222875e-38, "fp8-head": 1.1754943508222875e-38}
+"""The smallest normal value of each case dtype's score arithmetic (as ``LARGEST``): a divisor below it is
+subnormal or zero in the kernel, and dividing by it gives infinities, then NaN — bad input, not a wrong kernel."""
+
+
+def fits_as_divisor(value: float, dtype: str, what: str) -> None:
+    """ValueError when ``value``, which the kernel divides by, is past what ``dtype`` holds either way: larger
+    than ``LARGEST`` or smaller than ``SMALLEST`` (``--softcap 1e-320`` is 0 in fp32)."""
+    fits(value, dtype, what)
+    if abs(value) < SMALLEST.get(dtype, 0.0):
+        raise ValueError(f"{what} {value:g} underflows {dtype} (smallest normal {SMALLEST[dtype]:.4g}): the kernel "
+                         "would divide by zero or a subnormal and compute infinities; give a larger value")
+
+
 BOOLEAN_WORDS = {"both": (False, True), "true": (True,), "yes": (True,), "1": (True,), "on": (True,),
                  "false": (False,), "no": (False,), "0": (False,), "off": (False,)}
 """What a tri-state flag's value may be (``--causal``, ``--causal both``)."""

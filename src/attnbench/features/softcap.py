@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits, shown
+from attnbench.features.base import Feature, FeatureError, Option, finite_number, fits_as_divisor, shown
 
 SCORE_SPREAD = 4.0
 """The scaled scores of a case with a softcap c are drawn with a standard deviation of c / SCORE_SPREAD (module doc)."""
@@ -54,7 +54,7 @@ class Softcap(Feature):
     def check(self, value, spec) -> None:
         if not (isinstance(value, float) and math.isfinite(value) and value > 0):
             raise ValueError(f"softcap must be a finite number > 0, got {value!r}")
-        fits(value, spec.dtype, "softcap")
+        fits_as_divisor(value, spec.dtype, "softcap")  # the scores are divided by it
 
     def label(self, value) -> str:
         return f"softcap{value:g}"

@@ -40,6 +40,8 @@ API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
 CELL = 6  # characters of a cell (value and marks)
 HEADER_MAX = 10  # a column widens up to this for its title's parts ("flashinfer", "kvcache")
 BEST, TIE, DROP, FAILED, BUSY = "*", "≈", "↓", "!", "?"
+RAN = ("ok", "mismatch", "nan", "implausible")
+"""Statuses of a kernel that ran the case: a row with one such kernel marks none fastest."""
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
                "implausible": "imp"}
 
@@ -317,7 +319,8 @@ def _row_cells(row: str, members: dict[str, list[Record]], approx_cols: set[str]
                      and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
         if col in shown and pick.value is not None and ran_exact and col not in approx_cols:
             candidates.append((col, pick))
-    top = fastest(candidates, scale.metric, scale.higher)
+    ran = sum(any(r.status in RAN for r in recs) for recs in members.values())
+    top = fastest(candidates, scale.metric, scale.higher) if ran > 1 else []  # one kernel ran: no race
     tied = unresolved(top, candidates, scale.higher)
     for col in top:
         cells[(row, col)].best = True

@@ -56,8 +56,9 @@ def _decoded(item: dict) -> dict:
     return item
 
 
-def format_for(path: Path) -> str:
+def format_for(path: str | Path) -> str:
     """json or csv from the file suffix; ValueError for anything else."""
+    path = Path(path)
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in FORMATS:
         raise ValueError(f"cannot tell the output format of {str(path)!r}: use a .json, .csv or .parquet file name")
@@ -66,9 +67,10 @@ def format_for(path: Path) -> str:
     return suffix
 
 
-def write(records: list[Record] | list[dict], path: Path, fmt: str | None = None) -> None:
+def write(records: list[Record] | list[dict], path: str | Path, fmt: str | None = None) -> None:
     """Write records (Record objects or store rows) to ``path`` as JSON, CSV or Parquet: the file is replaced
     whole (``files.write_atomic``); FileRefused for a path that is a database or a store's side file."""
+    path = Path(path)
     rows = [r.to_row() if isinstance(r, Record) else r for r in records]
     fmt = fmt or format_for(path)
     items = export_rows(rows)
@@ -106,8 +108,9 @@ def dumps(records: list[Record] | list[dict], fmt: str) -> str:
     raise ValueError(f"{fmt} cannot be written as text; give an output file with -o")
 
 
-def read(path: Path, fmt: str | None = None) -> list[dict]:
+def read(path: str | Path, fmt: str | None = None) -> list[dict]:
     """Rows of an exported file, typed as ``export_rows`` returns them (JSON columns decoded)."""
+    path = Path(path)
     fmt = fmt or format_for(path)
     if fmt == "json":
         return json.loads(path.read_text())

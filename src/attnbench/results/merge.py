@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnbench.results.record import COLUMNS
-from attnbench.results.store import ADD_ENV, ResultStore
+from attnbench.results.store import ADD_ENV, BadRunId, ResultStore, check_run_id
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,8 @@ def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
     try:
         with contextlib.ExitStack() as stack:
             sources = [(path, stack.enter_context(ResultStore(path, readonly=True))) for path in inputs]
+            for path, src in sources:
+                _check_ids(path, src)
             out = stack.enter_context(ResultStore(out_path))  # opened once every input is known to be good
             out.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -96,6 +98,17 @@ def merge(out_path: Path, inputs: list[Path]) -> MergeSummary:
                 p.unlink(missing_ok=True)
         raise
     return summary
+
+
+def _check_ids(path: Path, src: ResultStore) -> None:
+    """BadRunId for a run id of ``src`` that ``check_run_id`` refuses: views name files after run ids, so one
+    written into a store by other means (``../x``) is not carried into another store."""
+    ids = src.conn.execute("SELECT run_id FROM runs UNION SELECT DISTINCT run_id FROM records").fetchall()
+    for (run_id,) in ids:
+        try:
+            check_run_id(run_id, "run id")
+        except BadRunId as exc:
+            raise BadRunId(f"{exc}; {path} holds it, so nothing was merged: leave that file out") from None
 
 
 def _copy_into(out: ResultStore, sources: list[tuple[Path, ResultStore]]) -> MergeSummary:

@@ -245,6 +245,10 @@ class RunClaimed(StoreError):
     """A run id that this process may not write to (it exists, or another live process writes it)."""
 
 
+class RunFinished(RunClaimed):
+    """A resume of a run that finished: every case has its record, and the run is left as it is."""
+
+
 _CHECKED: set[tuple] = set()
 """``file_stamp`` of the stores found sound in this process (a store is checked once per state)."""
 def check_layout(conn: sqlite3.Connection, path: Path) -> int | None:
@@ -282,19 +286,31 @@ RESERVED_RUN_IDS = ("latest",)
 """Words the views read as something else (``--run latest`` = the newest run)."""
 
 
-def check_run_id(run_id: str) -> str:
-    """A run id a user gave, or ValueError: 1..64 of letters, digits, ``. _ - +``, not starting with ``.`` or
-    ``-`` (it names plot folders and files, so no path separators, no ``..``), not a reserved word."""
+class BadRunId(ValueError):
+    """A run id that may not name a run (``check_run_id``): bad input, one line."""
+
+
+def check_run_id(run_id: str, what: str = "--run-id") -> str:
+    """``run_id`` if it may name a run, else BadRunId: 1..64 of letters, digits, ``. _ - +``, not starting with
+    ``.`` or ``-`` (it names plot folders and files, so no path separators, no ``..``), not a reserved word.
+
+    The one check of every id, wherever it comes from (``what`` says where, for the message): the command line,
+    the Python API, ``--resume``, a store merged in, a stored id read back to name a file, and a new run's claim
+    (``ResultStore.start_run``)."""
     rule = f"use 1 to {MAX_RUN_ID} letters, digits, '.', '_', '-' or '+'"
+    if not isinstance(run_id, str):
+        raise BadRunId(f"bad {what} {run_id!r:.80}: it is a {type(run_id).__name__}, not text; {rule}")
+    shown = f"{run_id!r:.80}"
     if not run_id or len(run_id) > MAX_RUN_ID:
-        raise ValueError(f"it has {len(run_id)} characters; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it has {len(run_id)} characters; {rule}")
     bad = sorted(set(run_id) - RUN_ID_CHARS)
     if bad:
-        raise ValueError(f"it holds {''.join(bad)[:10]!r}; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it holds {''.join(bad)[:10]!r}; {rule}")
     if run_id[0] in ".-" or ".." in run_id:
-        raise ValueError(f"it may not start with '.' or '-' nor hold '..'; {rule}")
+        raise BadRunId(f"bad {what} {shown}: it may not start with '.' or '-' nor hold '..'; {rule}")
     if run_id.lower() in RESERVED_RUN_IDS:
-        raise ValueError(f"{run_id!r} is reserved (--run latest means the newest run); use another id")
+        raise BadRunId(f"bad {what} {shown}: {run_id!r} is reserved (--run latest means the newest run); use "
+                       "another id")
     return run_id
 
 
@@ -405,7 +421,10 @@ class ResultStore:
             files.fsync_folder(self.path.parent)
         except BaseException as exc:
             for p in (tmp, *(tmp.with_name(tmp.name + s) for s in files.SIDE_SUFFIXES)):
-                p.unlink(missing_ok=True)
+                # on a read-only file system even a name that is not there fails to go (EROFS, not ENOENT): the
+                # failure that brought us here is the one to tell
+                with contextlib.suppress(OSError):
+                    p.unlink(missing_ok=True)
             for folder in made:  # deepest first; only what this call made and left empty
                 try:
                     folder.rmdir()
@@ -619,7 +638,9 @@ class ResultStore:
                   resume: bool = False) -> None:
         """Claim ``run_id`` for this process, atomically: a new id is inserted; an existing one is taken only
         by a resume (``resume=True``) and only when the process that ran it is gone. Raises RunClaimed
-        otherwise, so two processes never write one run."""
+        otherwise, so two processes never write one run; BadRunId for an id ``check_run_id`` refuses (views
+        name files after it)."""
+        check_run_id(run_id, "run id")
         with self._writing(run_id):
             self._claim(run_id, command, config, env_id, version, resume)
 
@@ -633,6 +654,9 @@ class ResultStore:
             if row is not None and not resume:
                 raise RunClaimed(f"run {run_id} already exists in {self.path}; choose another --run-id "
                                  f"(or --resume {run_id} to complete it)")
+            if row is not None and row["status"] == "done":  # its end (time, process) stays as it was
+                raise RunFinished(f"run {run_id} already finished: {self.path} holds a record of each of its cases; "
+                                  "nothing to resume")
             if row is not None and row["status"] == "running" and row["pid"] is not None:
                 if row["host"] != host:
                     raise RunClaimed(f"run {run_id} is marked running by pid {row['pid']} on {row['host']}; "

@@ -166,7 +166,12 @@ class Indexer:
         # a CPU: a fresh sequence's 512 queries over their own 512 keys, top-k 128 unless given (its first 127
         # queries see fewer keys than top-k: a kernel that pads with keys they cannot see fails)
         small = bool(options.get("small"))
-        seqs = [s[0] for s in axes.get("seq_lens") or [(512 if small else 4096,)]]
+        groups = axes.get("seq_lens") or [(512 if small else 4096,)]
+        if any(len(s) > 1 for s in groups):  # its first length alone would be measured
+            raise ValueError(f"an indexer case is one sequence, not a group "
+                             f"({','.join(map(str, next(s for s in groups if len(s) > 1)))}): give --seq-lens "
+                             "a length per case")
+        seqs = [s[0] for s in groups]
         specs = [IndexerSpec(s_q=s_q, s_kv=s_kv or max(s_q, 512 if small else 8192), heads=heads, dim=dim, topk=topk)
                  for s_q, s_kv, heads, dim, topk in itertools.product(
                      seqs, axes.get("kv_seq_lens") or [None], axes.get("q_heads") or [INDEX_HEADS],

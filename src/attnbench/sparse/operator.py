@@ -170,7 +170,7 @@ class SparseMla:
             for name, axis in (("d_qk", "head_sizes"), ("d_v", "head_sizes_v")):
                 if axes.get(axis):
                     fields[name] = axes[axis][0]
-            if options.get("indices"):
+            if options.get("indices") is not None:  # --indices '' is refused by the spec, not read as the default
                 fields["indices"] = options["indices"]
             invalid = options.get("invalid")
             fields.update(sink=bool(options.get("sink")), topk_length=bool(options.get("topk_length")),

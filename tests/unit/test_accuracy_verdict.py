@@ -166,7 +166,7 @@ def test_the_docs_state_the_constants_the_code_uses():
     text = Path(__file__).resolve().parents[2].joinpath("docs", "fidelity.md").read_text()
     section = text[text.index("## The accuracy verdict"):]
     tol = Tolerance()
-    for name in ("k", "k_max", "floor_ulps", "sys_floor_ulps"):
+    for name in ("k", "k_max", "floor_ulps", "sys_floor_ulps", "z"):
         assert f"**{name} = {getattr(tol, name):g}**" in section, name
     exps = {"bf16": 8, "fp16": 11, "fp32": 24, "fp64": 53}
     assert "**" + ", ".join(f"{d} 2^-{e}" for d, e in exps.items()) + "**" in section.replace("\n", " ")

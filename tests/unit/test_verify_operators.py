@@ -90,7 +90,7 @@ def test_the_api_verifies_an_operator_and_a_preset_at_its_heads(tmp_path):
 def test_given_lengths_are_checked_as_asked(tmp_path, capsys):
     code, rows = verify(tmp_path, capsys, "--op", "gdn", "--seq-lens", "21", "--q-heads", "2", "--head-size", "8",
                         "--backends", "torch-chunked")
-    assert code == 0 and [r["case"] for r in rows] == ["gdn b1 s21 h2 k8 v8 bf16 l2"]
+    assert code == 0 and [r["case"] for r in rows] == ["gdn b1 s21 h2 k8 v8 bf16 h0 l2"]
     assert rows[0]["pass"] == "fwd_bwd"
 
 

@@ -155,8 +155,8 @@ class Recurrence:
         initial state ignored or read at the wrong sequence), with twice as many value heads as q/k heads (GVA:
         value head hv must read q/k head hv // 2); a dense batch from a zero state; one decode step; each with a
         chunk that divides no length (a lost partial chunk). ``given``: the options the user set (``q_heads``,
-        ``v_heads``, ``head_size``, ``head_size_v``, ``chunk``, ``decode``); those keep ``asked``'s values (a
-        preset's heads), and ``decode`` keeps the decode case alone."""
+        ``v_heads``, ``head_size``, ``head_size_v``, ``chunk``, ``decode``, ``initial_state``); those keep ``asked``'s
+        values (a preset's heads; the state for every prefill case), and ``decode`` keeps the decode case alone."""
         gpu = device.startswith("cuda")
         h, d, dv, chunk = (4, 128, 128, 64) if gpu else (2, 16, 24, 16)
         shapes = [dict(seqlens=(1000, 1, 577, 300) if gpu else (37, 1, 70), initial_state=True, group=2),
@@ -172,6 +172,8 @@ class Recurrence:
                                   ("head_size_v", ("d_v",)), ("chunk", ("chunk",))):
                 if option in given:
                     fields.update({name: getattr(asked, name) for name in names})
+            if "initial_state" in given and not fields["decode"]:  # --(no-)initial-state: every prefill case
+                fields["initial_state"] = asked.initial_state
             if "v_heads" in given:
                 fields["heads_v"] = asked.heads_v
             elif "q_heads" in given:  # the shape's ratio of value heads to q/k heads, over the given q/k heads

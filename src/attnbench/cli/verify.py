@@ -88,8 +88,10 @@ def build_verify_plan(ctx: typer.Context) -> run_cmd.RunPlan:
 OPERATOR_SHAPES = ("seq_lens", "kv_seq_lens", "batch_size", "topk")
 """Options that give another operator's cases their lengths: with one, verify checks the cases as asked."""
 OPERATOR_SETTINGS = ("q_heads", "v_heads", "head_size", "head_size_v", "chunk", "decode", "sink", "topk_lengths",
-                     "extra_cache", "indices")
+                     "extra_cache", "indices", "empty_slots", "repeated_slots", "initial_state")
 """Options that the bug-prone cases of another operator keep (``bug_prone``'s ``given``)."""
+SWITCHES = ("initial_state",)
+"""Settings whose "off" is a choice too (``--no-initial-state``), given when not None."""
 
 
 def operator_cases(asked: list, cfg: dict, device: str) -> list:
@@ -98,7 +100,8 @@ def operator_cases(asked: list, cfg: dict, device: str) -> list:
     from attnbench import operators
     if any(cfg.get(name) for name in OPERATOR_SHAPES):
         return asked
-    given = frozenset(name for name in OPERATOR_SETTINGS if cfg.get(name) not in (None, False, [], ()))
+    given = frozenset(name for name in OPERATOR_SETTINGS
+                      if cfg.get(name) not in (None, False, [], ()) or (name in SWITCHES and cfg.get(name) is False))
     try:
         return list(dict.fromkeys(spec for a in asked for spec in operators.of(a).bug_prone(a, given, device)))
     except ValueError as exc:

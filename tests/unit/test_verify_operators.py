@@ -200,3 +200,12 @@ def test_the_grid_names_the_operators_cases_within_100_columns(tmp_path, capsys,
     for words in ("top-k 32 indexer", "lengths", "sink", "extra 40x12", "fp8 decode"):
         assert words in " ".join(grid.split()), words
     assert "✗" in grid and "failed its check" in grid
+
+
+def test_no_initial_state_reaches_every_prefill_case_and_no_decode_case():
+    from attnbench import operators
+    from attnbench.linear.spec import RecurrenceSpec
+    asked = RecurrenceSpec(kind="gdn", heads_qk=2, d_k=16, initial_state=False)
+    cases = operators.get("recurrence").bug_prone(asked, frozenset({"initial_state"}), "cpu")
+    assert [c.initial_state for c in cases if not c.decode] == [False, False]
+    assert all(c.initial_state for c in cases if c.decode)

@@ -152,12 +152,18 @@ class _WrongSparse(SparseTorch):
         return Prepared(fn=call)
 
 
-def test_a_sparse_kernel_that_reads_empty_slots_fails_verify_at_the_causal_prefill(tmp_path, capsys, plugin):
+def test_a_sparse_kernel_that_reads_empty_slots_fails_verify_in_every_case(tmp_path, capsys, plugin):
+    """Every case draws empty slots anywhere in its lists, and the causal prefill's first queries have -1 at their
+    ends: a kernel that reads -1 as row 0 fails them all; with no slot emptied it fails the causal prefill alone."""
     plugin("wrong-sparse", _WrongSparse)
     code, rows = verify(tmp_path, capsys, "--op", "sparse-mla", "--backends", "wrong-sparse")
     assert code == 1
+    checked = {r["case"] for r in rows if r["status"] in ("ok", "mismatch")}
     failed = {r["case"] for r in rows if r["status"] == "mismatch"}
-    assert failed and all(" q77 kv77 " in case for case in failed), failed  # s_q = s_kv: the -1 slots
+    assert checked and failed == checked, checked - failed
+    code, rows = verify(tmp_path, capsys, "--op", "sparse-mla", "--backends", "wrong-sparse", "--empty-slots", "0")
+    failed = {r["case"] for r in rows if r["status"] == "mismatch"}
+    assert code == 1 and failed and all(" q77 kv77 " in case for case in failed), failed  # s_q = s_kv: the -1 slots
     assert any(r["status"] == "ok" for r in rows)  # cases without empty slots pass: the rest is right
 
 

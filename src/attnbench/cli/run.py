@@ -67,8 +67,9 @@ def check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
                         "(--baseline alone means --metric speedup)")
 
 
-def show_summary(records: list, config: dict, device_name: str = "") -> None:
-    """The summary pivot of ``records`` (--metric / --baseline from ``config``), laid out for the terminal."""
+def show_summary(records: list, config: dict, device_name: str = "", planned: int | None = None) -> None:
+    """The summary pivot of ``records`` (--metric / --baseline from ``config``), laid out for the terminal;
+    ``planned``: the cases the run set out to run (``summary.build``)."""
     from attnbench.report import summary
     metric, baseline = config.get("metric"), config.get("baseline")
     metric = str(metric or ("speedup" if baseline else "tflops")).lower()
@@ -76,7 +77,7 @@ def show_summary(records: list, config: dict, device_name: str = "") -> None:
         common.console.print("no cases ran", highlight=False)
         return
     built = summary.build(records, metric=metric, baseline=baseline, width=common.summary_width(),
-                          device=device_name)
+                          device=device_name, planned=planned)
     summary.render(built, common.view_console())
 
 
@@ -398,6 +399,11 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
     runner.on_case = on_case
     cases = runner.cases(plan.specs)
+    try:  # the run's whole plan (a resumed run's earlier cases too): an interrupted run shows what it lacks
+        store.plan_cases(run_id, len(before) + len(cases))
+    except BaseException:
+        store.close()
+        raise
     task = progress.add_task("measuring", total=len(cases))
     hint = control.resume_hint(run_id, plan.db)
     # An isolated run waits for its worker in select(), which a signal interrupts: it stops the usual way, and

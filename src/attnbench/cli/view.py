@@ -263,6 +263,27 @@ def export(
     say(chosen)
 
 
+def planned_cases(run: dict, stored: int) -> int:
+    """The cases ``run`` set out to run: its stored count (runs of this version of ``attnbench run``), else the
+    ``stored`` records it holds."""
+    return max(run.get("cases") or 0, stored)
+
+
+def unfinished_line(store: ResultStore, run_ids: list[str]) -> str | None:
+    """For runs of ``attnbench run`` that were stopped: how far each got and the command that completes it."""
+    from attnbench.cli.control import resume_hint
+
+    lines = []
+    for run_id in run_ids:
+        run = store.run(run_id) or {}
+        if run.get("status") != "interrupted" or run_command(run) not in ("run", None):
+            continue
+        stored = len(store.case_ids(run_id))
+        lines += [f"run {run_id} was stopped after {stored} of {planned_cases(run, stored)} cases; to complete it:",
+                  "  " + resume_hint(run_id, store.path).removeprefix("resume with: ")]
+    return "\n".join(lines) or None
+
+
 def show(
     run: Runs = None,
     db: common.Db = None,
@@ -282,6 +303,8 @@ def show(
         rows = select_rows(store, run_ids, backend)
         env = store.env(store.run(run_ids[0])["env_id"] or "") or {}
         chosen = chosen_line(store, run)
+        planned = None if backend else sum(planned_cases(store.run(r), len(store.case_ids(r))) for r in run_ids)
+        unfinished = unfinished_line(store, run_ids)
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
     records = [Record.from_row(r) for r in rows]
@@ -291,7 +314,9 @@ def show(
         return
     config = {"metric": metric, "baseline": baseline}
     check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
-    show_summary(records, config, env.get("device_name") or "")
+    show_summary(records, config, env.get("device_name") or "", planned=planned)
+    if unfinished:
+        common.console.print(unfinished, highlight=False, markup=False, soft_wrap=True)  # the command stays whole
     say(chosen)
 
 
@@ -322,10 +347,11 @@ def runs(db: common.Db = None) -> None:
     table.add_column("command", overflow="fold")
     for r in listed:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
+        planned = planned_cases(r, ok + bad)  # a stopped run's missing cases count against it
         when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
         env = devices[r["run_id"]]
         table.add_row(markup(r["run_id"]), when, markup(r["status"] or "-"), markup(env.get("device_name") or "-"),
-                      f"{ok}/{ok + bad}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
+                      f"{ok}/{planned}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
     common.console.print(table)
 
 

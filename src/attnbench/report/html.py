@@ -129,7 +129,7 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     ok = sum(r.status == "ok" for r in records)
     parts = [f'<section class="run" id="run-{escape(run_id)}">', f"<h2>Run {escape(run_id)}</h2>",
              f'<p class="lead">{escape(device)} · {escape(started)} · run {escape(run.get("status") or "?")} · '
-             f"{ok} of {len(records)} cases ran · {command_html(run.get('command') or '')}"]
+             f"{ok} of {max(run.get('cases') or 0, len(records))} cases ran · {command_html(run.get('command') or '')}"]
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
     answer = summary.build(records, device=device, width=PIVOT_WIDTH)

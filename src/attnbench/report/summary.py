@@ -202,8 +202,9 @@ def api_kernel(name: str, present: set[str]) -> str:
 
 
 def build(records: list[Record], *, metric: str = "tflops", baseline: str | None = None,
-          width: int = 100, device: str = "") -> Summary:
-    """The summary of ``records`` laid out for ``width`` columns."""
+          width: int = 100, device: str = "", planned: int | None = None) -> Summary:
+    """The summary of ``records`` laid out for ``width`` columns; ``planned``: the cases the run set out to run
+    (its stored count: more than the records when it was stopped), None: as many as the records."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
     higher = metric != "ms"
@@ -248,7 +249,7 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     unit += f" vs {baseline}" if metric == "speedup" else ""
     ok = sum(r.status == "ok" for r in records)
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
-              f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
+              f"{' (median)' if metric == 'ms' else ''} · {ok} of {max(planned or 0, len(records))} cases ran")
     notes = _notes(records, pivots, merged, approx, approx_column, metric)
     return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
 

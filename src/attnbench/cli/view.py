@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -320,10 +321,33 @@ def show(
     say(chosen)
 
 
-def runs(db: common.Db = None) -> None:
-    """List the runs of a results file: id, when, status, device, cases ok of all, command."""
+DEVICE_WORDS = ("NVIDIA ", "(R)", "(TM)", " Processor", " CPU")
+"""Words a device name in ``runs`` goes without (the vendor's marks; the CPU model stays)."""
+DEVICE_WIDTH = 14
+"""Columns of a device's name in ``runs`` (without --full): 'H100 80GB HBM3', 'AMD EPYC 7B13…'."""
+
+
+def short_device(name: str) -> str:
+    """A device's name as the ``runs`` table shows it: 'H100 80GB HBM3', 'AMD EPYC 7B13 64-Core'."""
+    for word in DEVICE_WORDS:
+        name = name.replace(word, "")
+    return " ".join(name.split()) or "-"
+
+
+def short_command(command: str) -> str:
+    """A run's command without the ``attnbench`` every stored command starts with."""
+    words = " ".join(command.split())
+    return words.removeprefix("attnbench ") or "-"
+
+
+def runs(
+    db: common.Db = None,
+    full: Annotated[bool, typer.Option("--full", help="Every device and command whole, folded over lines.")] = False,
+) -> None:
+    """List the runs of a results file, one line each: id, when, status, device, cases ok of the run's, command."""
     import datetime
 
+    from rich import box
     from rich.table import Table
 
     from attnbench.report.safe_text import markup
@@ -335,23 +359,39 @@ def runs(db: common.Db = None) -> None:
     if not listed:
         common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
         return
-    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left")
-    # What a user copies into `show` / `compare` (the id) and the short columns stay on one line, whole;
-    # the device and the command fold into the width that is left.
-    id_width = max(len(r["run_id"]) for r in listed)
-    table.add_column("run", no_wrap=True, min_width=id_width)
-    table.add_column("started", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("device", overflow="fold")
-    table.add_column("ok", justify="right", no_wrap=True)
-    table.add_column("command", overflow="fold")
+    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), caption=None if full else
+                  "devices and commands cut to fit: attnbench runs --full", caption_justify="left")
+    # One line per run: what a user copies into `show` / `compare` (the id) stays whole, the short columns too;
+    # the device and the command are cut to the width left (--full folds them instead).
+    years = {time.localtime(r["created_at"]).tm_year for r in listed if r["created_at"]}
+    stamp = "%Y-%m-%d %H:%M" if len(years) > 1 or full else "%m-%d %H:%M"  # one year: said in the header
+    rows = []
     for r in listed:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
         planned = planned_cases(r, ok + bad)  # a stopped run's missing cases count against it
-        when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
+        when = datetime.datetime.fromtimestamp(r["created_at"]).strftime(stamp) if r["created_at"] else "-"
         env = devices[r["run_id"]]
-        table.add_row(markup(r["run_id"]), when, markup(r["status"] or "-"), markup(env.get("device_name") or "-"),
-                      f"{ok}/{planned}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
+        device, command = env.get("device_name") or "-", r["command"] or "-"
+        if not full:
+            device, command = short_device(device), short_command(command)
+        rows.append((r["run_id"], when, r["status"] or "-", device, f"{ok}/{planned}", command))
+    if len(years) == 1 and not full:
+        table.title = markup(f"runs in {store.path}, started in {years.pop()}")
+    heads = ("run", "started", "status", "device", "ok", "command")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
+    if not full:  # the short columns whole, the device cut at DEVICE_WIDTH, the command in what is left
+        widths[3] = min(widths[3], DEVICE_WIDTH)
+        widths[5] = max(len(heads[5]), common.console.width - sum(widths[:5]) - 2 * (len(heads) - 1) - 1)
+        # (each column's right padding and the divider: 2 columns between two; 1 left for the terminal)
+    cut = "fold" if full else "ellipsis"
+    for i, head in enumerate(heads):
+        short = i not in (3, 5)
+        table.add_column(head, justify="right" if head == "ok" else "left", no_wrap=short or not full,
+                         overflow="fold" if short else cut, min_width=widths[i] if short else None,
+                         max_width=None if short or full else widths[i])
+    for row in rows:
+        table.add_row(*map(markup, row))  # whatever the store holds, shown as text
     common.console.print(table)
 
 

@@ -51,8 +51,13 @@ def latest_timed(runs: list[dict]) -> dict | None:
     return (timed or runs or [None])[-1]
 
 
+LINE_WIDTH = 100
+"""Columns of the line that names the run ``latest`` chose: its command is cut to fit them."""
+
+
 def latest_line(store: ResultStore, run_id: str) -> str:
-    """One line saying which run ``latest`` chose, naming the newer runs it passed over."""
+    """Which run ``latest`` chose, in one line of at most LINE_WIDTH columns (its command cut to fit), and the
+    newer runs it passed over, in a second line when there are any."""
     import datetime
 
     runs = store.runs()
@@ -60,17 +65,23 @@ def latest_line(store: ResultStore, run_id: str) -> str:
     run, newer = runs[index], runs[index + 1:]
     when = (datetime.datetime.fromtimestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M")
             if run.get("created_at") else "?")
-    command = " ".join((run.get("command") or "?").split())
-    command = command if len(command) <= 60 else command[:59] + "…"
     if newer:
-        kinds = collections.Counter(run_command(r) for r in newer)
-        counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-        why = f"the newest sweep of attnbench run; newer: {counted} (--run {newer[-1]['run_id']})"
+        why = "the newest sweep"  # of attnbench run: the next line names the newer runs of other commands
     elif run_command(run) in PASSED_OVER:
         why = f"the newest run, a {run_command(run)}: no run in this store is a sweep of attnbench run"
     else:
         why = "the newest run"
-    return f"attnbench: run {run_id} ({when}, {command}): {why}"
+    head, tail = f"attnbench: run {run_id} ({when}", f"): {why}"
+    room = LINE_WIDTH - len(head) - len(tail) - 2  # ", " before the command
+    command = short_command(run.get("command") or "?")
+    if len(command) > room:
+        command = command[:room - 1] + "…" if room >= 12 else ""  # a stub of a command says nothing
+    line = head + (f", {command}" if command else "") + tail
+    if newer:
+        kinds = collections.Counter(run_command(r) for r in newer)
+        counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        line += f"\nattnbench: passed over newer runs, not sweeps: {counted} (--run {newer[-1]['run_id']})"
+    return line
 
 
 def resolve_run(store: ResultStore, text: str) -> str:

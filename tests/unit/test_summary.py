@@ -116,6 +116,18 @@ def test_ties_at_the_precision_shown_are_all_marked_and_a_busy_rival_leaves_the_
     assert cells["naive"].best and cells["naive"].text == "200?*"
 
 
+def test_a_kernel_alone_in_its_row_is_not_marked_fastest():
+    alone = [rec("naive", 128, False, "fwd", 0.1), rec("naive", 256, False, "fwd", 0.2),
+             rec("sdpa-flash", 256, False, "fwd", 0.3), rec("sdpa-flash", 512, False, "fwd", None,
+                                                             status="unsupported", reason="no")]
+    built = summary.build(alone)
+    assert not rows_of(built, "128")["naive"].best and rows_of(built, "128")["naive"].text == "100"
+    assert rows_of(built, "256")["sdpa-flash"].best  # two ran: the faster is marked
+    one = summary.build([rec("naive", s, False, "fwd", 0.1) for s in (128, 256)])
+    lines = rendered(one)
+    assert not any("*" in line for line in lines), lines  # no mark, and no footnote explaining one
+
+
 def with_ci(r: Record, half_pct: float) -> Record:
     r.info["median_ci95_ms"] = [r.median_ms * (1 - half_pct / 100), r.median_ms * (1 + half_pct / 100)]
     return r

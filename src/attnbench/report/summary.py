@@ -318,7 +318,9 @@ def _row_cells(row: str, members: dict[str, list[Record]], approx_cols: set[str]
                      and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
         if col in shown and pick.value is not None and ran_exact and col not in approx_cols:
             candidates.append((col, pick))
-    top = fastest(candidates, scale.metric, scale.higher)
+    ran = sum(any(r.median_ms is not None for r in recs) for recs in members.values())  # timed, right or wrong
+    # a kernel alone in its row (the others did not run it) is the fastest of nothing: no mark
+    top = fastest(candidates, scale.metric, scale.higher) if ran > 1 else []
     tied = unresolved(top, candidates, scale.higher)
     for col in top:
         cells[(row, col)].best = True

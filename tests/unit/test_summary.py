@@ -128,6 +128,17 @@ def test_a_kernel_alone_in_its_row_is_not_marked_fastest():
     assert not any("*" in line for line in lines), lines  # no mark, and no footnote explaining one
 
 
+def test_each_mark_of_the_legend_is_an_item_of_its_own_on_a_page():
+    from attnbench.report import html_tables
+    marks = [rec("naive", 128, False, "fwd", 0.2), rec("sdpa-math", 128, False, "fwd", 0.1)]
+    marks[0].info["cpu"] = {"busy": True, "threads": 1, "cores": 2}
+    built = summary.build(marks)
+    assert built.legend == ["* fastest exact kernel", "? CPU busy with other processes (1)"]
+    assert "* fastest exact kernel   ? CPU busy with other processes (1)" in rendered(built)  # one terminal line
+    page = html_tables.pivot_html(built)
+    assert "<li>* fastest exact kernel</li><li>? CPU busy with other processes (1)</li>" in page
+
+
 def with_ci(r: Record, half_pct: float) -> Record:
     r.info["median_ci95_ms"] = [r.median_ms * (1 - half_pct / 100), r.median_ms * (1 + half_pct / 100)]
     return r

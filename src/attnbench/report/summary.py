@@ -148,6 +148,10 @@ class Summary:
     shape: str = ""
     """The axes every case shares (e.g. ``b2 h16 d128 bf16``), for titles."""
     notes: list[str] = field(default_factory=list)
+    """Footnotes, one line each."""
+    legend: list[str] = field(default_factory=list)
+    """What each mark in the cells means, one item a mark: a terminal shows them on one line (``LEGEND_GAP``
+    apart), a page as items of their own (HTML would fold the gap into one space and run them together)."""
     approx: list[str] = field(default_factory=list)
     """The approximate backends (their columns, when they have their own)."""
     unit: str = "TF/s"
@@ -250,8 +254,9 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     ok = sum(r.status == "ok" for r in records)
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
               f"{' (median)' if metric == 'ms' else ''} · {ok} of {max(planned or 0, len(records))} cases ran")
-    notes = _notes(records, pivots, merged, approx, approx_column, metric)
-    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
+    legend, notes = _notes(records, pivots, merged, approx, approx_column, metric)
+    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, legend=legend, approx=approx,
+                   unit=unit)
 
 
 def _in_header(axis: str, value: str) -> str:
@@ -385,7 +390,12 @@ def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
     return Cell(text, value, busy=busy, record=rec)
 
 
-def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
+LEGEND_GAP = "   "
+"""Between two items of the legend on a terminal's line."""
+
+
+def _notes(records, pivots, merged, approx, approx_column, metric) -> tuple[list[str], list[str]]:
+    """(the legend of the marks shown, the footnotes)."""
     shown = [g.cells[(row, c)] for pivot in pivots for g in pivot.groups for row in g.rows
              for c in [*pivot.columns, *([pivot.approx_column] if pivot.approx_column else [])] if (row, c) in g.cells]
     legend = [f"{BEST} fastest exact kernel"] if any(c.best and not c.tie for c in shown) else []
@@ -395,7 +405,7 @@ def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
                           (BUSY, "CPU busy with other processes")):
         if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
             legend.append(f"{mark} {meaning} ({n})")
-    notes = ["   ".join(legend)] if legend else []
+    notes = []
     if ties:
         notes.append(f"{TIE} the fastest exact kernel and those whose 95% interval of the median overlaps its own: "
                      "not ranked")
@@ -415,7 +425,7 @@ def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
                      + "; ".join(f"{col} = {col}, {', '.join(others)}" for col, others in shared.items()))
     for status, reason, n, names in reason_groups([r for r in records if r.status != "ok"]):
         notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed(names)})")
-    return notes
+    return legend, notes
 
 
 def header_lines(name: str, width: int | None = None) -> str:
@@ -461,7 +471,7 @@ def render(summary: Summary, console) -> None:
                 table.add_row(*([label] if grouped else []), row, *texts,
                               end_section=i == len(group.rows) - 1 and gi < len(pivot.groups) - 1)
         console.print(table)
-    for note in summary.notes:
+    for note in ([LEGEND_GAP.join(summary.legend)] if summary.legend else []) + summary.notes:
         console.print(note, highlight=False, markup=False, overflow="fold")
 
 

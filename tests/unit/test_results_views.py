@@ -70,8 +70,8 @@ def test_memory_and_sparsity_plot_from_recorded_values(synth_rows, tmp_path):
 
 
 def _calm(rows: list[dict]) -> list[dict]:
-    """The rows as if the CPU had been idle: a case timed while other processes used the CPU is a line of its
-    own, and how busy this machine was must not decide what a layout test sees."""
+    """The rows as if the CPU had been idle: how busy this machine was must not decide what a layout test
+    sees."""
     out = []
     for r in rows:
         info = json.loads(r["info"] or "{}")

@@ -133,10 +133,14 @@ def test_each_mark_of_the_legend_is_an_item_of_its_own_on_a_page():
     marks = [rec("naive", 128, False, "fwd", 0.2), rec("sdpa-math", 128, False, "fwd", 0.1)]
     marks[0].info["cpu"] = {"busy": True, "threads": 1, "cores": 2}
     built = summary.build(marks)
-    assert built.legend == ["* fastest exact kernel", "? CPU busy with other processes (1)"]
-    assert "* fastest exact kernel   ? CPU busy with other processes (1)" in rendered(built)  # one terminal line
+    busy = "? CPU busy with other processes: not an idle machine's speed (1)"
+    assert built.legend == ["* fastest exact kernel", busy]
+    assert f"* fastest exact kernel   {busy}" in rendered(built)  # one terminal line
     page = html_tables.pivot_html(built)
-    assert "<li>* fastest exact kernel</li><li>? CPU busy with other processes (1)</li>" in page
+    assert f"<li>* fastest exact kernel</li><li>{busy.replace(chr(39), '&#x27;')}</li>" in page
+    assert page.count("<li>?") == 1  # one mark, explained once
+    items = ["* fastest exact kernel", "↓ SM clock fell >10% in the case (1)", built.legend[1]]
+    assert summary.legend_lines(items, 100) == [f"{items[0]}   {items[1]}", items[2]]  # whole items, <= 100
 
 
 def with_ci(r: Record, half_pct: float) -> Record:

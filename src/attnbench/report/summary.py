@@ -402,15 +402,13 @@ def _notes(records, pivots, merged, approx, approx_column, metric) -> tuple[list
     if ties := sum(1 for c in shown if c.best and c.tie):
         legend.append(f"{TIE} fastest, within each other's interval ({ties} row{'s' * (ties != 1)})")
     for mark, meaning in ((DROP, "SM clock fell >10% in the case"), (FAILED, "failed its accuracy check"),
-                          (BUSY, "CPU busy with other processes")):
+                          (BUSY, "CPU busy with other processes: not an idle machine's speed")):
         if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
             legend.append(f"{mark} {meaning} ({n})")
     notes = []
     if ties:
         notes.append(f"{TIE} the fastest exact kernel and those whose 95% interval of the median overlaps its own: "
                      "not ranked")
-    if any(c.busy for c in shown):
-        notes.append(f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine")
     notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)
     if approx:
         rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""
@@ -471,8 +469,19 @@ def render(summary: Summary, console) -> None:
                 table.add_row(*([label] if grouped else []), row, *texts,
                               end_section=i == len(group.rows) - 1 and gi < len(pivot.groups) - 1)
         console.print(table)
-    for note in ([LEGEND_GAP.join(summary.legend)] if summary.legend else []) + summary.notes:
+    for note in legend_lines(summary.legend, console.width) + summary.notes:
         console.print(note, highlight=False, markup=False, overflow="fold")
+
+
+def legend_lines(items: list[str], width: int) -> list[str]:
+    """The legend's items on as few lines of ``width`` as they fill, LEGEND_GAP apart, none cut in two."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(LEGEND_GAP) + len(item) <= width:
+            lines[-1] += LEGEND_GAP + item
+        else:
+            lines.append(item)
+    return lines
 
 
 def _group_label(title: tuple[str, ...], i: int, n: int) -> str:

@@ -57,7 +57,7 @@ if ! part dist; then
 elif [ "$gpus" -ge 2 ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
   tr=(python3 -m torch.distributed.run --nproc_per_node "$gpus" -m attnbench dist --db "$db")
-  "${tr[@]}" "${dist[@]}" --method ring,zigzag --batch-size 2 --causal --pass fwd_bwd > "$out/dist_check.txt" 2>&1
+  "${tr[@]}" "${dist[@]}" --method ring,zigzag --batch-size 2 --causal --pass fwd_bwd --details > "$out/dist_check.txt" 2>&1
   echo "distributed check: exit $? (see dist_check.txt)"
   if [ "$quick" != 1 ]; then
     d=(--kernel fa2 --method ring,zigzag --q-heads 16 --head-size 128 --dtype bf16 --causal --pass fwd fwd_bwd

@@ -32,7 +32,7 @@ def test_torchrun_two_ranks(tmp_path):
     db = tmp_path / "r.db"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "attnbench", "dist", "--method", "zigzag,torch-cp,ulysses-ce", "--kernel", "sdpa-math", *SMALL,
-           "--causal", "--pass", "fwd_bwd", "--db", str(db)]
+           "--causal", "--pass", "fwd_bwd", "--details", "--db", str(db)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout

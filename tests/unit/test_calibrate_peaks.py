@@ -44,12 +44,12 @@ def test_store_migrates_version_1_file(tmp_path):
         conn.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);"
                            "INSERT INTO meta VALUES ('schema_version', '1');")
     with ResultStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 4
+        assert store.schema_version == SCHEMA_VERSION == 5
         store.add_peak("GPU X", "env1", "copy", 1000.0, "GB/s")
         store.add_peak("GPU X", "env1", "copy", 1200.0, "GB/s")  # replaces
         assert store.peaks("GPU X")["copy"]["value"] == 1200.0 and store.peaks("other") == {}
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+        assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
         conn.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(StoreError, match="upgrade"):
         ResultStore(path)

@@ -66,7 +66,7 @@ def test_show_runs_version_and_help_panels(tmp_path):
     db = tmp_path / "r.db"
     assert cli("run", *SMALL, "--seq-lens", "64", "--backends", "naive,sdpa-math", "--db", db).returncode == 0
     runs = cli("runs", "--db", db)
-    assert runs.returncode == 0 and "8/8" in runs.stdout and "attnbench run" in runs.stdout
+    assert runs.returncode == 0 and "8/8" in runs.stdout and "  run --device cpu" in runs.stdout
     show = cli("show", "--db", db, "--baseline", "naive")
     assert show.returncode == 0 and "x vs naive" in show.stdout and "1.00" in show.stdout
     assert any(line.split()[:1] == ["sdpa-math"] for line in cli("show", "--db", db, "--table").stdout.splitlines())

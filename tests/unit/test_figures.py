@@ -57,10 +57,38 @@ def test_lines_join_like_cases_only_and_are_named_as_tables_name_them():
     assert not any("kv2" in label for label in lines)
 
 
-def test_cases_timed_on_a_busy_cpu_are_a_line_of_their_own():
-    rows = [row(seq=s) for s in (128, 256)] + [row(seq=512, busy=True)]
-    lines = plots.panels(plots.points(rows, "seq_len", "ms"), "seq_len")[(0, "fwd")]
-    assert lines == {"naive": [(128, 1.0), (256, 1.0)], "naive [busy CPU]": [(512, 1.0)]}
+def test_cases_timed_on_a_busy_cpu_stay_on_their_line_marked_as_the_tables_mark_them():
+    rows = [row(seq=128), row(seq=256, busy=True), row(seq=512)]
+    pts = plots.points(rows, "seq_len", "ms")
+    assert plots.panels(pts, "seq_len")[(0, "fwd")] == {"naive": [(128, 1.0), (256, 1.0), (512, 1.0)]}
+    assert plots.busy_points(pts, "seq_len") == {(0, "fwd"): [("naive", 256, 1.0)]}
+    fig = plots.figure(rows, "seq_len", "ms")
+    marks = [t for t in fig.axes[0].texts if t.get_text() == "?"]
+    assert len(marks) == 1 and marks[0].xy == (256, 1.0)
+    assert [h.get_text() for h in fig.legends[0].get_texts()] == ["naive"]  # one legend item, unbroken
+    assert any(plots.BUSY_NOTE in t.get_text() for t in fig.texts)
+    assert not any("?" in t.get_text() for t in plots.figure(rows[:1] + rows[2:], "seq_len", "ms").texts)
+
+
+def test_legend_items_keep_apart_in_a_wider_font():
+    # a browser draws the SVG's text in the first font it has (DejaVu Sans, else Verdana, about 15% wider):
+    # each item's text, so widened, still ends before the next item's line begins
+    names = ["naive", "sdpa-math", "sdpa-flash", "sdpa-efficient", "flex", "fa2-varlen-qkvpacked", "fa3"]
+    rows = [row(b, seq=s, ms=1.0 + i, accuracy=json.dumps({"verdict": "fail"}) if i % 2 else None)
+            for i, b in enumerate(names) for s in (128, 256)]
+    fig = plots.figure(rows, "seq_len", "ms")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0]
+    rows_of: dict = {}
+    for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True):
+        box = text.get_window_extent(renderer)
+        rows_of.setdefault(round(box.y0), []).append((box, handle.get_window_extent(renderer)))
+    assert max(map(len, rows_of.values())) > 1  # columns to keep apart
+    for items in rows_of.values():
+        items.sort(key=lambda item: item[1].x0)
+        for (text, _), (_, handle) in zip(items, items[1:], strict=False):
+            assert text.x0 + 1.15 * text.width < handle.x0, (text, handle)
 
 
 def test_an_axis_with_one_value_is_no_figure():

@@ -51,9 +51,11 @@ def test_views_default_to_the_newest_timed_run_and_say_so(store, tmp_path, view)
             "plot": ["plot", "--x", "seq_len", "--y", "ms", "-o", tmp_path / "p.svg"]}[view]
     res = cli(*args, "--db", store)
     assert res.returncode == 0, res.stderr
-    line = next(x for x in res.stderr.splitlines() if x.startswith("attnbench: run "))
-    assert line.startswith(f"attnbench: run {TIMED} (") and "attnbench run --seq-lens 1k 2k" in line
-    assert f"the newest sweep of attnbench run; newer: 1 verify (--run {CHECKED})" in line
+    lines = res.stderr.splitlines()
+    line = next(x for x in lines if x.startswith("attnbench: run "))
+    assert line.startswith(f"attnbench: run {TIMED} (") and ", run --seq-lens 1k 2k)" in line
+    assert line.endswith("): the newest sweep") and len(line) <= 100
+    assert f"attnbench: passed over newer runs, not sweeps: 1 verify (--run {CHECKED})" in lines
     if view == "export":
         assert {r["run_id"] for r in json.loads(res.stdout)} == {TIMED}  # stdout stays the data alone
     if view == "report":
@@ -78,3 +80,23 @@ def test_a_store_of_verifies_only_shows_the_newest_and_says_it(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "attnbench: run v1 (" in res.stderr
     assert "the newest run, a verify: no run in this store is a sweep of attnbench run" in res.stderr
+
+
+def test_the_line_naming_the_chosen_run_fits_100_columns(tmp_path):
+    db = tmp_path / "w.db"
+    timed, newest = "20261128-100000-aaaaaa", "20261128-120000-cccccc"
+    command = "attnbench run --preset qwen3-next-80b --seq-lens 4k 16k --backends naive,sdpa-math --baseline naive"
+    with ResultStore(db) as s:
+        for run_id, text in ((timed, command), ("20261128-110000-bbbbbb", "attnbench verify --device cpu"),
+                             (newest, "attnbench e2e --model llama-tiny --device cpu")):
+            s.start_run(run_id, command=text, config={}, env_id=None, version="test")
+            s.write(synthetic_record(run_id, AttnSpec(seqlens_q=(64,), heads_q=2, head_dim=8, dtype="fp32"),
+                                     "naive", [1.0, 1.1]))
+            s.finish_run(run_id)
+    res = cli("show", "--db", db)
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.startswith("attnbench: ")]
+    assert len(lines) == 2 and max(map(len, lines)) <= 100, lines
+    assert lines[0].startswith(f"attnbench: run {timed} (") and ", run --preset qwen3-next" in lines[0]
+    assert lines[0].endswith("…): the newest sweep")  # the command cut, the rest whole
+    assert lines[1] == f"attnbench: passed over newer runs, not sweeps: 1 verify, 1 e2e (--run {newest})"

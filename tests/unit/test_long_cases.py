@@ -127,6 +127,25 @@ def test_a_log_gets_a_still_running_line_every_5_s(monkeypatch):
         "s still running naive b1 s1024 h8 d128 bf16 fwd (11 s, est. 10–40 s)")
 
 
+def test_a_long_run_in_a_log_spaces_its_lines_out(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=100))
+    clock = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    lines = _LogLines(quiet=False)
+    lines.add_task("measuring", total=7200)
+    for _ in range(7200):  # two hours of one-second cases
+        lines.update(0, description="naive b1 s1024 h8 d128 bf16 fwd")
+        lines.advance(0)
+        clock[0] += 1.0
+    log = out.getvalue().splitlines()
+    seconds = [int(line.split()[2].rstrip("s")) for line in log]
+    assert seconds[:3] == [0, 5, 10]  # the start as before: a line every 5 s
+    assert 100 < len(log) < 200  # not 1,440 lines
+    gaps = [b - a for a, b in zip(seconds, seconds[1:], strict=False)]
+    assert max(gaps) == 60 and gaps == sorted(gaps)  # longer waits as the run goes on, at most a minute
+
+
 # ---- the stop ----------------------------------------------------------------------------------------------------
 def test_the_watcher_runs_only_in_the_command_not_under_the_api():
     assert not inflight.watchable()  # pytest: SIGTERM is not the command's

@@ -45,6 +45,30 @@ def test_runs_keeps_every_run_id_on_one_line(tmp_path):
     assert widest(res.stdout) <= WIDTH
 
 
+def test_runs_is_one_line_per_run(tmp_path):
+    db = tmp_path / "r.db"
+    commands = ["attnbench run", "attnbench run --preset qwen3-next-80b --seq-lens 4k 16k",
+                "attnbench dist --nproc 2 --device cpu --method ring,zigzag,ulysses --kernel sdpa-math --seq-lens 256",
+                "attnbench run --device cpu --batch 2q64_4q1kv128 --page-size 16 --backends naive --skip-missing"]
+    ids = [f"20261128-0343{i:02d}-adbdc{i:x}" for i in range(14)]
+    with ResultStore(db) as store:
+        store.add_env("gpu", {"device_name": "NVIDIA H100 80GB HBM3"})
+        store.add_env("cpu", {"device_name": "AMD EPYC 7B13 64-Core Processor"})
+        for i, run_id in enumerate(ids):
+            store.start_run(run_id, command=commands[i % 4], config={}, env_id=("gpu", "cpu")[i % 2], version="t")
+            store.plan_cases(run_id, 736)
+            store.finish_run(run_id, "interrupted" if i % 3 else "done")
+    res = cli("runs", "--db", db)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert [line.split()[0] for line in lines if line[:1].isdigit()] == ids  # each run's row on one line
+    assert len(lines) == len(ids) + 4 and widest(res.stdout) <= WIDTH  # title, header, rule, the --full hint
+    row = next(line for line in lines if line.startswith(ids[1]))
+    assert "AMD EPYC" in row and "0/736" in row and "interrupted" in row and row.split()[-1].endswith("…")
+    full = cli("runs", "--db", db, "--full")
+    assert "64-Core Processor" in full.stdout and "--skip-missing" in full.stdout and widest(full.stdout) <= WIDTH
+
+
 def _case_lines(text: str) -> list[list[str]]:
     """The lines of each row's case in a ``--table`` printout (the text under the "case" header)."""
     lines = text.splitlines()

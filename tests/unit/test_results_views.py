@@ -70,8 +70,8 @@ def test_memory_and_sparsity_plot_from_recorded_values(synth_rows, tmp_path):
 
 
 def _calm(rows: list[dict]) -> list[dict]:
-    """The rows as if the CPU had been idle: a case timed while other processes used the CPU is a line of its
-    own, and how busy this machine was must not decide what a layout test sees."""
+    """The rows as if the CPU had been idle: how busy this machine was must not decide what a layout test
+    sees."""
     out = []
     for r in rows:
         info = json.loads(r["info"] or "{}")
@@ -177,6 +177,26 @@ def test_a_long_command_folds_on_the_run_line():
     assert line == f"<code>{long[:COMMAND_SHOWN]}…</code>"
     assert fold.startswith('<details class="command"><summary>the whole command (1,048 characters)</summary>')
     assert f"<code>{long}</code></details>" in fold
+
+
+def test_the_reports_speedups_are_against_the_runs_own_baseline(tmp_path):
+    from results_fixtures import synthetic_record
+
+    from attnbench.report import html
+    from attnbench.spec import AttnSpec
+    db = tmp_path / "b.db"
+    with ResultStore(db) as store:
+        for run_id, config in (("given", {"baseline": "sdpa-math"}), ("none", {}), ("gone", {"baseline": "fa3"})):
+            store.start_run(run_id, command="attnbench run", config=config, env_id=None, version="t")
+            for s in (64, 128):
+                spec = AttnSpec(seqlens_q=(s,), heads_q=2, head_dim=16, dtype="fp32", pass_="fwd")
+                for backend, ms in (("naive", 2.0), ("sdpa-math", 1.0)):
+                    store.write(synthetic_record(run_id, spec, backend, [ms, ms * 1.01, ms * 0.99]))
+            store.finish_run(run_id)
+    with ResultStore(db, readonly=True) as store:
+        page = html.build(store, ["given", "none", "gone"])
+    heads = re.findall(r"<h3>Speedup over ([^ ]+) ", page)
+    assert heads == ["sdpa-math", "naive", "naive"]  # the run's --baseline; else the first plain kernel it ran
 
 
 def test_report_escapes_everything(synth_rows):

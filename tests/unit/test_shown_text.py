@@ -66,6 +66,8 @@ def hostile_store(tmp_path):
 
 def test_what_a_store_holds_is_shown_as_text(hostile_store):
     out = _shown_plainly(cli("runs", "--db", hostile_store))
+    assert "[/]" in out and "GPU [bold]red" in out  # a device name cut to its column
+    out = _shown_plainly(cli("runs", "--full", "--db", hostile_store))
     assert "[/]" in out and "[bold]red[/]" in out
     out = _shown_plainly(cli("show", "--table", "--db", hostile_store))
     assert "[/b]blink" in out and "[/red]" in out and "link" in out

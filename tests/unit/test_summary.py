@@ -116,6 +116,33 @@ def test_ties_at_the_precision_shown_are_all_marked_and_a_busy_rival_leaves_the_
     assert cells["naive"].best and cells["naive"].text == "200?*"
 
 
+def test_a_kernel_alone_in_its_row_is_not_marked_fastest():
+    alone = [rec("naive", 128, False, "fwd", 0.1), rec("naive", 256, False, "fwd", 0.2),
+             rec("sdpa-flash", 256, False, "fwd", 0.3), rec("sdpa-flash", 512, False, "fwd", None,
+                                                             status="unsupported", reason="no")]
+    built = summary.build(alone)
+    assert not rows_of(built, "128")["naive"].best and rows_of(built, "128")["naive"].text == "100"
+    assert rows_of(built, "256")["sdpa-flash"].best  # two ran: the faster is marked
+    one = summary.build([rec("naive", s, False, "fwd", 0.1) for s in (128, 256)])
+    lines = rendered(one)
+    assert not any("*" in line for line in lines), lines  # no mark, and no footnote explaining one
+
+
+def test_each_mark_of_the_legend_is_an_item_of_its_own_on_a_page():
+    from attnbench.report import html_tables
+    marks = [rec("naive", 128, False, "fwd", 0.2), rec("sdpa-math", 128, False, "fwd", 0.1)]
+    marks[0].info["cpu"] = {"busy": True, "threads": 1, "cores": 2}
+    built = summary.build(marks)
+    busy = "? CPU busy with other processes: not an idle machine's speed (1)"
+    assert built.legend == ["* fastest exact kernel", busy]
+    assert f"* fastest exact kernel   {busy}" in rendered(built)  # one terminal line
+    page = html_tables.pivot_html(built)
+    assert f"<li>* fastest exact kernel</li><li>{busy.replace(chr(39), '&#x27;')}</li>" in page
+    assert page.count("<li>?") == 1  # one mark, explained once
+    items = ["* fastest exact kernel", "↓ SM clock fell >10% in the case (1)", built.legend[1]]
+    assert summary.legend_lines(items, 100) == [f"{items[0]}   {items[1]}", items[2]]  # whole items, <= 100
+
+
 def with_ci(r: Record, half_pct: float) -> Record:
     r.info["median_ci95_ms"] = [r.median_ms * (1 - half_pct / 100), r.median_ms * (1 + half_pct / 100)]
     return r
@@ -268,7 +295,7 @@ def test_a_column_widens_for_a_long_title_instead_of_cutting_it():
     assert header_lines("fa2-varlen-qkvpacked") == "fa2\nvarlen-qk…"
 
 
-def test_a_kernel_alone_in_its_row_is_not_marked_fastest():
+def test_a_row_whose_other_kernel_is_unsupported_marks_none_fastest():
     records = [rec("naive", 128, False, "fwd", 0.02), rec("sdpa-math", 128, False, "fwd", 0.03),
                rec("naive", 256, False, "fwd", 0.02), rec("sdpa-math", 256, False, "fwd", None, status="unsupported")]
     built = summary.build(records)

@@ -29,7 +29,9 @@ class PlainUsage(TyperCommand):
 
 
 VERDICT_STYLE = {"regression": "bold red", "slower": "yellow", "same": "dim", "faster": "green",
-                 "inconclusive": "cyan", "no-ci": "dim", "status": "magenta"}
+                 "inconclusive": "cyan", cmp.BUSY: "cyan", "no-ci": "dim", "status": "magenta"}
+SHOWN = {cmp.BUSY: "busy CPU"}
+"""A verdict as the table and the summary line write it, where that is not its name."""
 
 
 def _fmt(value, spec: str) -> str:
@@ -40,7 +42,8 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
 
 
-ORDER = {"regression": 0, "slower": 1, "status": 2, "inconclusive": 3, "no-ci": 4, "same": 5, "faster": 6}
+ORDER = {"regression": 0, "slower": 1, "status": 2, "inconclusive": 3, cmp.BUSY: 4, "no-ci": 5, "same": 6,
+         "faster": 7}
 
 
 def comparison_table(result: cmp.Comparison, run_a: str, run_b: str) -> Table:
@@ -54,7 +57,7 @@ def comparison_table(result: cmp.Comparison, run_a: str, run_b: str) -> Table:
         table.add_column(name, justify=justify, no_wrap=name not in ("case", "backend"), overflow="fold")
     for c in sorted(result.cases, key=lambda c: (ORDER[c.verdict], -(c.ratio or 0))):
         ci = "-" if c.low is None else f"{_ratio(c.low)}–{_ratio(c.high)}"
-        verdict = f"{c.status_a} → {c.status_b}" if c.verdict == "status" else c.verdict
+        verdict = f"{c.status_a} → {c.status_b}" if c.verdict == "status" else SHOWN.get(c.verdict, c.verdict)
         table.add_row(escape(c.backend), escape(c.label), c.pass_, _fmt(c.a_ms, ".4g"), _fmt(c.b_ms, ".4g"),
                       _ratio(c.ratio), ci, f"[{VERDICT_STYLE[c.verdict]}]{escape(verdict)}[/]")
     return table
@@ -91,10 +94,13 @@ def compare(
     for line in why_lines(result):
         common.console.print(line, highlight=False, markup=False)
     counts = {v: sum(c.verdict == v for c in result.cases) for v in VERDICT_STYLE}
-    summary = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    summary = ", ".join(f"{n} {SHOWN.get(v, v)}" for v, n in counts.items() if n)
     extra = f"; only in A: {len(result.only_a)}, only in B: {len(result.only_b)}" if result.only_a or result.only_b else ""
     common.console.print(f"{len(result.cases)} cases: {summary} (regression = CI above +{threshold:.0%}){extra}",
                          highlight=False, markup=False)
+    if counts[cmp.BUSY]:  # other processes move a CPU timing both ways: these say nothing of the code
+        common.console.print(f"busy CPU, {counts[cmp.BUSY]}: not comparable (other processes took cores while "
+                             "they were timed)", highlight=False, markup=False)
     if unfinished:  # an interrupted run lacks cases: "only in" counts partly mean "not measured yet"
         common.console.print(f"note: run {'; run '.join(unfinished)} (attnbench run --resume completes it)",
                              highlight=False, markup=False)

@@ -137,6 +137,9 @@ def dist(
     warmup: common.Warmup = None,
     repeat: common.Repeat = None,
     check: Annotated[bool, typer.Option("--check/--no-check", help="Compare every rank with one device.")] = True,
+    details: Annotated[bool, typer.Option(
+        "--details", help="Each case's check in the FA2 accuracy write-up's format (max and mean diff per rank and "
+        "tensor) instead of one table of max diffs.")] = False,
     timeline_calls: Annotated[int, typer.Option(
         "--timeline", metavar="CALLS",
         help="After the timed calls, record CALLS more step by step: kernel, merge, exposed waits, all-to-alls, "
@@ -319,7 +322,7 @@ def _execute(plan: dict) -> None:
                                      seed=opts.get("seed") or 0, timeline_calls=opts.get("timeline_calls") or 0,
                                      phase=beat.say if beat is not None else None)
             if ctx.rank == 0:
-                _print_case(res, ctx.world)
+                _print_case(res, ctx.world, details=bool(opts.get("details")))
                 _print_timeline(res)
                 record = _record(res, run_id, env_id, ctx, opts.get("seed") or 0)
                 store.write(record)
@@ -399,9 +402,10 @@ def _record(res: bench.CaseResult, run_id: str, env_id: str, ctx: bench.DistCont
                   env_id=env_id, seed=seed, accuracy=accuracy, info=info, **fields)
 
 
-def _print_case(res: bench.CaseResult, world: int) -> None:
-    from attnbench.distributed import bench
-
+def _print_case(res: bench.CaseResult, world: int, details: bool = False) -> None:
+    """A case's heading, then its check: a table of each rank's max diff from one device (ranks as rows, tensors
+    as columns) and the verdict; with ``details``, the FA2 accuracy write-up's printout instead. A forward-only
+    case shows its output alone (its gradients too where one of them failed the check)."""
     out = common.console
     out.print(f"\n{_backend_name(res)} · {world} ranks · {res.spec.label()} · {res.spec.pass_}",
               highlight=False, markup=False)
@@ -412,18 +416,52 @@ def _print_case(res: bench.CaseResult, world: int) -> None:
         out.print(clock, highlight=False, markup=False)
     if not res.per_rank:
         return
+    names = _shown_tensors(res)
+    lines = _writeup_lines(res, names) if details else _diff_table(res, names)
+    lines.append(_verdict_line(res, names))
+    out.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
+
+
+def _shown_tensors(res: bench.CaseResult) -> list[str]:
+    """The tensors a case's check shows: all of them, or for a forward-only case its output and any gradient
+    that failed."""
+    names = list(res.per_rank[0])
+    if res.spec.pass_ != "fwd":
+        return names
+    return [n for n in names if n == "out" or any(not r[n]["pass"] for r in res.per_rank)]
+
+
+def _diff_table(res: bench.CaseResult, names: list[str]) -> list[str]:
+    """Each rank's max diff from one device per tensor: one row per rank, at most 5 columns whatever the ranks."""
+    head = "max diff vs one device"
+    width = max(len(head), len(f"rank {len(res.per_rank) - 1}"))
+    lines = [head.ljust(width) + "".join(f"  {n:>9}" for n in names)]
+    lines += [f"rank {i}".ljust(width) + "".join(f"  {r[n]['max']:>9.3g}" for n in names)
+              for i, r in enumerate(res.per_rank)]
+    return lines
+
+
+def _writeup_lines(res: bench.CaseResult, names: list[str]) -> list[str]:
+    """The FA2 accuracy write-up's printout of the check (``--details``)."""
     lines = [SEP, "# forward:", SEP]
     lines += [f"rank {i} out (distributed) - out_ref (non-distributed) diff: {r['out']['max']}"
               for i, r in enumerate(res.per_rank)]
-    lines += [SEP, "# backward:", SEP]
-    for name in ("dq", "dk", "dv"):
+    grads = [n for n in names if n != "out"]
+    if grads:
+        lines += [SEP, "# backward:", SEP]
+    for name in grads:
         lines.append(f"{name} diff:")
         lines += [f"Rank[{i}] max {r[name]['max']:.3g}, mean {r[name]['mean']:.3g}" for i, r in enumerate(res.per_rank)]
+    return lines
+
+
+def _verdict_line(res: bench.CaseResult, names: list[str]) -> str:
+    from attnbench.distributed import bench
+
     worst = max((r[t]["err_vs_exact"] / r[t]["bound"] if r[t]["bound"] else 0.0, i, t)
-                for i, r in enumerate(res.per_rank) for t in r)
-    lines.append(f"verdict: {res.verdict} (error vs exact <= {bench.VERDICT_K} x single-device error + "
-                 f"{bench.FLOOR_ULPS} ulp; worst: rank {worst[1]} {worst[2]} at {worst[0]:.2f} of the bound)")
-    out.print("\n".join(lines), highlight=False, markup=False)
+                for i, r in enumerate(res.per_rank) for t in names)
+    return (f"verdict: {res.verdict} (error vs exact <= {bench.VERDICT_K} x one device's + {bench.FLOOR_ULPS} ulp; "
+            f"worst: rank {worst[1]} {worst[2]}, {worst[0]:.2f} of the bound)")
 
 
 def _clock_line(res: bench.CaseResult) -> str | None:
@@ -494,5 +532,5 @@ def _print_tables(results: list[bench.CaseResult], world: int) -> None:
                                              str(s.pass_ == "fwd"), *cells[:4]]) + " |")
         lines += sorted({r.info["not_timed"] for r in rows if r.info.get("not_timed")})
         common.console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)  # the write-up's format
-        if any(busy_of(r.info) for r in rows if r.stats is not None):
-            common.console.print(BUSY_NOTE, highlight=False, markup=False)
+    if any(busy_of(r.info) for r in results if r.stats is not None):  # once, under the last table
+        common.console.print(BUSY_NOTE, highlight=False, markup=False)

@@ -67,8 +67,9 @@ def check_summary_options(opts: dict, backends: tuple[str, ...]) -> None:
                         "(--baseline alone means --metric speedup)")
 
 
-def show_summary(records: list, config: dict, device_name: str = "") -> None:
-    """The summary pivot of ``records`` (--metric / --baseline from ``config``), laid out for the terminal."""
+def show_summary(records: list, config: dict, device_name: str = "", planned: int | None = None) -> None:
+    """The summary pivot of ``records`` (--metric / --baseline from ``config``), laid out for the terminal;
+    ``planned``: the cases the run set out to run (``summary.build``)."""
     from attnbench.report import summary
     metric, baseline = config.get("metric"), config.get("baseline")
     metric = str(metric or ("speedup" if baseline else "tflops")).lower()
@@ -76,7 +77,7 @@ def show_summary(records: list, config: dict, device_name: str = "") -> None:
         common.console.print("no cases ran", highlight=False)
         return
     built = summary.build(records, metric=metric, baseline=baseline, width=common.summary_width(),
-                          device=device_name)
+                          device=device_name, planned=planned)
     summary.render(built, common.view_console())
 
 
@@ -415,6 +416,11 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
     runner.on_case = on_case
     cases = runner.cases(plan.specs)
+    try:  # the run's whole plan (a resumed run's earlier cases too): an interrupted run shows what it lacks
+        store.plan_cases(run_id, len(before) + len(cases))
+    except BaseException:
+        store.close()
+        raise
     task = progress.add_task("measuring", total=len(cases))
     hint = control.resume_hint(run_id, plan.db)
     # An isolated run waits for its worker in select(), which a signal interrupts: it stops the usual way, and
@@ -473,13 +479,32 @@ def stopped_full(full: StoreFull, run_id: str, db: Path, written: int, total: in
 
 class _LogLines:
     """Progress for a pipe or a file: a short line on stderr every few seconds, so a log shows where a long
-    run is (a live bar would print nothing there)."""
+    run is (a live bar would print nothing there). The lines space out as the run goes on (``every_s``): a
+    run of hours logs a few hundred lines, not thousands."""
 
     EVERY_S = 5.0
+    """Seconds between the first lines."""
+    MAX_EVERY_S = 60.0
+    """The longest wait between two lines."""
+    LINES_PER_STEP = 10
+    """Lines after which the wait doubles."""
 
     def __init__(self, quiet: bool):
         self.quiet, self.total, self.done, self.what = quiet, 0, 0, ""
         self.start = self.last = time.perf_counter()
+        self.lines = 0
+
+    @property
+    def every_s(self) -> float:
+        """The wait before the next line: EVERY_S for the first LINES_PER_STEP lines, then twice as long after
+        each LINES_PER_STEP more, up to MAX_EVERY_S (5 s for the first 50 s of a run, 60 s from its 13th minute)."""
+        return min(self.MAX_EVERY_S, self.EVERY_S * 2 ** (self.lines // self.LINES_PER_STEP))
+
+    def _say(self, now: float, text: str) -> None:
+        self.last = now
+        self.lines += 1
+        common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s {text}",
+                                 markup=False, highlight=False, soft_wrap=True)
 
     def __enter__(self):
         return self
@@ -494,22 +519,17 @@ class _LogLines:
     def update(self, task, description: str) -> None:
         self.what = description
         now = time.perf_counter()
-        if not self.quiet and (self.done == 0 or now - self.last >= self.EVERY_S):
-            self.last = now
-            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s {self.what}",
-                                     markup=False, highlight=False, soft_wrap=True)
+        if not self.quiet and (self.done == 0 or now - self.last >= self.every_s):
+            self._say(now, self.what)
 
     def advance(self, task) -> None:
         self.done += 1
 
     def still_running(self, what: str, elapsed_s: float, expected: str | None) -> None:
-        """The heartbeat of a long case: a line when none was printed for ``EVERY_S``."""
+        """The heartbeat of a long case: a line when none was printed for ``every_s``."""
         now = time.perf_counter()
-        if not self.quiet and now - self.last >= self.EVERY_S:
-            self.last = now
-            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s still running "
-                                     f"{what} {_so_far(elapsed_s, expected)}", markup=False, highlight=False,
-                                     soft_wrap=True)
+        if not self.quiet and now - self.last >= self.every_s:
+            self._say(now, f"still running {what} {_so_far(elapsed_s, expected)}")
 
     def stop(self) -> None:
         """Nothing to take down (a live bar's ``stop`` clears it)."""

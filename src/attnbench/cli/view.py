@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -50,8 +51,13 @@ def latest_timed(runs: list[dict]) -> dict | None:
     return (timed or runs or [None])[-1]
 
 
+LINE_WIDTH = 100
+"""Columns of the line that names the run ``latest`` chose: its command is cut to fit them."""
+
+
 def latest_line(store: ResultStore, run_id: str) -> str:
-    """One line saying which run ``latest`` chose, naming the newer runs it passed over."""
+    """Which run ``latest`` chose, in one line of at most LINE_WIDTH columns (its command cut to fit), and the
+    newer runs it passed over, in a second line when there are any."""
     import datetime
 
     runs = store.runs()
@@ -59,17 +65,23 @@ def latest_line(store: ResultStore, run_id: str) -> str:
     run, newer = runs[index], runs[index + 1:]
     when = (datetime.datetime.fromtimestamp(run["created_at"]).strftime("%Y-%m-%d %H:%M")
             if run.get("created_at") else "?")
-    command = " ".join((run.get("command") or "?").split())
-    command = command if len(command) <= 60 else command[:59] + "…"
     if newer:
-        kinds = collections.Counter(run_command(r) for r in newer)
-        counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-        why = f"the newest sweep of attnbench run; newer: {counted} (--run {newer[-1]['run_id']})"
+        why = "the newest sweep"  # of attnbench run: the next line names the newer runs of other commands
     elif run_command(run) in PASSED_OVER:
         why = f"the newest run, a {run_command(run)}: no run in this store is a sweep of attnbench run"
     else:
         why = "the newest run"
-    return f"attnbench: run {run_id} ({when}, {command}): {why}"
+    head, tail = f"attnbench: run {run_id} ({when}", f"): {why}"
+    room = LINE_WIDTH - len(head) - len(tail) - 2  # ", " before the command
+    command = short_command(run.get("command") or "?")
+    if len(command) > room:
+        command = command[:room - 1] + "…" if room >= 12 else ""  # a stub of a command says nothing
+    line = head + (f", {command}" if command else "") + tail
+    if newer:
+        kinds = collections.Counter(run_command(r) for r in newer)
+        counted = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        line += f"\nattnbench: passed over newer runs, not sweeps: {counted} (--run {newer[-1]['run_id']})"
+    return line
 
 
 def resolve_run(store: ResultStore, text: str) -> str:
@@ -277,6 +289,27 @@ def export(
     say(chosen)
 
 
+def planned_cases(run: dict, stored: int) -> int:
+    """The cases ``run`` set out to run: its stored count (runs of this version of ``attnbench run``), else the
+    ``stored`` records it holds."""
+    return max(run.get("cases") or 0, stored)
+
+
+def unfinished_line(store: ResultStore, run_ids: list[str]) -> str | None:
+    """For runs of ``attnbench run`` that were stopped: how far each got and the command that completes it."""
+    from attnbench.cli.control import resume_hint
+
+    lines = []
+    for run_id in run_ids:
+        run = store.run(run_id) or {}
+        if run.get("status") != "interrupted" or run_command(run) not in ("run", None):
+            continue
+        stored = len(store.case_ids(run_id))
+        lines += [f"run {run_id} was stopped after {stored} of {planned_cases(run, stored)} cases; to complete it:",
+                  "  " + resume_hint(run_id, store.path).removeprefix("resume with: ")]
+    return "\n".join(lines) or None
+
+
 def show(
     run: Runs = None,
     db: common.Db = None,
@@ -296,6 +329,8 @@ def show(
         rows = select_rows(store, run_ids, backend)
         env = store.env(store.run(run_ids[0])["env_id"] or "") or {}
         chosen = chosen_line(store, run)
+        planned = None if backend else sum(planned_cases(store.run(r), len(store.case_ids(r))) for r in run_ids)
+        unfinished = unfinished_line(store, run_ids)
     if not rows:
         raise UserError(f"no records in run {', '.join(run_ids)} match the --backend filter")
     records = [Record.from_row(r) for r in rows]
@@ -305,14 +340,39 @@ def show(
         return
     config = {"metric": metric, "baseline": baseline}
     check_summary_options(config, tuple(dict.fromkeys(r.backend for r in records)))
-    show_summary(records, config, env.get("device_name") or "")
+    show_summary(records, config, env.get("device_name") or "", planned=planned)
+    if unfinished:
+        common.console.print(unfinished, highlight=False, markup=False, soft_wrap=True)  # the command stays whole
     say(chosen)
 
 
-def runs(db: common.Db = None) -> None:
-    """List the runs of a results file: id, when, status, device, cases ok of all, command."""
+DEVICE_WORDS = ("NVIDIA ", "(R)", "(TM)", " Processor", " CPU")
+"""Words a device name in ``runs`` goes without (the vendor's marks; the CPU model stays)."""
+DEVICE_WIDTH = 14
+"""Columns of a device's name in ``runs`` (without --full): 'H100 80GB HBM3', 'AMD EPYC 7B13…'."""
+
+
+def short_device(name: str) -> str:
+    """A device's name as the ``runs`` table shows it: 'H100 80GB HBM3', 'AMD EPYC 7B13 64-Core'."""
+    for word in DEVICE_WORDS:
+        name = name.replace(word, "")
+    return " ".join(name.split()) or "-"
+
+
+def short_command(command: str) -> str:
+    """A run's command without the ``attnbench`` every stored command starts with."""
+    words = " ".join(command.split())
+    return words.removeprefix("attnbench ") or "-"
+
+
+def runs(
+    db: common.Db = None,
+    full: Annotated[bool, typer.Option("--full", help="Every device and command whole, folded over lines.")] = False,
+) -> None:
+    """List the runs of a results file, one line each: id, when, status, device, cases ok of the run's, command."""
     import datetime
 
+    from rich import box
     from rich.table import Table
 
     from attnbench.report.safe_text import markup
@@ -324,22 +384,39 @@ def runs(db: common.Db = None) -> None:
     if not listed:
         common.console.print(f"{store.path} holds no runs", highlight=False, markup=False)
         return
-    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left")
-    # What a user copies into `show` / `compare` (the id) and the short columns stay on one line, whole;
-    # the device and the command fold into the width that is left.
-    id_width = max(len(r["run_id"]) for r in listed)
-    table.add_column("run", no_wrap=True, min_width=id_width)
-    table.add_column("started", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("device", overflow="fold")
-    table.add_column("ok", justify="right", no_wrap=True)
-    table.add_column("command", overflow="fold")
+    table = Table(title=markup(f"runs in {store.path}"), header_style="bold", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0), caption=None if full else
+                  "devices and commands cut to fit: attnbench runs --full", caption_justify="left")
+    # One line per run: what a user copies into `show` / `compare` (the id) stays whole, the short columns too;
+    # the device and the command are cut to the width left (--full folds them instead).
+    years = {time.localtime(r["created_at"]).tm_year for r in listed if r["created_at"]}
+    stamp = "%Y-%m-%d %H:%M" if len(years) > 1 or full else "%m-%d %H:%M"  # one year: said in the header
+    rows = []
     for r in listed:
         ok, bad = counts.get((r["run_id"], 1), 0), counts.get((r["run_id"], 0), 0)
-        when = datetime.datetime.fromtimestamp(r["created_at"]).strftime("%Y-%m-%d %H:%M") if r["created_at"] else "-"
+        planned = planned_cases(r, ok + bad)  # a stopped run's missing cases count against it
+        when = datetime.datetime.fromtimestamp(r["created_at"]).strftime(stamp) if r["created_at"] else "-"
         env = devices[r["run_id"]]
-        table.add_row(markup(r["run_id"]), when, markup(r["status"] or "-"), markup(env.get("device_name") or "-"),
-                      f"{ok}/{ok + bad}", markup(r["command"] or "-"))  # whatever the store holds, shown as text
+        device, command = env.get("device_name") or "-", r["command"] or "-"
+        if not full:
+            device, command = short_device(device), short_command(command)
+        rows.append((r["run_id"], when, r["status"] or "-", device, f"{ok}/{planned}", command))
+    if len(years) == 1 and not full:
+        table.title = markup(f"runs in {store.path}, started in {years.pop()}")
+    heads = ("run", "started", "status", "device", "ok", "command")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
+    if not full:  # the short columns whole, the device cut at DEVICE_WIDTH, the command in what is left
+        widths[3] = min(widths[3], DEVICE_WIDTH)
+        widths[5] = max(len(heads[5]), common.console.width - sum(widths[:5]) - 2 * (len(heads) - 1) - 1)
+        # (each column's right padding and the divider: 2 columns between two; 1 left for the terminal)
+    cut = "fold" if full else "ellipsis"
+    for i, head in enumerate(heads):
+        short = i not in (3, 5)
+        table.add_column(head, justify="right" if head == "ok" else "left", no_wrap=short or not full,
+                         overflow="fold" if short else cut, min_width=widths[i] if short else None,
+                         max_width=None if short or full else widths[i])
+    for row in rows:
+        table.add_row(*map(markup, row))  # whatever the store holds, shown as text
     common.console.print(table)
 
 

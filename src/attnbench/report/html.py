@@ -9,6 +9,7 @@ nothing, and can be mailed or kept as a CI artifact. Every piece of text from th
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -28,9 +29,22 @@ PLOT_FORMAT = "svg"
 default sweep's twelve figures (2026-11-26): 2.4 MB as matplotlib's SVG in base64, 1.0 MB with text as text,
 written compactly (``plots.compact_svg``) in a %-escaped data URI (``svg_uri``)."""
 BASELINES = ("naive", "sdpa-math", "sdpa-flash")
+"""The speedup table's baseline where the run names none (``--baseline``): the first of these in the run."""
 PIVOT_WIDTH = 150
 """Characters the report's pivots are laid out for (a page holds more columns than a terminal)."""
-"""The speedup table's baseline: the first of these in the run."""
+
+
+def baseline_of(run: dict, present: set[str]) -> str | None:
+    """The backend a run's speedups are against: its own ``--baseline`` where it gave one that has results, else
+    the first of BASELINES it ran; None when none."""
+    try:
+        config = json.loads(run.get("config") or "{}")
+    except (TypeError, ValueError):
+        config = {}
+    given = config.get("baseline") if isinstance(config, dict) else None
+    if isinstance(given, str) and given in present:
+        return given
+    return next((b for b in BASELINES if b in present), None)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1b1b1b;background:#fff;max-width:1400px}
@@ -129,7 +143,7 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
     ok = sum(r.status == "ok" for r in records)
     parts = [f'<section class="run" id="run-{escape(run_id)}">', f"<h2>Run {escape(run_id)}</h2>",
              f'<p class="lead">{escape(device)} · {escape(started)} · run {escape(run.get("status") or "?")} · '
-             f"{ok} of {len(records)} cases ran · {command_html(run.get('command') or '')}"]
+             f"{ok} of {max(run.get('cases') or 0, len(records))} cases ran · {command_html(run.get('command') or '')}"]
     if not records:
         return "\n".join([*parts, '<p class="muted">No records.</p></section>'])
     answer = summary.build(records, device=device, width=PIVOT_WIDTH)
@@ -143,7 +157,7 @@ def run_section(run: dict, rows: list[dict], env: dict | None) -> str:
         parts += [f"<h3>Fastest kernel per shape ({escape(answer.unit)})</h3>", ht.pivot_html(answer),
                   "<h3>Is it correct?</h3>", ht.correctness(records)]
         present = {r.backend for r in records if r.status == "ok"}
-        base = next((b for b in BASELINES if b in present), None)
+        base = baseline_of(run, present)
         if base:
             parts += [f"<h3>Speedup over {escape(base)} (its time / the kernel's)</h3>",
                       ht.pivot_html(summary.build(records, metric="speedup", baseline=base, device=device,

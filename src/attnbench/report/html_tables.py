@@ -77,7 +77,7 @@ def pivot_html(built: summary.Summary) -> str:
                     cells.append(group.cells.get((row, pivot.approx_column), summary.Cell("")).text)
                 rows.append(cells)
         parts.append(table(heads, rows, numeric=set(range(int(titled), len(heads))), cls="pivot"))
-    notes = "".join(f"<li>{escape(n)}</li>" for n in built.notes)
+    notes = "".join(f"<li>{escape(n)}</li>" for n in built.legend + built.notes)  # a mark's meaning an item each
     return "".join(parts) + f'<ul class="notes">{notes}</ul>'
 
 

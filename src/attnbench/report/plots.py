@@ -55,6 +55,9 @@ PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
 LEGEND_COLUMNS = 4
 LEGEND_COLUMN_INCHES = 2.2
 """Width one legend column needs (a 20-character label): narrower figures get fewer columns."""
+LEGEND_SPACING = 3.5
+"""Space between legend columns, in font sizes (matplotlib's 2.0 left items touching where a browser draws an
+SVG's text in a wider font than DejaVu Sans, whose widths placed them: Verdana's run about 15% wider)."""
 # Columns that, when they vary beyond the x axis, split a backend's points into several lines.
 # Columns that may change along each x axis without making a new line (see _series_columns).
 ALONG_X: dict[str, set[str]] = {
@@ -151,8 +154,10 @@ DRAWN_STATUSES = ("ok", "mismatch")
 """Records with a time to draw: a mismatch keeps its time and is drawn marked as failed, never dropped."""
 VERDICT_MARKS = {"fail": " [failed check]", "approx-fail": " [failed check]", "unchecked": " [unchecked]"}
 """Suffix that gives failed and unchecked points lines of their own, never mixed with checked ones."""
-BUSY_MARK = " [busy CPU]"
-"""Points timed while other processes took the CPU: a line of their own too."""
+BUSY_MARK = "?"
+"""Drawn beside each point timed while other processes took the CPU (as the tables mark its cell): the point
+stays on its backend's line, which a line of its own for the busy points would break into fragments."""
+BUSY_NOTE = "?: timed on a busy CPU"
 
 
 def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = None) -> list[dict]:
@@ -161,8 +166,8 @@ def points(rows: list[dict], x: str, y: str, unit: metrics.RateUnit | None = Non
 
     Raises ValueError saying why when nothing can be drawn."""
     check_axes(x, y)
-    ok = [dict(r, _mark=VERDICT_MARKS.get(verdict_of(r["status"], r.get("accuracy")), "")
-               + (BUSY_MARK if busy_of(r.get("info")) else ""))
+    ok = [dict(r, _mark=VERDICT_MARKS.get(verdict_of(r["status"], r.get("accuracy")), ""),
+               _busy=busy_of(r.get("info")))
           for r in rows if r.get("status") in DRAWN_STATUSES]
     if not ok:
         raise ValueError("no timed (status ok or mismatch) records to plot")
@@ -269,6 +274,16 @@ def bands(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple
         out[(int(p["causal"]), p["pass"])][series_label(p, extra)].append((p["_x"], p.get("_lo"), p.get("_hi")))
     return {k: {label: sorted(v) for label, v in series.items() if all(lo is not None for _, lo, _ in v)}
             for k, series in out.items()}
+
+
+def busy_points(pts: list[dict], x: str) -> dict[tuple[int, str], list[tuple[str, float, float]]]:
+    """Like ``panels``: the points timed on a busy CPU, as (series label, x, y)."""
+    extra = _series_columns(pts, x)
+    out: dict = defaultdict(list)
+    for p in pts:
+        if p.get("_busy"):
+            out[(int(p["causal"]), p["pass"])].append((series_label(p, extra), p["_x"], p["_y"]))
+    return dict(out)
 
 
 def panels(pts: list[dict], x: str) -> dict[tuple[int, str], dict[str, list[tuple[float, float]]]]:
@@ -390,7 +405,7 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         logy = y == "ms"
     unit = unit or rate_unit(rows)
     pts = points(rows, x, y, unit)
-    data, spread = panels(pts, x), bands(pts, x)
+    data, spread, busy = panels(pts, x), bands(pts, x), busy_points(pts, x)
     causals = sorted({c for c, _ in data})
     attention = any(p["_attention"] for p in pts)
     passes = [p for p in PASS_ORDER if any(k[1] == p for k in data)] + \
@@ -398,10 +413,11 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
     labels = sorted({label for series in data.values() for label in series})
     style = styles.styles(labels)
     width = max(4.4 * len(passes) + 1.0, MIN_WIDTH)
-    label_inches = max(LEGEND_COLUMN_INCHES, 0.4 + 0.075 * max(len(label) for label in labels))
+    label_inches = max(LEGEND_COLUMN_INCHES, 0.7 + 0.085 * max(len(label) for label in labels))
     columns = max(1, min(LEGEND_COLUMNS, int(width // label_inches)))
     shaded = any(spread.values())
-    legend_rows = -(-len(labels) // columns) + shaded  # and a line saying what the shading is
+    note = "; ".join([SPREAD_NOTE] * shaded + [BUSY_NOTE] * bool(busy))
+    legend_rows = -(-len(labels) // columns) + bool(note)  # and a line saying what the shading and ? are
     title = "\n".join(textwrap.fill(line, int(width * 13)) for line in
                       (title or f"{y_label(y, unit)} vs {x_label(x, attention)}").splitlines())
     title_lines = title.count("\n") + 1
@@ -416,6 +432,9 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
         for j, pass_ in enumerate(passes):
             ax = axes[i][j]
             _draw_panel(ax, data.get((causal, pass_), {}), spread.get((causal, pass_), {}), style, x, logy)
+            for label, a, b in busy.get((causal, pass_), []):
+                ax.annotate(BUSY_MARK, (a, b), xytext=(0, 4), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=8, color=style[label]["color"])
             # causal or not is attention's axis; another operator's panels are named by the pass alone
             ax.set_title(f"{pass_} · {'causal' if causal else 'not causal'}" if attention else pass_, fontsize=10)
             if i == len(causals) - 1:
@@ -424,9 +443,10 @@ def figure(rows: list[dict], x: str, y: str, *, title: str | None = None, logy: 
                 ax.set_ylabel(y_label(y, unit))
     handles = {label: line for ax in axes.flat for line, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), columns),
-               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01 + shaded * 0.22 / height))
-    if shaded:
-        fig.text(0.5, 0.01, SPREAD_NOTE, ha="center", va="bottom", fontsize=8, color="#555555")
+               fontsize=9, frameon=False, bbox_to_anchor=(0.5, 0.01 + bool(note) * 0.22 / height),
+               columnspacing=LEGEND_SPACING)
+    if note:
+        fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8, color="#555555")
     fig.suptitle(title, fontsize=11, y=1 - 0.12 / height, va="top")
     return fig
 

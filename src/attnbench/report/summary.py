@@ -40,8 +40,6 @@ API_FORMS = ("-varlen-qkvpacked", "-qkvpacked", "-kvpacked", "-varlen")
 CELL = 6  # characters of a cell (value and marks)
 HEADER_MAX = 10  # a column widens up to this for its title's parts ("flashinfer", "kvcache")
 BEST, TIE, DROP, FAILED, BUSY = "*", "≈", "↓", "!", "?"
-RAN = ("ok", "mismatch", "nan", "implausible")
-"""Statuses of a kernel that ran the case: a row with one such kernel marks none fastest."""
 STATUS_CELL = {"unsupported": "-", "oom": "oom", "error": "err", "nan": "nan", "mismatch": "bad",
                "implausible": "imp"}
 
@@ -150,6 +148,10 @@ class Summary:
     shape: str = ""
     """The axes every case shares (e.g. ``b2 h16 d128 bf16``), for titles."""
     notes: list[str] = field(default_factory=list)
+    """Footnotes, one line each."""
+    legend: list[str] = field(default_factory=list)
+    """What each mark in the cells means, one item a mark: a terminal shows them on one line (``LEGEND_GAP``
+    apart), a page as items of their own (HTML would fold the gap into one space and run them together)."""
     approx: list[str] = field(default_factory=list)
     """The approximate backends (their columns, when they have their own)."""
     unit: str = "TF/s"
@@ -204,8 +206,9 @@ def api_kernel(name: str, present: set[str]) -> str:
 
 
 def build(records: list[Record], *, metric: str = "tflops", baseline: str | None = None,
-          width: int = 100, device: str = "") -> Summary:
-    """The summary of ``records`` laid out for ``width`` columns."""
+          width: int = 100, device: str = "", planned: int | None = None) -> Summary:
+    """The summary of ``records`` laid out for ``width`` columns; ``planned``: the cases the run set out to run
+    (its stored count: more than the records when it was stopped), None: as many as the records."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
     higher = metric != "ms"
@@ -250,9 +253,10 @@ def build(records: list[Record], *, metric: str = "tflops", baseline: str | None
     unit += f" vs {baseline}" if metric == "speedup" else ""
     ok = sum(r.status == "ok" for r in records)
     header = (f"{' '.join(fixed)}{' · ' if fixed else ''}{device + ' · ' if device else ''}{unit}"
-              f"{' (median)' if metric == 'ms' else ''} · {ok} of {len(records)} cases ran")
-    notes = _notes(records, pivots, merged, approx, approx_column, metric)
-    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, approx=approx, unit=unit)
+              f"{' (median)' if metric == 'ms' else ''} · {ok} of {max(planned or 0, len(records))} cases ran")
+    legend, notes = _notes(records, pivots, merged, approx, approx_column, metric)
+    return Summary(header=header, pivots=pivots, shape=" ".join(fixed), notes=notes, legend=legend, approx=approx,
+                   unit=unit)
 
 
 def _in_header(axis: str, value: str) -> str:
@@ -319,8 +323,9 @@ def _row_cells(row: str, members: dict[str, list[Record]], approx_cols: set[str]
                      and verdict_of(r.status, r.accuracy) not in ("fail", "nan")]
         if col in shown and pick.value is not None and ran_exact and col not in approx_cols:
             candidates.append((col, pick))
-    ran = sum(any(r.status in RAN for r in recs) for recs in members.values())
-    top = fastest(candidates, scale.metric, scale.higher) if ran > 1 else []  # one kernel ran: no race
+    ran = sum(any(r.median_ms is not None for r in recs) for recs in members.values())  # timed, right or wrong
+    # a kernel alone in its row (the others did not run it) is the fastest of nothing: no mark
+    top = fastest(candidates, scale.metric, scale.higher) if ran > 1 else []
     tied = unresolved(top, candidates, scale.higher)
     for col in top:
         cells[(row, col)].best = True
@@ -385,22 +390,25 @@ def _pick(recs: list[Record], scale: Scale, base: Record | None) -> Cell:
     return Cell(text, value, busy=busy, record=rec)
 
 
-def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
+LEGEND_GAP = "   "
+"""Between two items of the legend on a terminal's line."""
+
+
+def _notes(records, pivots, merged, approx, approx_column, metric) -> tuple[list[str], list[str]]:
+    """(the legend of the marks shown, the footnotes)."""
     shown = [g.cells[(row, c)] for pivot in pivots for g in pivot.groups for row in g.rows
              for c in [*pivot.columns, *([pivot.approx_column] if pivot.approx_column else [])] if (row, c) in g.cells]
     legend = [f"{BEST} fastest exact kernel"] if any(c.best and not c.tie for c in shown) else []
     if ties := sum(1 for c in shown if c.best and c.tie):
         legend.append(f"{TIE} fastest, within each other's interval ({ties} row{'s' * (ties != 1)})")
     for mark, meaning in ((DROP, "SM clock fell >10% in the case"), (FAILED, "failed its accuracy check"),
-                          (BUSY, "CPU busy with other processes")):
+                          (BUSY, "CPU busy with other processes: not an idle machine's speed")):
         if n := sum(mark in c.text for c in shown):  # what the table shows, not what the run holds
             legend.append(f"{mark} {meaning} ({n})")
-    notes = ["   ".join(legend)] if legend else []
+    notes = []
     if ties:
         notes.append(f"{TIE} the fastest exact kernel and those whose 95% interval of the median overlaps its own: "
                      "not ranked")
-    if any(c.busy for c in shown):
-        notes.append(f"{BUSY} other processes used the CPU while these were timed: not the speed of an idle machine")
     notes += unshown_failures(records, shown) + grouped_note(records) + cpu_notes(records)
     if approx:
         rates = "dense-equivalent rates, " if metric in ("tflops", "gbps") else ""
@@ -415,7 +423,7 @@ def _notes(records, pivots, merged, approx, approx_column, metric) -> list[str]:
                      + "; ".join(f"{col} = {col}, {', '.join(others)}" for col, others in shared.items()))
     for status, reason, n, names in reason_groups([r for r in records if r.status != "ok"]):
         notes.append(f"{n} {status}: {reason + ' ' if reason else ''}({listed(names)})")
-    return notes
+    return legend, notes
 
 
 def header_lines(name: str, width: int | None = None) -> str:
@@ -461,8 +469,19 @@ def render(summary: Summary, console) -> None:
                 table.add_row(*([label] if grouped else []), row, *texts,
                               end_section=i == len(group.rows) - 1 and gi < len(pivot.groups) - 1)
         console.print(table)
-    for note in summary.notes:
+    for note in legend_lines(summary.legend, console.width) + summary.notes:
         console.print(note, highlight=False, markup=False, overflow="fold")
+
+
+def legend_lines(items: list[str], width: int) -> list[str]:
+    """The legend's items on as few lines of ``width`` as they fill, LEGEND_GAP apart, none cut in two."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(LEGEND_GAP) + len(item) <= width:
+            lines[-1] += LEGEND_GAP + item
+        else:
+            lines.append(item)
+    return lines
 
 
 def _group_label(title: tuple[str, ...], i: int, n: int) -> str:

@@ -15,9 +15,9 @@ interval that holds 1 but is wider than the threshold, where a large change coul
 that reaches past the threshold, which cannot tell 1% slower from a regression), ``no-ci`` when either side
 has fewer than two samples (no interval can be given).
 
-A side timed on a busy CPU (``record.busy_of``: other processes took its cores) ran slower than the kernel
-does, so only what stays true of a shorter real time is said: B busy still shows B ``faster``, A busy still
-shows B ``slower`` or a ``regression``; anything else is ``inconclusive``.
+A case timed on a busy CPU on either side (``record.busy_of``: other processes took its cores) is ``busy-cpu``:
+not comparable. Other processes move a CPU timing both ways and by 5-20% from one run to the next (caches,
+memory bandwidth, threads that lose their core), so neither a regression nor an improvement can be read from it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class CaseComparison:
     high: float | None = None
     """Upper end of the ratio's confidence interval."""
     verdict: str = "no-ci"
-    """regression | slower | same | faster | inconclusive | no-ci | status (no timing to compare)."""
+    """regression | slower | same | faster | inconclusive | no-ci | busy-cpu (either side timed on a busy CPU:
+    not comparable) | status (no timing to compare)."""
     why: str = ""
     """Why the verdict is ``inconclusive``."""
 
@@ -155,16 +156,16 @@ def compare_case(a: dict, b: dict, threshold: float, confidence: float) -> CaseC
     return CaseComparison(**base, ratio=ratio, low=low, high=high, verdict=word, why=why)
 
 
-BUSY_KEEPS = {(True, False): ("regression", "slower"), (False, True): ("faster",), (True, True): ()}
-"""Verdicts that stay true when A, B (busy, busy) ran slower than the kernel does."""
+BUSY = "busy-cpu"
+"""The verdict of a case either side of which was timed on a busy CPU."""
 
 
 def on_busy_cpu(word: str, why: str, busy_a: bool, busy_b: bool) -> tuple[str, str]:
     """The verdict once a side timed on a busy CPU is taken into account (see the module doc)."""
-    if not (busy_a or busy_b) or word in BUSY_KEEPS[(busy_a, busy_b)] or word in ("no-ci", "status"):
+    if not (busy_a or busy_b) or word in ("no-ci", "status"):
         return word, why
     sides = " and ".join(name for name, busy in (("A", busy_a), ("B", busy_b)) if busy)
-    return "inconclusive", f"timed on a busy CPU ({sides})"
+    return BUSY, f"timed on a busy CPU ({sides})"
 
 
 def compare(rows_a: list[dict], rows_b: list[dict], *, threshold: float = 0.05,

@@ -39,10 +39,15 @@ class MergeSummary:
     """(file, run id in it, run id given in the output) for runs kept apart from a run of the same id."""
 
 
-def _combine_runs(old: dict | None, new: dict) -> dict:
+def _combine_runs(old: dict | None, new: dict, new_part: bool = True) -> dict:
+    """One run of two rows of its id. ``new_part``: ``new`` holds cases the output did not (another shard), so
+    the cases each set out to run add up; a copy of a part already merged adds none."""
     if old is None:
         return dict(new)
     out = dict(old)
+    planned = old.get("cases"), new.get("cases")
+    if new_part:
+        out["cases"] = None if None in planned else sum(planned)
     out["created_at"] = min(x for x in (old["created_at"], new["created_at"]) if x is not None)
     finished = [x for x in (old["finished_at"], new["finished_at"]) if x is not None]
     both_done = old["status"] == "done" and new["status"] == "done"
@@ -126,12 +131,8 @@ def _copy_into(out: ResultStore, sources: list[tuple[Path, ResultStore]]) -> Mer
         out.conn.executemany(ADD_ENV, [(env_id, json.dumps(json.loads(data), sort_keys=True))
                                        for env_id, data in src.conn.execute("SELECT env_id, data FROM envs")])
         rename = _clashing_runs(rows, existing, cases, set(runs) | {r["run_id"] for r in src_runs})
-        for run in src_runs:
-            run = dict(run, run_id=rename.get(run["run_id"], run["run_id"]))
-            summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
-            runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run)
         summary.renamed += [(str(path), old, new) for old, new in rename.items()]
-        fresh = []
+        fresh, copied = [], set()
         for row in rows:
             row = dict(row, run_id=rename.get(row["run_id"], row["run_id"]))
             cases.add((row["run_id"], row["case_id"]))
@@ -140,12 +141,19 @@ def _copy_into(out: ResultStore, sources: list[tuple[Path, ResultStore]]) -> Mer
                 summary.duplicates += 1
                 continue
             existing.add(key)
+            copied.add(row["run_id"])
             fresh.append([row[n] for n in names])
+        held = {r["run_id"] for r in rows}
+        for run in src_runs:
+            run = dict(run, run_id=rename.get(run["run_id"], run["run_id"]))
+            summary.runs[run["run_id"]] = summary.runs.get(run["run_id"], 0) + 1
+            new_part = run["run_id"] in copied or run["run_id"] not in held
+            runs[run["run_id"]] = _combine_runs(runs.get(run["run_id"]), run, new_part)
         out.conn.executemany(f"INSERT INTO records ({cols}) VALUES ({', '.join('?' * len(names))})", fresh)
         summary.records += len(fresh)
         log.info("merged %d records from %s", len(fresh), path)
     run_cols = ("run_id", "created_at", "finished_at", "status", "command", "config", "env_id",
-                "attnbench_version")
+                "attnbench_version", "cases")
     out.conn.executemany(
         f"INSERT OR REPLACE INTO runs ({', '.join(run_cols)}) VALUES ({', '.join('?' * len(run_cols))})",
         [[run.get(c) for c in run_cols] for run in runs.values()])

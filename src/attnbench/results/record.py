@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from attnbench import operators
 from attnbench.spec import AttnSpec
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATUSES = ("ok", "unsupported", "oom", "error", "nan", "mismatch", "implausible")
 ABANDONED = "abandoned: "
 """How the reason of an "error" record begins when its case was in flight as the run was stopped (SIGTERM, SIGHUP,

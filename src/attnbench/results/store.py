@@ -35,7 +35,8 @@ _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS envs (env_id TEXT PRIMARY KEY, data TEXT NOT NULL)",
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY, created_at REAL, finished_at REAL, status TEXT, command TEXT,
-        config TEXT, env_id TEXT, attnbench_version TEXT, host TEXT, pid INTEGER, pid_started TEXT)""",
+        config TEXT, env_id TEXT, attnbench_version TEXT, host TEXT, pid INTEGER, pid_started TEXT,
+        cases INTEGER)""",
     f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {_RECORDS_COLUMNS})",
     "CREATE UNIQUE INDEX IF NOT EXISTS records_case ON records (run_id, case_id)",
     _PEAKS,
@@ -211,7 +212,17 @@ def _v3_to_v4(conn: sqlite3.Connection) -> None:
     conn.execute(_SCHEMA[4])
 
 
-MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4]
+def _v4_to_v5(conn: sqlite3.Connection) -> None:
+    """v5 adds ``runs.cases``, the cases a run set out to run (NULL for runs stored before, and for commands that
+    do not plan cases ahead): an interrupted run then reads "1 of 12 cases ran", not "1 of 1"."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if not have:
+        conn.execute(_RUNS)
+    elif "cases" not in have:
+        conn.execute("ALTER TABLE runs ADD COLUMN cases INTEGER")
+
+
+MIGRATIONS: list = [_v0_to_v1, _v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5]
 """``MIGRATIONS[n]`` upgrades a database from schema version n to n + 1 (one transaction each).
 
 To change the schema: bump ``SCHEMA_VERSION`` (results/record.py), update ``_SCHEMA`` to the new
@@ -665,7 +676,9 @@ class ResultStore:
                     raise RunClaimed(f"run {run_id} is still running (pid {row['pid']}); wait for it to end "
                                      f"or stop it, then --resume {run_id}")
             self.conn.execute(
-                "INSERT INTO runs VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id) DO UPDATE "
+                "INSERT INTO runs (run_id, created_at, finished_at, status, command, config, env_id, "
+                "attnbench_version, host, pid, pid_started) VALUES (?, ?, NULL, 'running', ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(run_id) DO UPDATE "
                 "SET status='running', finished_at=NULL, host=excluded.host, pid=excluded.pid, "
                 "pid_started=excluded.pid_started",
                 (run_id, time.time(), command, json.dumps(config, sort_keys=True), env_id, version,
@@ -677,6 +690,12 @@ class ResultStore:
         except BaseException:
             self.conn.rollback()
             raise
+
+    def plan_cases(self, run_id: str, cases: int) -> None:
+        """Record that run ``run_id`` sets out to run ``cases`` cases in all (those of a resumed run's earlier
+        attempts included), so the views can tell an interrupted run from a finished one."""
+        with self._writing(run_id), self.conn:
+            self.conn.execute("UPDATE runs SET cases=? WHERE run_id=?", (int(cases), run_id))
 
     def finish_run(self, run_id: str, status: str = "done") -> None:
         with self._writing(run_id), self.conn:

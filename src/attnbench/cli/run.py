@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from attnbench import features, interrupt, memory, metrics, plausibility, presets
+from attnbench import features, interrupt, metrics, plausibility, presets
 from attnbench.backends import registry
 from attnbench.cli import common, control, outcome, sharding, timing_opts
 from attnbench.cli.common import UserError
@@ -358,6 +358,7 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
         check_runnable(specs, backends, device, configured)
     check_summary_options(opts, backends)
+    from attnbench import memory  # imports torch: not at the CLI's start (the store views run without it)
     if (too_big := memory.inputs_refusal(specs, device)) is not None:  # before anything is allocated or stored
         raise UserError(f"too large for {device}: {too_big}; give smaller sizes "
                         "(--seq-lens, --batch-size, --q-heads)")

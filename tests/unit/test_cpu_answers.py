@@ -75,5 +75,5 @@ def test_a_gpu_backend_on_a_machine_without_a_gpu_says_so_first(capsys, monkeypa
     with pytest.raises(SystemExit):
         cli.main(["backends", "--device", "cpu", "--json"])
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["fa3"]["reason"].startswith("no GPU here; ") and rows["fa3"]["install"]  # for a GPU machine
+    assert rows["fa3"]["reason"].startswith("no GPU here (runs on cuda); ") and rows["fa3"]["install"]  # for a GPU machine
     assert rows["naive"]["available"]

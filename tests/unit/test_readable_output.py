@@ -342,7 +342,8 @@ def test_backends_says_how_to_have_flex_on_the_cpu(tmp_path):
     assert "--backend-opt flex.cpu=true" in rows["flex"]["reason"] and "not cpu" not in rows["flex"]["reason"]
     import torch
     # no option offers it here; without a GPU at all the reason says that first
-    assert rows["sdpa-cudnn"]["reason"] == ("runs on cuda, not cpu" if torch.cuda.is_available() else "no GPU here")
+    assert rows["sdpa-cudnn"]["reason"] == ("runs on cuda, not cpu" if torch.cuda.is_available()
+                                            else "no GPU here (runs on cuda)")
     for name in registry.names():  # the option each hint names is one the backend takes
         backend = registry.get(name)
         for device in getattr(backend, "device_options", {}):

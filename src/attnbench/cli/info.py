@@ -69,7 +69,8 @@ def _backend_row(name: str, dev: str) -> dict:
     if reason is not None:
         install = backend.install_hint()
     if backend.needs_absent_gpu() and not backend.device_hint(dev):  # said first: installing cannot help here
-        reason = NO_GPU + (f"; {_why(reason)}" if reason else "")
+        runs_on = f" (runs on {'/'.join(backend.capabilities.devices)})"
+        reason = NO_GPU + runs_on + (f"; {_why(reason)}" if reason else "")
     elif device_type(dev) not in backend.capabilities.devices:
         hint = backend.device_hint(dev)  # flex on CPU: an option away
         reason = f"runs on {'/'.join(backend.capabilities.devices)}" + (f"; {hint}" if hint else f", not {device_type(dev)}")

@@ -32,7 +32,7 @@ IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 
 BOOL_OPTIONS = {"check": True, "quiet": False, "table": False, "isolate": False, "skip_missing": False,
-                "fail_on_approx": False, "precise": False, "fresh_inputs": False}
+                "fail_on_approx": False, "precise": False, "fresh_inputs": False, "allow_long": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -371,14 +371,6 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
     run_id = plan.resume or run_id or new_run_id()
-    store = ResultStore(plan.db)
-    try:
-        store.add_env(env_id, env)
-        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
-                        env_id=env_id, version=__version__, resume=plan.resume is not None)
-    except BaseException:
-        store.close()
-        raise
     records = []
     progress = _progress(quiet)
     inflight = InFlight()
@@ -394,9 +386,21 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         inflight.start(spec, name)
         progress.update(task, description=describe(spec, name))
 
-    before = store.case_ids(run_id)
-    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
+    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, checker=checker)
     runner.on_case = on_case
+    if runner.device.type == "cpu":  # before the store is touched: a sweep refused here leaves nothing behind
+        runner.skip = _recorded(plan.db, run_id) if plan.resume else set()
+        inflight.expected_s = announce(runner.cases(plan.specs), plan, runner.device, check=checker is not None,
+                                       quiet=quiet)
+    store = ResultStore(plan.db)
+    try:
+        store.add_env(env_id, env)
+        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
+                        env_id=env_id, version=__version__, resume=plan.resume is not None)
+    except BaseException:
+        store.close()
+        raise
+    before = runner.skip = store.case_ids(run_id)
     cases = runner.cases(plan.specs)
     task = progress.add_task("measuring", total=len(cases))
     hint = control.resume_hint(run_id, plan.db)
@@ -407,8 +411,6 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     started = time.perf_counter()
     full, failing = None, True
     try:
-        if not quiet and runner.device.type == "cpu":
-            inflight.expected_s = announce(cases, plan, runner.device, check=checker is not None)
         with progress, control.stop_on_sigint(runner, announced=watched), \
                 stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
                              before_exit=progress.stop), \
@@ -510,16 +512,41 @@ def _still_running(progress, task):
     return lambda what, elapsed_s, expected: progress.update(task, description=f"{what} {_so_far(elapsed_s, expected)}")
 
 
-def announce(cases: list, plan: RunPlan, device, check: bool):
-    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates),
-    and return the estimate of a case's seconds for the progress."""
+def _recorded(db: Path, run_id: str) -> set[str]:
+    """The case ids ``run_id`` has records of in ``db`` (none where the store cannot be read yet)."""
+    try:
+        with ResultStore(db, readonly=True) as store:
+            return store.case_ids(run_id)
+    except Exception:  # the claim that follows says what is wrong with the store
+        return set()
+
+
+def announce(cases: list, plan: RunPlan, device, check: bool, quiet: bool = False):
+    """A CPU run: refuse a sweep of a GPU's size unless ``--allow-long`` was given (UserError), warn of one that
+    may take minutes (``timing.estimate``, from a probe of this CPU's rates), and return the estimate of a case's
+    seconds for the progress. The cases estimated are those that will run: a backend takes them and their
+    operator's memory guard lets them start (a case refused as too large costs nothing)."""
+    from attnbench import operators
     from attnbench.timing import estimate
-    specs = [spec for spec, backend in cases if backend.supports(spec, device) is None]
+    specs, too_big = [], []
+    for spec, backend in cases:
+        if backend.supports(spec, device) is None:
+            op = operators.of(spec)
+            reason = op.memory_guard(spec, backend, device, inputs_allocated=False)
+            specs += [spec] if reason is None else []
+            too_big += [(op.bytes_moved(spec), reason)] if reason else []
     if not specs:
+        if too_big and not common.option_bool(plan.config, "allow_long"):  # every case would be an "oom" record
+            smallest = min(too_big, key=lambda size_reason: size_reason[0])[1].replace(" (estimated; not run)", "")
+            raise UserError(f"a GPU-sized command: the smallest of its {_cases(len(cases))} {smallest}")
         return lambda spec: None
-    rates = estimate.probe({spec.dtype for spec in specs if isinstance(spec, AttnSpec)})
-    line = estimate.warning(estimate.sweep(specs, rates, plan.options.timing, check))
-    if line:
+    rates = estimate.probe(estimate.probe_dtypes(specs))
+    sweep = estimate.sweep(specs, rates, plan.options.timing, check, total=len(cases))
+    refusal = estimate.refusal(sweep)
+    if refusal and not common.option_bool(plan.config, "allow_long"):
+        raise UserError(refusal)
+    line = estimate.warning(sweep)
+    if line and not quiet:
         common.err_console.print(line, markup=False, highlight=False)
     return lambda spec: estimate.case_seconds(spec, rates, plan.options.timing, check)
 
@@ -654,6 +681,9 @@ def run(
         "--isolate", rich_help_panel="Run control", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
     case_timeout: Annotated[float | None, typer.Option(
         "--case-timeout", rich_help_panel="Run control", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
+    allow_long: Annotated[bool, typer.Option(
+        "--allow-long", rich_help_panel="Run control", help="On a CPU, start a sweep estimated to take 10 minutes or "
+        "more (a GPU's work: refused otherwise, with its estimate).")] = False,
     fail_on_approx: Annotated[bool, typer.Option(
         "--fail-on-approx", rich_help_panel="Inputs and accuracy", help="Exit 1 also when an approximate backend (quantized, sparse) fails its looser "
         "check; mismatches and NaN always do.")] = False,

@@ -135,8 +135,8 @@ def test_a_gpu_sized_command_is_refused_on_a_cpu_in_one_line_and_stores_nothing(
     assert not started  # (before the refusal, hours of it ran here)
     assert res.returncode == 2, res.stderr
     [line] = res.stderr.splitlines()
-    assert line.startswith("attnbench: error: a GPU-sized command: ") and " on this CPU (" in line, line
-    assert line.endswith("; --allow-long runs it") and len(line) <= 100, line
+    assert line.startswith("attnbench: error: a GPU-sized command: ") and line.endswith(
+        " on this CPU; --allow-long runs it") and len(line) <= 100, line
     assert " h " in line or " min" in line  # what it would cost here
     assert not db.exists()  # refused before the store is touched
 
@@ -161,8 +161,8 @@ def test_allow_long_starts_it_and_the_estimate_counts_the_cases_the_progress_cou
             "fp32", "--pass", "fwd", "--no-causal", "--backends", "naive,sdpa-math,sdpa-flash", "--db",
             tmp_path / "r.db"]
     refused = cli(*argv)
-    assert refused.returncode == 2 and "GPU-sized command" in refused.stderr, refused.stderr
-    assert "(3 of 6 cases)" in refused.stderr  # 8k's three are refused as too large: not counted
+    assert refused.returncode == 2 and "GPU-sized command: 24–96 min on this CPU" in refused.stderr, refused.stderr
+    # 4k's three only: 8k's are refused as too large, not counted (with them, 2-8 h)
     res = cli(*argv, "--allow-long")  # exit 130: the stand-in run above stops before the first case
     assert seen == [6], res.stderr
     assert "this sweep may take" in res.stderr and ": 3 of its 6 cases, ~" in res.stderr, res.stderr
@@ -226,6 +226,21 @@ def test_a_log_gets_a_still_running_line_every_5_s(monkeypatch):
     assert len(log) == 2
     assert log[1].startswith("attnbench: [0/3] ") and log[1].endswith(
         "s still running naive b1 s1024 h8 d128 bf16 fwd (11 s, est. 10–40 s)")
+
+
+def test_a_log_line_of_a_long_case_name_fits_the_logs_width(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=100))
+    lines = _LogLines(quiet=False)
+    lines.add_task("measuring", total=2)
+    what = "torch-recurrent gdn b1 s2048 h16 k128 v128 bf16 h0 l2 fwd"
+    lines.update(0, description=what)
+    lines.last -= 5
+    lines.still_running(what, 15.2, "11–45 s")  # 113 columns whole
+    first, beat = out.getvalue().splitlines()
+    assert first == f"attnbench: [0/2] 0s {what}"  # short enough: whole
+    assert len(beat) == 100 and beat.startswith("attnbench: [0/2] ") and beat.endswith("… (15 s, est. 11–45 s)")
+    assert "still running torch-recurrent gdn b1 s2048" in beat
 
 
 # ---- the stop ----------------------------------------------------------------------------------------------------

@@ -481,7 +481,7 @@ class _LogLines:
         now = time.perf_counter()
         if not self.quiet and (self.done == 0 or now - self.last >= self.EVERY_S):
             self.last = now
-            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s {self.what}",
+            common.err_console.print(_fit(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s ", self.what),
                                      markup=False, highlight=False, soft_wrap=True)
 
     def advance(self, task) -> None:
@@ -492,12 +492,21 @@ class _LogLines:
         now = time.perf_counter()
         if not self.quiet and now - self.last >= self.EVERY_S:
             self.last = now
-            common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s still running "
-                                     f"{what} {_so_far(elapsed_s, expected)}", markup=False, highlight=False,
+            common.err_console.print(_fit(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s still running ",
+                                          what, " " + _so_far(elapsed_s, expected)), markup=False, highlight=False,
                                      soft_wrap=True)
 
     def stop(self) -> None:
         """Nothing to take down (a live bar's ``stop`` clears it)."""
+
+
+def _fit(head: str, what: str, tail: str = "") -> str:
+    """``head + what + tail`` in one line of the log's width: the case's name (``what``) cut short with '…' where
+    the whole would be wider (a log line is never wrapped, and a wider one breaks in a 100-column log)."""
+    room = common.err_console.width - len(head) - len(tail)
+    if len(what) > room:
+        what = what[:max(room - 1, 10)].rstrip() + "…"
+    return head + what + tail
 
 
 def _so_far(elapsed_s: float, expected: str | None) -> str:

@@ -235,6 +235,4 @@ def refusal(estimate: Estimate, threshold_s: float = LONG_S) -> str | None:
     without ``--allow-long``: what it would cost here, in a line that fits 100 columns; None for a shorter one."""
     if estimate.seconds < threshold_s:
         return None
-    cases = estimate.cases if estimate.cases == estimate.total else f"{estimate.cases} of {estimate.total}"
-    return (f"a GPU-sized command: {span(estimate.seconds, estimate.seconds * SLOWER)} on this CPU ({cases} "
-            f"case{'s' * (estimate.total != 1)}); --allow-long runs it")
+    return f"a GPU-sized command: {span(estimate.seconds, estimate.seconds * SLOWER)} on this CPU; --allow-long runs it"

@@ -12,6 +12,8 @@ between operators and nothing else:
 - ``flops`` and ``bytes_moved``: the FLOP and byte conventions (each operator's module states its own), of the
   case's inputs where they matter (the index lists of a sparse case), else of the spec alone; ``info``: what a
   record adds about them (the dense equivalent of a sparse case);
+- ``cpu_share``: the share of plain attention math's FLOP rate its CPU kernels reach (a CPU sweep's estimate,
+  ``timing.estimate``);
 - ``columns``: the store's shape columns (batch, sequence lengths, heads, head sizes, dtype, ...);
 - ``memory_guard``: why a case would not fit the device, or None;
 - ``expected``: the exact reference and the baseline's error against it (``accuracy.check.Expected``), and
@@ -72,6 +74,9 @@ class Attention:
     flop_note = ("attention's FLOP rates count the attended (query, key) pairs (causal halves them); approximate "
                  "kernels show dense-equivalent rates")
     """What the report says a rate of this operator counts (each operator's own sentence)."""
+    cpu_share = 1.0
+    """The share of plain attention math's FLOP rate (``timing.estimate``) this operator's CPU kernels reach, of
+    its dense FLOPs: the estimate of a CPU sweep's time. Each operator states its own."""
 
     def spec_from_dict(self, data: dict):
         from attnbench.spec import AttnSpec

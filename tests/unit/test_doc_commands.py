@@ -2,9 +2,10 @@
 
 The commands are read from the documents' code blocks (lines starting with ``attnbench ``, a line ending in a
 backslash joined to the next, a ``for`` loop kept whole) and each one is classified below: run on the CPU as
-written, refused on the CPU on purpose (exit 2 and the line that says so), checked on the CPU up to its plan
-(every option validated, the trace read, nothing run: GPU-sized work), run on a GPU only, or not run at all,
-with why. A command added to the documents fails ``test_every_command_is_classified`` until it is classified.
+written, refused on the CPU on purpose (exit 2 and the line that says so; a GPU's work says it is a GPU-sized
+command and what it would cost here), checked on the CPU up to its plan (every option validated, the trace read,
+nothing run: minutes of work), run on a GPU only, or not run at all, with why. What the CPU commands print is
+laid out for 100 columns ($COLUMNS=100, as a pipe or CI log), and no line may be wider. A command added to the documents fails ``test_every_command_is_classified`` until it is classified.
 The CPU commands run in document order in one folder, README first, as one user following both would; the
 placeholders (``ID``, ``RUN_A``, ``A``...) name runs made before them.
 """
@@ -34,6 +35,9 @@ CPU_VERDICT = "cpu-verdict"
 """Runs on the CPU as written; exit status 0, or 1 when it finds what it looks for (a regression)."""
 CPU_REFUSED = "cpu-refused"
 """Runs on the CPU as written and is refused there on purpose: exit 2 with the given words."""
+GPU_SIZED = "gpu-sized"
+"""A GPU's work (hours on a 2-core CPU, or more memory than it has): refused on the CPU before it starts, in one
+line that says it is a GPU-sized command and what it would cost there (exit 2); the GPU test runs it."""
 PLAN = "plan"
 """GPU-sized work (minutes or tens of GB on a 2-core CPU): the CPU test builds its plan (options, trace, cases
 validated; nothing run); the GPU test runs it."""
@@ -49,16 +53,18 @@ CLASSES: dict[str, tuple[str, str]] = {
     # README.md
     "attnbench backends": (CPU, ""),
     "attnbench run --backends fa3,sdpa-cudnn": (GPU, "FlashAttention-3 and cuDNN run on NVIDIA GPUs only"),
-    "attnbench run --preset gpt-oss-120b --seq-lens 8k..128k:x2": (PLAN, "8k-128k tokens, 64 heads: a GPU's work"),
-    "attnbench run --preset qwen3-next-80b --seq-lens 4k 16k": (PLAN, "4k-16k tokens, 16 heads of 256: a GPU's work"),
+    "attnbench run --preset gpt-oss-120b --seq-lens 8k..128k:x2": (GPU_SIZED, "8k-128k tokens, 64 heads"),
+    "attnbench run --preset qwen3-next-80b --seq-lens 4k 16k": (GPU_SIZED, "4k-16k tokens, 16 heads of 256"),
     "attnbench run --sinks both --softcap none 50 --causal": (CPU, ""),
     "attnbench run --batch 2q2k_128q1kv2k --page-size 1 16": (
         CPU_REFUSED, "--page-size none runs them on naive"),  # no CPU kernel reads a paged cache
     "attnbench run --batch-trace examples/serving-trace.jsonl --shared-prefix 1k --kv-dtype same fp8": (
-        PLAN, "40 steps of ~200 requests: on a CPU over 20 GB of keys written out per step"),
-    "attnbench run --preset deepseek-v3 --batch 128q1kv1k..32k": (PLAN, "128 decodes over up to 32k keys, 128 heads"),
-    "attnbench run --preset deepseek-v3.2-sparse-prefill": (PLAN, "4096 queries, 128 heads, top-k 2048: a GPU's work"),
-    "attnbench run --preset qwen3.5-gdn --seq-lens 4k 32k": (PLAN, "32k tokens of 64 value heads: a GPU's work"),
+        GPU_SIZED, "40 steps of ~200 requests: on a CPU over 20 GB of keys written out per step"),
+    "attnbench run --preset deepseek-v3 --batch 128q1kv1k..32k": (GPU_SIZED, "128 decodes over up to 32k keys, 128 heads"),
+    "attnbench run --preset deepseek-v3.2-sparse-prefill": (GPU_SIZED, "4096 queries, 128 heads, top-k 2048"),
+    "attnbench run --preset qwen3.5-gdn --seq-lens 4k 32k": (GPU_SIZED, "32k tokens of 64 value heads"),
+    "attnbench run --op sparse-mla": (CPU, ""),
+    "attnbench run --op gdn": (CPU, ""),
     "attnbench e2e --model qwen3-next-tiny --device cpu": (CPU, ""),
     "attnbench run --baseline sdpa-flash": (CPU, ""),
     "attnbench verify": (CPU, ""),
@@ -197,7 +203,7 @@ COMMANDS = doc_commands()
 
 
 def test_every_command_is_classified():
-    assert len(COMMANDS) > 50 and sum(c.kind in (GPU, PLAN) for c in COMMANDS) >= 20  # both documents read
+    assert len(COMMANDS) > 50 and sum(c.kind in (GPU, GPU_SIZED, PLAN) for c in COMMANDS) >= 20  # both documents read
     unclassified = [str(c) for c in COMMANDS if not c.key]
     assert not unclassified, "classify these in CLASSES: " + "; ".join(unclassified)
     unused = [k for k in CLASSES if not any(c.key == k for c in COMMANDS)]
@@ -259,18 +265,72 @@ def _only_the_shipped_backends(monkeypatch) -> None:
     monkeypatch.delenv("ATTNBENCH_PLUGINS", raising=False)
 
 
+WIDTH = 100
+"""Columns of a pipe or a CI log ($COLUMNS, ``cli.common.pipe_width``): no line a CPU command prints is wider."""
+COMPARE_VERDICT = r"attnbench: \d+ regression\(s\) beyond "
+KNOWN_WIDE = {
+    r"attnbench: run \S+ \(": "the views' which-run line: the run, its command and the newer runs",
+    r"attnbench: error: nothing to run: ": "a refusal that counts each reason and the backends it holds for",
+    COMPARE_VERDICT: "compare's verdict with the worst case and its interval",
+}
+"""Lines wider than ``WIDTH`` still printed (a pattern of their start -> what they are), each to be shortened where
+it is made. An entry no command prints any more fails the test, so that it goes once its line fits (compare's
+verdict is printed only when the two runs differ: it may not be)."""
+
+
+def _too_wide(command: Command, out: str, seen: set[str]) -> list[str]:
+    wide = []
+    for line in out.splitlines():
+        if len(line) <= WIDTH:
+            continue
+        known = next((k for k in KNOWN_WIDE if re.match(k, line)), None)
+        if known is None:
+            wide.append(f"{command}: a line of {len(line)} columns: {line[:160]}")
+        seen.add(known or "")
+    return wide
+
+
+def _as_in_a_pipe(monkeypatch) -> None:
+    """Consoles laid out as for a pipe at $COLUMNS=100, whatever the terminal running the tests."""
+    from attnbench.cli import common
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    monkeypatch.setattr(common, "console", common._console())
+    monkeypatch.setattr(common, "err_console", common._console(stderr=True))
+
+
+def _a_2_core_cpu(monkeypatch) -> list:
+    """The estimate at a 2-core CPU's rates and 22 GiB free (what the refusals above were measured on), on any
+    machine; a run that starts anyway is recorded, not run for hours."""
+    from attnbench import memory
+    from attnbench.cli import run as run_cmd
+    from attnbench.timing import estimate
+    monkeypatch.setattr(estimate, "probe", lambda dtypes: estimate.Rates(
+        flops={"fp32": 50e9, "bf16": 100e9, "fp16": 5e9}, fresh_bytes=2e9, threads=1))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 22 << 30)
+    started, make_runner = [], run_cmd.control.make_runner
+
+    def made(plan, **kwargs):
+        runner = make_runner(plan, **kwargs)
+        runner.run = lambda specs: started.append(plan) or []
+        return runner
+    monkeypatch.setattr(run_cmd.control, "make_runner", made)
+    return started
+
+
 @pytest.mark.slow
 def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
     """README first, then the guide, in one folder: each CPU command exits 0 (a refused one 2, with the line
-    that says why), and each GPU-sized one is a valid plan on the CPU."""
+    that says why; a GPU-sized one 2, saying so before it starts), and each minutes-long one is a valid plan on
+    the CPU. No line of what they print is wider than 100 columns."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine, on any machine
     _only_the_shipped_backends(monkeypatch)
+    _as_in_a_pipe(monkeypatch)
     (tmp_path / "examples").symlink_to(ROOT / "examples")  # the trace, as from the checkout
-    failures = []
+    failures, wide_seen = [], set()
     for command in COMMANDS:
         kind, expected = CLASSES[command.key]
-        if kind not in (CPU, CPU_VERDICT, CPU_REFUSED, PLAN):
+        if kind not in (CPU, CPU_VERDICT, CPU_REFUSED, GPU_SIZED, PLAN):
             continue
         for part in command.text.split("; "):  # `attnbench runs; attnbench show --run ID`
             argv = _argv(shlex.split(part)[1:], tmp_path)
@@ -281,7 +341,19 @@ def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
                 if res.returncode != 0 or len(plans) != 1 or not plans[0].specs:
                     failures.append(f"{command}: no plan: exit {res.returncode}: {res.stderr.strip()[-300:]}")
                 continue
+            if kind == GPU_SIZED:
+                with monkeypatch.context() as m:
+                    started = _a_2_core_cpu(m)
+                    res = cli(*argv)
+                lines = res.stderr.strip().splitlines()
+                if res.returncode != 2 or started or len(lines) != 1 or \
+                        not lines[0].startswith("attnbench: error: a GPU-sized command: "):
+                    failures.append(f"{command}: not refused as a GPU's work: exit {res.returncode}, "
+                                    f"{'started' if started else 'not started'}: {res.stderr.strip()[-300:]}")
+                failures += _too_wide(command, res.stdout + res.stderr, wide_seen)
+                continue
             res = cli(*argv)
+            failures += _too_wide(command, res.stdout + res.stderr, wide_seen)
             want = 2 if kind == CPU_REFUSED else 0
             if kind == CPU_VERDICT and res.returncode == 1:
                 continue
@@ -292,11 +364,13 @@ def test_the_cpu_commands_run_as_written(tmp_path, monkeypatch):
                                 f"): {res.stderr.strip()[-400:]}")
             elif kind == CPU_REFUSED and len(res.stderr.strip().splitlines()) != 1:
                 failures.append(f"{command}: the refusal is not one line: {res.stderr}")
+    gone = set(KNOWN_WIDE) - wide_seen - {COMPARE_VERDICT}
     assert not failures, "\n".join(failures)
+    assert not gone, f"no command prints these wide lines any more; drop them from KNOWN_WIDE: {sorted(gone)}"
     assert (tmp_path / "traces").is_dir() and any((tmp_path / "traces").iterdir())  # run --trace traces/
     assert (tmp_path / "cmp.svg").is_file() and (tmp_path / "sweep-1.db").is_file()  # plot -o; shard 1 of 4 (0-based)
     kinds = [c.split()[1] for _, c in _runs(tmp_path)]
-    assert kinds.count("run") == 4 and kinds.count("verify") == 3 and kinds.count("e2e") == 4
+    assert kinds.count("run") == 6 and kinds.count("verify") == 3 and kinds.count("e2e") == 4
 
 
 def test_the_shipped_trace_takes_the_readmes_shared_prefix():
@@ -343,7 +417,7 @@ def test_the_gpu_commands_run_as_written(doc, tmp_path):
     shell = f"attnbench() {{ {shlex.quote(sys.executable)} -m attnbench \"$@\"; }}\n"
     left_out, failures, runs_left_out = [], [], []
     for command in COMMANDS:
-        if command.doc != doc or command.kind not in (GPU, PLAN):
+        if command.doc != doc or command.kind not in (GPU, GPU_SIZED, PLAN):
             continue
         missing = [n for n in _named_backends(command.text) if cannot_run(n, "cuda")]
         if re.search(r"--model (cogvideox|wan)", command.text) and importlib.util.find_spec("diffusers") is None:

@@ -89,6 +89,107 @@ def test_the_probe_times_each_dtype_with_the_run_threads_and_skips_one_the_cpu_c
     assert rates.threads == torch.get_num_threads()
 
 
+# ---- a GPU's work on a CPU: refused before it starts ------------------------------------------------------------
+SLOW = estimate.Rates(flops={"fp32": 50e9, "bf16": 100e9}, fresh_bytes=2e9, threads=1)
+"""A 2-core CPU's rates, fixed: what the CLI tests below are refused or let through at, on any machine."""
+
+
+def _slow_cpu(monkeypatch):
+    monkeypatch.setattr(estimate, "probe", lambda dtypes: SLOW)
+
+
+@pytest.mark.parametrize("op", ["gdn", "kda", "mamba2", "sparse-mla", "indexer"])
+def test_every_operator_has_a_cpu_estimate_at_its_cpu_default_and_its_preset(op):
+    import attnbench
+    from attnbench import operators
+    [spec, *_] = attnbench.plan(op=op, device="cpu").specs
+    call_s = estimate.call_seconds(spec, SLOW)
+    assert call_s is not None and call_s > 0
+    op_decl = operators.of(spec)
+    assert call_s >= op_decl.flops(spec) / (100e9 * op_decl.cpu_share) * 0.99  # its own FLOPs at its share
+    default = estimate.sweep(attnbench.plan(op=op, device="cpu").specs * 2, SLOW, TimingConfig(), check=True)
+    assert estimate.refusal(default) is None  # the CPU default shape runs without asking
+
+
+def test_the_default_cpu_sweep_is_never_refused_even_at_the_slowest_rates():
+    import attnbench
+    specs = attnbench.plan(device="cpu").specs
+    slowest = estimate.Rates(flops={"fp32": 5e9}, fresh_bytes=0.5e9, threads=1)  # a 10x slower CPU than SLOW
+    assert estimate.refusal(estimate.sweep(specs * 3, slowest, TimingConfig(), check=True)) is None
+
+
+@pytest.mark.parametrize("argv", [["--preset", "qwen3-next-80b", "--seq-lens", "4k", "16k"],
+                                  ["--preset", "deepseek-v3.2-sparse-prefill"],
+                                  ["--preset", "qwen3.5-gdn", "--seq-lens", "4k", "32k"]],
+                         ids=["gated-attention", "sparse-mla", "gdn"])
+def test_a_gpu_sized_command_is_refused_on_a_cpu_in_one_line_and_stores_nothing(tmp_path, monkeypatch, argv):
+    from results_fixtures import cli
+
+    from attnbench.cli import run as run_cmd
+    _slow_cpu(monkeypatch)
+    started = []
+    monkeypatch.setattr(run_cmd.control, "make_runner", _wrapping(run_cmd.control.make_runner,
+                                                                  lambda self, specs: started.append(1) or []))
+    db = tmp_path / "r.db"
+    res = cli("run", *argv, "--device", "cpu", "--db", db)
+    assert not started  # (before the refusal, hours of it ran here)
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.splitlines()
+    assert line.startswith("attnbench: error: a GPU-sized command: ") and line.endswith(
+        " on this CPU; --allow-long runs it") and len(line) <= 100, line
+    assert " h " in line or " min" in line  # what it would cost here
+    assert not db.exists()  # refused before the store is touched
+
+
+def test_allow_long_starts_it_and_the_estimate_counts_the_cases_the_progress_counts(tmp_path, monkeypatch):
+    """The warning counts the cases that will run (a backend takes them, the memory guard lets them start) out of
+    the run's cases, the number the progress shows."""
+    from results_fixtures import cli
+
+    from attnbench import memory
+    from attnbench.cli import run as run_cmd
+    monkeypatch.setattr(estimate, "probe", lambda dtypes: estimate.Rates(flops={"fp32": 1e9}, fresh_bytes=1e9,
+                                                                         threads=1))
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 600 << 20)  # 4k's 256 MiB scores fit, 8k's do not
+    seen = []
+
+    def stop(self, specs):  # the estimate and the progress are made; nothing need run
+        seen.append(len(self.cases(specs)))
+        return []
+    monkeypatch.setattr(run_cmd.control, "make_runner", _wrapping(run_cmd.control.make_runner, stop))
+    argv = ["run", "--device", "cpu", "--seq-lens", "4k", "8k", "--q-heads", "4", "--head-size", "64", "--dtype",
+            "fp32", "--pass", "fwd", "--no-causal", "--backends", "naive,sdpa-math,sdpa-flash", "--db",
+            tmp_path / "r.db"]
+    refused = cli(*argv)
+    assert refused.returncode == 2 and "GPU-sized command: 24–96 min on this CPU" in refused.stderr, refused.stderr
+    # 4k's three only: 8k's are refused as too large, not counted (with them, 2-8 h)
+    res = cli(*argv, "--allow-long")  # exit 130: the stand-in run above stops before the first case
+    assert seen == [6], res.stderr
+    assert "this sweep may take" in res.stderr and ": 3 of its 6 cases, ~" in res.stderr, res.stderr
+
+
+def _wrapping(make_runner, run):
+    def made(plan, **kwargs):
+        runner = make_runner(plan, **kwargs)
+        runner.run = run.__get__(runner)
+        return runner
+    return made
+
+
+def test_a_sweep_none_of_whose_cases_fits_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    from results_fixtures import cli
+
+    from attnbench import memory
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: 600 << 20)
+    db = tmp_path / "r.db"
+    res = cli("run", "--device", "cpu", "--seq-lens", "8k", "16k", "--q-heads", "4", "--head-size", "64", "--dtype",
+              "fp32", "--pass", "fwd", "--no-causal", "--backends", "naive,sdpa-math", "--db", db)
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.splitlines()
+    assert line.startswith("attnbench: error: a GPU-sized command: the smallest of its 4 cases needs "), line
+    assert "600.0 MiB free" in line and not db.exists()
+
+
 # ---- progress while a case runs ----------------------------------------------------------------------------------
 def test_a_case_in_flight_beats_with_its_time_and_estimate_then_the_pace_of_the_run():
     flight = inflight.InFlight(expected_s=lambda spec: 10.0)
@@ -144,6 +245,21 @@ def test_a_long_run_in_a_log_spaces_its_lines_out(monkeypatch):
     assert 100 < len(log) < 200  # not 1,440 lines
     gaps = [b - a for a, b in zip(seconds, seconds[1:], strict=False)]
     assert max(gaps) == 60 and gaps == sorted(gaps)  # longer waits as the run goes on, at most a minute
+
+
+def test_a_log_line_of_a_long_case_name_fits_the_logs_width(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=out, width=100))
+    lines = _LogLines(quiet=False)
+    lines.add_task("measuring", total=2)
+    what = "torch-recurrent gdn b1 s2048 h16 k128 v128 bf16 h0 l2 fwd"
+    lines.update(0, description=what)
+    lines.last -= 5
+    lines.still_running(what, 15.2, "11–45 s")  # 113 columns whole
+    first, beat = out.getvalue().splitlines()
+    assert first == f"attnbench: [0/2] 0s {what}"  # short enough: whole
+    assert len(beat) == 100 and beat.startswith("attnbench: [0/2] ") and beat.endswith("… (15 s, est. 11–45 s)")
+    assert "still running torch-recurrent gdn b1 s2048" in beat
 
 
 # ---- the stop ----------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ IMPL_ALIASES = {"pytorch": "naive", "flash2": "fa2"}
 
 
 BOOL_OPTIONS = {"check": True, "quiet": False, "table": False, "isolate": False, "skip_missing": False,
-                "fail_on_approx": False, "precise": False, "fresh_inputs": False}
+                "fail_on_approx": False, "precise": False, "fresh_inputs": False, "allow_long": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,14 +390,6 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     env = envmod.collect(plan.options.device)
     env_id = envmod.env_id(env)
     run_id = plan.resume or run_id or new_run_id()
-    store = ResultStore(plan.db)
-    try:
-        store.add_env(env_id, env)
-        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
-                        env_id=env_id, version=__version__, resume=plan.resume is not None)
-    except BaseException:
-        store.close()
-        raise
     records = []
     progress = _progress(quiet)
     inflight = InFlight()
@@ -413,9 +405,21 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
         inflight.start(spec, name)
         progress.update(task, description=describe(spec, name))
 
-    before = store.case_ids(run_id)
-    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, skip=before, checker=checker)
+    runner = control.make_runner(plan, run_id=run_id, env_id=env_id, sink=sink, checker=checker)
     runner.on_case = on_case
+    if runner.device.type == "cpu":  # before the store is touched: a sweep refused here leaves nothing behind
+        runner.skip = _recorded(plan.db, run_id) if plan.resume else set()
+        inflight.expected_s = announce(runner.cases(plan.specs), plan, runner.device, check=checker is not None,
+                                       quiet=quiet)
+    store = ResultStore(plan.db)
+    try:
+        store.add_env(env_id, env)
+        store.start_run(run_id, command=common.stored_command("run"), config=plan.config,
+                        env_id=env_id, version=__version__, resume=plan.resume is not None)
+    except BaseException:
+        store.close()
+        raise
+    before = runner.skip = store.case_ids(run_id)
     cases = runner.cases(plan.specs)
     try:  # the run's whole plan (a resumed run's earlier cases too): an interrupted run shows what it lacks
         store.plan_cases(run_id, len(before) + len(cases))
@@ -431,8 +435,6 @@ def execute(plan: RunPlan, *, run_id: str | None = None, quiet: bool = False, ch
     started = time.perf_counter()
     full, failing = None, True
     try:
-        if not quiet and runner.device.type == "cpu":
-            inflight.expected_s = announce(cases, plan, runner.device, check=checker is not None)
         with progress, control.stop_on_sigint(runner, announced=watched), \
                 stop_at_once(inflight, runner, db=plan.db, run_id=run_id, hint=hint, enabled=watched,
                              before_exit=progress.stop), \
@@ -501,10 +503,11 @@ class _LogLines:
         each LINES_PER_STEP more, up to MAX_EVERY_S (5 s for the first 50 s of a run, 60 s from its 13th minute)."""
         return min(self.MAX_EVERY_S, self.EVERY_S * 2 ** (self.lines // self.LINES_PER_STEP))
 
-    def _say(self, now: float, text: str) -> None:
+    def _say(self, now: float, what: str, tail: str = "") -> None:
+        """One log line: the count, the time, ``what`` (cut to the log's width, ``_fit``) and ``tail``."""
         self.last = now
         self.lines += 1
-        common.err_console.print(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s {text}",
+        common.err_console.print(_fit(f"attnbench: [{self.done}/{self.total}] {now - self.start:.0f}s ", what, tail),
                                  markup=False, highlight=False, soft_wrap=True)
 
     def __enter__(self):
@@ -530,10 +533,19 @@ class _LogLines:
         """The heartbeat of a long case: a line when none was printed for ``every_s``."""
         now = time.perf_counter()
         if not self.quiet and now - self.last >= self.every_s:
-            self._say(now, f"still running {what} {_so_far(elapsed_s, expected)}")
+            self._say(now, f"still running {what}", " " + _so_far(elapsed_s, expected))
 
     def stop(self) -> None:
         """Nothing to take down (a live bar's ``stop`` clears it)."""
+
+
+def _fit(head: str, what: str, tail: str = "") -> str:
+    """``head + what + tail`` in one line of the log's width: the case's name (``what``) cut short with '…' where
+    the whole would be wider (a log line is never wrapped, and a wider one breaks in a 100-column log)."""
+    room = common.err_console.width - len(head) - len(tail)
+    if len(what) > room:
+        what = what[:max(room - 1, 10)].rstrip() + "…"
+    return head + what + tail
 
 
 def _so_far(elapsed_s: float, expected: str | None) -> str:
@@ -548,16 +560,41 @@ def _still_running(progress, task):
     return lambda what, elapsed_s, expected: progress.update(task, description=f"{what} {_so_far(elapsed_s, expected)}")
 
 
-def announce(cases: list, plan: RunPlan, device, check: bool):
-    """A CPU run: warn of a sweep that may take minutes (``timing.estimate``, from a probe of this CPU's rates),
-    and return the estimate of a case's seconds for the progress."""
+def _recorded(db: Path, run_id: str) -> set[str]:
+    """The case ids ``run_id`` has records of in ``db`` (none where the store cannot be read yet)."""
+    try:
+        with ResultStore(db, readonly=True) as store:
+            return store.case_ids(run_id)
+    except Exception:  # the claim that follows says what is wrong with the store
+        return set()
+
+
+def announce(cases: list, plan: RunPlan, device, check: bool, quiet: bool = False):
+    """A CPU run: refuse a sweep of a GPU's size unless ``--allow-long`` was given (UserError), warn of one that
+    may take minutes (``timing.estimate``, from a probe of this CPU's rates), and return the estimate of a case's
+    seconds for the progress. The cases estimated are those that will run: a backend takes them and their
+    operator's memory guard lets them start (a case refused as too large costs nothing)."""
+    from attnbench import operators
     from attnbench.timing import estimate
-    specs = [spec for spec, backend in cases if backend.supports(spec, device) is None]
+    specs, too_big = [], []
+    for spec, backend in cases:
+        if backend.supports(spec, device) is None:
+            op = operators.of(spec)
+            reason = op.memory_guard(spec, backend, device, inputs_allocated=False)
+            specs += [spec] if reason is None else []
+            too_big += [(op.bytes_moved(spec), reason)] if reason else []
     if not specs:
+        if too_big and not common.option_bool(plan.config, "allow_long"):  # every case would be an "oom" record
+            smallest = min(too_big, key=lambda size_reason: size_reason[0])[1].replace(" (estimated; not run)", "")
+            raise UserError(f"a GPU-sized command: the smallest of its {_cases(len(cases))} {smallest}")
         return lambda spec: None
-    rates = estimate.probe({spec.dtype for spec in specs if isinstance(spec, AttnSpec)})
-    line = estimate.warning(estimate.sweep(specs, rates, plan.options.timing, check))
-    if line:
+    rates = estimate.probe(estimate.probe_dtypes(specs))
+    sweep = estimate.sweep(specs, rates, plan.options.timing, check, total=len(cases))
+    refusal = estimate.refusal(sweep)
+    if refusal and not common.option_bool(plan.config, "allow_long"):
+        raise UserError(refusal)
+    line = estimate.warning(sweep)
+    if line and not quiet:
         common.err_console.print(line, markup=False, highlight=False)
     return lambda spec: estimate.case_seconds(spec, rates, plan.options.timing, check)
 
@@ -692,6 +729,9 @@ def run(
         "--isolate", rich_help_panel="Run control", help="Run each case in a worker process: a crashing kernel costs only its case.")] = False,
     case_timeout: Annotated[float | None, typer.Option(
         "--case-timeout", rich_help_panel="Run control", metavar="SECONDS", help="End a case running longer than this (implies --isolate).")] = None,
+    allow_long: Annotated[bool, typer.Option(
+        "--allow-long", rich_help_panel="Run control", help="On a CPU, start a sweep estimated to take 10 minutes or "
+        "more (a GPU's work: refused otherwise, with its estimate).")] = False,
     fail_on_approx: Annotated[bool, typer.Option(
         "--fail-on-approx", rich_help_panel="Inputs and accuracy", help="Exit 1 also when an approximate backend (quantized, sparse) fails its looser "
         "check; mismatches and NaN always do.")] = False,

@@ -30,6 +30,10 @@ class Recurrence:
     name = "recurrence"
     flop_note = ("a recurrence's count the chunked form's work in prefill and the recurrent form's in decode, "
                  "whatever the kernel")
+    cpu_share = 0.05
+    """Of plain attention math's FLOP rate (``operators.Attention.cpu_share``), what the CPU forms reach of the
+    count above: the token loop 0.05, the chunk form 0.2-0.25 for GDN and Mamba2, 0.008 for KDA (2-core EPYC,
+    one thread, bf16, the CPU default shape, 2026-12-08); the loop's, which every sweep runs."""
 
     def spec_from_dict(self, data: dict) -> RecurrenceSpec:
         return RecurrenceSpec.from_dict(data)

@@ -24,6 +24,10 @@ from attnbench.sparse.spec import INVALID_RATE, SparseSpec, grads_of, make_input
 class SparseMla:
     name = "sparse-mla"
     flop_note = "sparse MLA's count the selected (query, key) slots"
+    cpu_share = 0.1
+    """Of plain attention math's FLOP rate (``operators.Attention.cpu_share``), what the CPU kernels reach of the
+    count above: sparse-torch's gathered rows 0.03-0.1, flex-sparse-mla 0.25 (2-core EPYC, one thread, bf16, the
+    CPU default shape, 2026-12-08)."""
 
     def spec_from_dict(self, data: dict) -> SparseSpec:
         return SparseSpec.from_dict(data)

@@ -15,6 +15,11 @@ case costs is its calls times the time of one call:
   ~120, fp16 ~5 GFLOP/s); the second is what makes a DeepSeek-V3 decode step (one latent KV head for 128 query
   heads) take 1.7 s a call for 1.1 GFLOP there.
 
+The other operators' cases are estimated the same way, from their own FLOP count (``flops(spec)``) at the share
+of plain math's rate their CPU kernels reach (the operator's ``cpu_share``: a recurrence's token loop, a sparse
+case's gathered rows) and the bytes they move at the fresh-memory rate; a dtype plain math has no kernel for here
+(the indexer's fp8) is taken at fp32's rate, as those kernels compute it.
+
 ``probe`` measures both rates in about 0.1 s, with the threads the run times with. They are the rates of plain
 math at its best, so the estimate is about the least a sweep takes; the kernels' own overheads (layout copies,
 masks, a request at a time), the exact reference of the check and a case timed again after other processes
@@ -45,6 +50,12 @@ serving batch 4-9x (2-5 s: naive's strided bf16 copies took 67 of its 97 ms a ca
 of the default CPU sweep (7 s) whenever a busy CPU halves the probe's rates."""
 WARN_S = 60.0
 """A sweep that may well take longer than this (``SLOWER`` times the estimate) is announced before it starts."""
+LONG_S = 600.0
+"""A sweep estimated to take at least this long (the estimate itself, the least it should take) is a GPU's work:
+on a CPU, ``attnbench run`` refuses it unless ``--allow-long`` is given. The default CPU sweep is estimated at a
+few seconds; a model preset at its sequence lengths at hours."""
+FALLBACK_DTYPE = "fp32"
+"""The rate a case in a dtype ``probe`` could not time is estimated at (other operators than attention)."""
 
 
 @dataclass(frozen=True)
@@ -97,12 +108,30 @@ def plain_math_bytes(spec: AttnSpec) -> float:
     return 2 * spec.heads_q * per_head * elem * metrics.PASS_FLOP_FACTOR[spec.pass_]  # each written, then read
 
 
-def call_seconds(spec: AttnSpec, rates: Rates) -> float | None:
-    """Seconds of one call of ``spec`` by plain attention math here; None for a dtype ``probe`` could not time."""
-    rate = rates.flops.get(spec.dtype) if isinstance(spec, AttnSpec) else None  # other operators: not estimated
-    if rate is None:
-        return None
-    return max(metrics.flops(spec, convention="dense") / rate, plain_math_bytes(spec) / rates.fresh_bytes)
+def probe_dtypes(specs: Iterable) -> set[str]:
+    """The dtypes ``probe`` should time for ``specs``: theirs, and ``FALLBACK_DTYPE`` for another operator's."""
+    dtypes = {spec.dtype for spec in specs}
+    if any(not isinstance(spec, AttnSpec) for spec in specs):
+        dtypes.add(FALLBACK_DTYPE)
+    return dtypes
+
+
+def call_seconds(spec, rates: Rates) -> float | None:
+    """Seconds of one call of ``spec`` here (module docstring); None for an attention dtype ``probe`` could not
+    time (a CPU without the kernel: the case does not run)."""
+    from attnbench import operators
+    op = operators.of(spec)
+    rate = rates.flops.get(spec.dtype)
+    if isinstance(spec, AttnSpec):
+        if rate is None:
+            return None
+        moved = plain_math_bytes(spec)
+    else:
+        rate = rate or rates.flops.get(FALLBACK_DTYPE)
+        if rate is None:
+            return None
+        moved = op.bytes_moved(spec)
+    return max(op.flops(spec, convention="dense") / (rate * op.cpu_share), moved / rates.fresh_bytes)
 
 
 def calls(call_s: float, timing: TimingConfig, check: bool) -> float:
@@ -113,7 +142,7 @@ def calls(call_s: float, timing: TimingConfig, check: bool) -> float:
     return 1 + warmup + sampled_ms / call_ms + (2 if check else 0)
 
 
-def case_seconds(spec: AttnSpec, rates: Rates, timing: TimingConfig, check: bool) -> float | None:
+def case_seconds(spec, rates: Rates, timing: TimingConfig, check: bool) -> float | None:
     """Seconds the case should take here (None: unknown)."""
     call_s = call_seconds(spec, rates)
     if call_s is None:
@@ -128,35 +157,41 @@ class Estimate:
     seconds: float
     cases: int
     """Cases counted (those a backend takes, in a dtype the probe timed)."""
+    total: int
+    """The run's cases, as its progress counts them (those counted, those refused here, those not estimated)."""
     calls: float
     flop: float
     """Dense FLOPs of all those calls."""
     rates: Rates
 
 
-def sweep(cases: Iterable[AttnSpec], rates: Rates, timing: TimingConfig, check: bool) -> Estimate:
-    """The estimate of running ``cases`` (one spec per case a backend takes) here."""
+def sweep(cases: Iterable, rates: Rates, timing: TimingConfig, check: bool, total: int | None = None) -> Estimate:
+    """The estimate of running ``cases`` (one spec per case that will run: a backend takes it, the memory guard
+    lets it start) here, of a run of ``total`` cases (default: these)."""
+    from attnbench import operators
     seconds = n_calls = flop = 0.0
-    counted = 0
+    counted = seen = 0
     for spec in cases:
+        seen += 1
         call_s = call_seconds(spec, rates)
         if call_s is None:
             continue
         n = calls(call_s, timing, check)
         counted, seconds, n_calls = counted + 1, seconds + n * call_s, n_calls + n
-        flop += n * metrics.flops(spec, convention="dense")
-    return Estimate(seconds=seconds, cases=counted, calls=n_calls, flop=flop, rates=rates)
+        flop += n * operators.of(spec).flops(spec, convention="dense")
+    return Estimate(seconds=seconds, cases=counted, total=seen if total is None else total, calls=n_calls, flop=flop,
+                    rates=rates)
 
 
 def duration(seconds: float) -> str:
-    """'<1 s', '40 s', '4 min', '2.5 h'."""
+    """'<1 s', '40 s', '4 min', '2.5 h', '840 h' (a tenth of an hour only below 10 h)."""
     if seconds < 0.5:
         return "<1 s"
     if seconds < 99.5:
         return f"{seconds:.0f} s"
     if seconds < 99.5 * 60:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 3600:.1f} h" if seconds < 9.95 * 3600 else f"{seconds / 3600:.0f} h"
 
 
 def span(low: float, high: float) -> str:
@@ -168,7 +203,7 @@ def span(low: float, high: float) -> str:
     scale = {"s": 1, "min": 60, "h": 3600}[unit]
     if low / scale < 0.95:
         return f"{duration(low)}–{b}"
-    a = f"{low / scale:.1f}" if unit == "h" else f"{low / scale:.0f}"
+    a = f"{low / scale:.1f}" if unit == "h" and high < 9.95 * 3600 else f"{low / scale:.0f}"
     return b if f"{a} {unit}" == b else f"{a}–{b}"
 
 
@@ -181,7 +216,23 @@ def warning(estimate: Estimate, threshold_s: float = WARN_S) -> str | None:
     math_rates = ", ".join(f"{name} {rate / 1e9:.3g} GFLOP/s" for name, rate in rates.flops.items())
     threads = f"{rates.threads} thread{'s' * (rates.threads != 1)}"
     return (f"attnbench: this sweep may take {span(estimate.seconds, estimate.seconds * SLOWER)} on this CPU: "
-            f"{estimate.cases} case{'s' * (estimate.cases != 1)}, ~{estimate.calls:,.0f} calls, "
+            f"{counted(estimate)}, ~{estimate.calls:,.0f} calls, "
             f"{estimate.flop / 1e9:,.0f} GFLOP at the rates plain attention math reached here ({math_rates}, fresh "
             f"memory {rates.fresh_bytes / 1e9:.2g} GB/s, {threads}), kernels up to {SLOWER:g}x slower; smaller "
             "--seq-lens, --batch-size or --batch run sooner, Ctrl-C stops it")
+
+
+def counted(estimate: Estimate) -> str:
+    """'12 cases', or '40 of its 60 cases' where the others are refused here or cannot be estimated."""
+    cases = f"{estimate.cases} case{'s' * (estimate.cases != 1)}"
+    if estimate.total == estimate.cases:
+        return cases
+    return f"{estimate.cases} of its {estimate.total} cases"
+
+
+def refusal(estimate: Estimate, threshold_s: float = LONG_S) -> str | None:
+    """Why a sweep estimated at ``threshold_s`` or more (the least it should take) is not started on this CPU
+    without ``--allow-long``: what it would cost here, in a line that fits 100 columns; None for a shorter one."""
+    if estimate.seconds < threshold_s:
+        return None
+    return f"a GPU-sized command: {span(estimate.seconds, estimate.seconds * SLOWER)} on this CPU; --allow-long runs it"

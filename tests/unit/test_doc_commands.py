@@ -269,7 +269,6 @@ WIDTH = 100
 """Columns of a pipe or a CI log ($COLUMNS, ``cli.common.pipe_width``): no line a CPU command prints is wider."""
 COMPARE_VERDICT = r"attnbench: \d+ regression\(s\) beyond "
 KNOWN_WIDE = {
-    r"attnbench: run \S+ \(": "the views' which-run line: the run, its command and the newer runs",
     r"attnbench: error: nothing to run: ": "a refusal that counts each reason and the backends it holds for",
     COMPARE_VERDICT: "compare's verdict with the worst case and its interval",
 }

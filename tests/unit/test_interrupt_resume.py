@@ -158,8 +158,8 @@ _AT = (
 def test_a_signal_while_the_cli_starts_is_one_line(signum, kind, name):
     """Wherever it lands in the start-up (numpy's import, which turns a KeyboardInterrupt into an ImportError;
     torch's C++ ``_c10d_init``, where one aborts the process; an import of the command itself), a stop signal
-    ends the command with one line and 128 + the signal. One sent while the CLI imports torch is handled once that
-    import is over, never inside it."""
+    ends the command with one line and 128 + the signal. One sent while the CLI imports is handled once that import
+    is over; one inside a later import (torch's, which a command makes) is raised again until the command stops."""
     import subprocess
     import sys
 
@@ -168,8 +168,8 @@ def test_a_signal_while_the_cli_starts_is_one_line(signum, kind, name):
     assert res.returncode == 128 + signum and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("attnbench: error:"), res.stderr
     handled = [line for line in res.stdout.splitlines() if line.startswith("handled ")]
-    assert handled, res.stdout
-    if name != "attnbench.backends.base":  # the CLI's own import: held back until it is over
+    assert handled, res.stdout  # and the status and the one line above: the process stopped, it did not abort
+    if name == "numpy":  # the CLI's own import: the signal is held back until it is over, handled once
         assert handled == ["handled outside an import"], handled
 
 

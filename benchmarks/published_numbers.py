@@ -6,7 +6,7 @@
 ``run`` times every case of the figures below that this machine can run (attnbench's runner, default
 timing and accuracy check, records in the store); series that need another timing mode or backend
 option (a kernel timed alone by the profiler, a pinned FlashInfer template) are timed in runs of their
-own, named ``RUN_ID+profiler``, ``RUN_ID+flashinfer.backend=fa2`` and so on. ``page`` writes the
+own, named ``RUN_ID+profiler``, ``RUN_ID+flashinfer.backend-fa2`` (a run id has no `=`) and so on. ``page`` writes the
 comparison from those stored records: the published number with its source, ours, the ratio, and for
 each gap over 5% what was checked, or "unexplained". Nothing here is tuned toward a published number.
 
@@ -307,7 +307,8 @@ def specs(figure: Figure):
 
 
 def group_run_id(run_id: str, group: str) -> str:
-    return f"{run_id}+{group}" if group else run_id
+    """The run id of a group's run: ``RUN_ID+group``, with the group's ``=`` (not allowed in a run id) as ``-``."""
+    return f"{run_id}+{group.replace('=', '-')}" if group else run_id
 
 
 def cmd_run(args) -> None:
@@ -377,10 +378,11 @@ def load(store, run_ids: list[str]) -> dict:
     """(group, backend, case label, pass) -> record, from ``run_ids`` and their ``+group`` runs; a later run's
     ok record of a case replaces an earlier one's failure."""
     names = [r["run_id"] for r in store.runs()]
+    groups = {group_run_id("", o.group): o.group for f in FIGURES for ran, _ in f.series.values() for o in ran}
     by_case: dict = {}
     for run_id in run_ids:
         for name in [run_id] + [n for n in names if n.startswith(run_id + "+")]:
-            group = name[len(run_id) + 1:] if name != run_id else ""
+            group = groups.get(name[len(run_id):], name[len(run_id) + 1:]) if name != run_id else ""
             for r in store.records(name):
                 key = (group, r.backend, r.spec.label(), r.spec.pass_)
                 if key not in by_case or by_case[key].status != "ok":

@@ -155,7 +155,7 @@ def available_bytes(device: str | torch.device) -> int | None:
     device = torch.device(device)
     if device.type == "cpu":
         return host_available_bytes()
-    if device.type != "cuda":
+    if device.type != "cuda" or not torch.cuda.is_available():  # a plan made for a GPU this process cannot see
         return None
     free, _total = torch.cuda.mem_get_info(device)
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -187,25 +187,4 @@ def too_big(need: float, device: str | torch.device, *, rough: bool = False) -> 
         return None
     return f"needs {'about ' * rough}{format_bytes(need)}, {format_bytes(free)} free (estimated; not run)"
 
-
-def inputs_refusal(specs, device: str | torch.device) -> str | None:
-    """Why not one of ``specs`` can have its inputs made on ``device`` (its operator's guard, ``memory_guard`` with
-    no backend), naming the smallest case; None as soon as one fits, or where free memory is unknown. A sweep
-    refused here would only record out-of-memory cases, after allocating for none of them."""
-    from attnbench import operators
-    smallest = None
-    for spec in specs:
-        op = operators.of(spec)
-        reason = op.memory_guard(spec, None, device, inputs_allocated=False)
-        if reason is None:
-            return None
-        size = op.bytes_moved(spec)
-        if smallest is None or size < smallest[0]:
-            smallest = (size, spec, reason)
-    if smallest is None:
-        return None
-    _, spec, reason = smallest
-    what = spec.label() if len(specs) == 1 else f"none of the {len(specs)} cases fits; the smallest, {spec.label()},"
-    reason = reason.replace(" (estimated; not run)", "").replace(", ", " for its inputs and outputs, ", 1)
-    return f"{what} {reason} (estimated)"
 

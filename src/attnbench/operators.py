@@ -66,6 +66,27 @@ def spec_from_dict(data: dict):
     return get(data.pop("operator", "attention")).spec_from_dict(data)
 
 
+def inputs_refusal(specs, device) -> str | None:
+    """Why not one of ``specs`` can have its inputs made on ``device`` (its operator's guard, ``memory_guard`` with
+    no backend), naming the smallest case; None as soon as one fits, or where free memory is unknown. A sweep
+    refused here would only record out-of-memory cases, after allocating for none of them."""
+    smallest = None
+    for spec in specs:
+        op = of(spec)
+        reason = op.memory_guard(spec, None, device, inputs_allocated=False)
+        if reason is None:
+            return None
+        size = op.bytes_moved(spec)
+        if smallest is None or size < smallest[0]:
+            smallest = (size, spec, reason)
+    if smallest is None:
+        return None
+    _, spec, reason = smallest
+    what = spec.label() if len(specs) == 1 else f"none of the {len(specs)} cases fits; the smallest, {spec.label()},"
+    reason = reason.replace(" (estimated; not run)", "").replace(", ", " for its inputs and outputs, ", 1)
+    return f"{what} {reason} (estimated)"
+
+
 class Attention:
     """Softmax attention: the operator every module of the pipeline was first written for; its pieces stay
     where they are (``spec``, ``inputs``, ``metrics``, ``memory``, ``accuracy``) and are named here."""

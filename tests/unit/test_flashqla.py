@@ -30,10 +30,11 @@ def _fake_flash_qla(monkeypatch, *, head_of=lambda hv, group, heads: hv // group
         b, _, heads, _ = q.shape
         hv = v.shape[2]
         group = hv // heads
+        q, k = q.double(), k.double()  # computed in high precision throughout, the norm included, as the kernel's fp32
         if use_qk_l2norm_in_kernel:
             q, k = l2norm(q), l2norm(k)
         idx = [head_of(h, group, heads) for h in range(hv)]
-        q, k = q[:, :, idx].double(), k[:, :, idx].double()
+        q, k = q[:, :, idx], k[:, :, idx]
         spans = ([(0, q.shape[1])] * b if cu_seqlens is None else
                  list(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())))
         outs, states = [], []

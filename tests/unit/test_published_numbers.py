@@ -51,7 +51,7 @@ def test_kernel_alone_rows_use_the_longest_kernel_and_groups_their_own_run(tmp_p
                Record(run_id="r+profiler", backend="sage2-fp8-sm90", spec=case, median_ms=whole_ms,
                       timing_mode="profiler",
                       info={"kernel_ms": {"quant_int8_kernel": whole_ms - kernel_ms, "qk_int8_sv_f8_attn": kernel_ms}}),
-               Record(run_id="r+flashinfer.backend=fa3", backend="flashinfer", spec=published.specs(
+               Record(run_id=published.group_run_id("r", "flashinfer.backend=fa3"), backend="flashinfer", spec=published.specs(
                    figure("flashinfer-prefill-causal-d128"))[0], status="error", reason="boom")]
     out = tmp_path / "page.md"
     published.cmd_page(SimpleNamespace(db=str(store_with(tmp_path, records)), run_id=["r"], output=str(out), how="x"))

@@ -358,8 +358,10 @@ def plan_from_options(opts: dict, *, timed: bool = True) -> RunPlan:
     if timed and not common.option_bool(opts, "skip_missing") and opts.get("resume") is None:
         check_runnable(specs, backends, device, configured)
     check_summary_options(opts, backends)
-    from attnbench import memory  # imports torch: not at the CLI's start (the store views run without it)
-    if (too_big := memory.inputs_refusal(specs, device)) is not None:  # before anything is allocated or stored
+    from attnbench import (
+        operators,  # the guards import torch: not at the CLI's start (the views run without it)
+    )
+    if (too_big := operators.inputs_refusal(specs, device)) is not None:  # before anything is allocated or stored
         raise UserError(f"too large for {device}: {too_big}; give smaller sizes "
                         "(--seq-lens, --batch-size, --q-heads)")
     output = text(opts, "output")

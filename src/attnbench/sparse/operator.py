@@ -82,7 +82,8 @@ class SparseMla:
     def axes(self, spec: SparseSpec) -> dict[str, str]:
         return {"op": "sparse-mla" + (" fp8 decode" if spec.decode else ""), "pass": spec.pass_,
                 "dtype": spec.dtype, "batch": f"b{spec.batch}", "seq": str(spec.s_q), "keys": f"keys {spec.s_kv}",
-                "topk": f"top-k {spec.topk} {spec.indices}" + (" repeats" if spec.repeats else ""),
+                "topk": f"top-k {spec.topk} {spec.indices}" + (f" {spec.invalid:.1%} empty" if spec.invalid else "")
+                + (f" {spec.repeats:.1%} repeated" if spec.repeats else ""),
                 "heads": f"h{spec.heads}",
                 "head_dim": f"d{spec.d_qk}/{spec.d_v}", "sink": "sink" if spec.sink else "no sink",
                 "lengths": "lengths" if spec.topk_length else "no lengths",

@@ -11,15 +11,31 @@ they share the GPU.
 from __future__ import annotations
 
 import fcntl
+import inspect
 import os
+import re
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
+SUBPROCESS = re.compile(r"\b(subprocess\.|attnbench\(|attnbench_bounded\(|torchrun)")
+"""What a test calls to start attnbench (or any program) in a process of its own: each start imports torch again
+(2-4 s on a 2-core machine), so such a test is ``slow`` and ``pytest -m "not slow"`` leaves it out."""
+
+
+def _starts_a_process(item) -> bool:
+    try:
+        return bool(SUBPROCESS.search(inspect.getsource(item.function)))
+    except (OSError, TypeError):
+        return False
+
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "slow" not in item.keywords and _starts_a_process(item):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA/ROCm device")

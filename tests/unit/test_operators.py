@@ -15,7 +15,6 @@ from linear_helpers import written_out
 
 from attnbench import operators
 from attnbench.accuracy.check import AccuracyChecker
-from attnbench.backends import registry
 from attnbench.backends.base import Prepared
 from attnbench.linear.backends import TorchRecurrent
 from attnbench.linear.spec import RecurrenceSpec
@@ -40,18 +39,6 @@ def run(specs, backends) -> list[Record]:
                     checker=AccuracyChecker())
     runner.run(specs)
     return records
-
-
-@pytest.fixture
-def plugin():
-    names = []
-
-    def register(name, cls):
-        registry.register(name, cls)
-        names.append(name)
-    yield register
-    for name in names:
-        registry.unregister(name)
 
 
 def test_a_stored_case_comes_back_as_the_spec_of_its_operator():

@@ -12,7 +12,6 @@ import torch
 from linear_helpers import written_out
 
 from attnbench import operators
-from attnbench.backends import registry
 from attnbench.backends.base import Capabilities, Prepared
 from attnbench.cli import main
 from attnbench.linear.backends import TorchRecurrent
@@ -21,18 +20,6 @@ from attnbench.outputs import Outputs
 from attnbench.sparse.backends import SparseTorch
 from attnbench.sparse.reference import Selection, reference_sparse
 from attnbench.sparse.spec import SparseSpec
-
-
-@pytest.fixture
-def plugin():
-    names = []
-
-    def register(name, cls):
-        registry.register(name, cls)
-        names.append(name)
-    yield register
-    for name in names:
-        registry.unregister(name)
 
 
 def verify(tmp_path, capsys, *args) -> tuple[int, list[dict]]:

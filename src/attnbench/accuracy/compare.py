@@ -133,10 +133,12 @@ def tensor_metrics(x: torch.Tensor, y: torch.Tensor, *, chunk: int = CHUNK_ELEMS
             d = xs - ys
             ad = d.abs()
             maxima = torch.fmax(maxima, torch.stack((ad.max(), ys.abs().max())))
+            # per-element terms of the systematic measures, summed whole here and per block and head below
+            yy_elem = ys.square()
+            parts = torch.stack((d * ys, yy_elem, d, keep.to(torch.float64), yy_elem.square()))
+            dy, yy, dd, _, y4 = parts.flatten(1).sum(1)
             sums_t += torch.stack((ad.sum(), d.square().sum(), (xs * ys).sum(), xs.square().sum(),
-                                   ys.square().sum(), ys.abs().sum(), (d * ys).sum(), d.sum(),
-                                   ys.square().square().sum()))
-            parts = torch.stack((d * ys, ys.square(), d, keep.to(torch.float64), ys.square().square()))
+                                   yy, ys.abs().sum(), dy, dd, y4))
             if head_dim is not None:
                 heads_t += _head_sums(parts, head_dim)
             if token_dim is not None:

@@ -251,8 +251,8 @@ def _slot_kinds(spec: SparseSpec, idx: torch.Tensor, rows: int, gen: torch.Gener
     t, k = idx.shape
     if spec.repeats:
         hit = torch.rand(t, k, generator=gen, device=idx.device) < spec.repeats
-        src = torch.randint(0, k, (t, k), generator=gen, device=idx.device)
-        idx = torch.where(hit & (idx.gather(1, src) >= 0), idx.gather(1, src), idx)
+        other = idx.gather(1, torch.randint(0, k, (t, k), generator=gen, device=idx.device))
+        idx = torch.where(hit & (other >= 0), other, idx)
     if spec.invalid:
         hit = (torch.rand(t, k, generator=gen, device=idx.device) < spec.invalid) & (idx >= 0)
         past = torch.randint(rows, 2 * rows + 1, (t, k), generator=gen, device=idx.device, dtype=torch.int32)
